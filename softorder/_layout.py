@@ -1,0 +1,198 @@
+"""Shape handling and validation, written once for every operation and every bridge.
+
+An operation acts along one axis of ``x``; every other axis is a batch axis. :class:`Rows`
+moves that axis last, flattens the batch to ``(rows, n)``, converts to float64, sorts each row
+(NumPy's SIMD argsort, outside the kernels) and maps results and gradients back to the
+caller's layout and dtype. The kernels only ever see C-contiguous float64 ``(rows, ...)`` arrays.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+#: where the core axes of a result go, by kind: ``row`` (n), ``targets_row`` (m, n),
+#: ``targets`` (m), ``none`` () and ``matrix`` (n, n).
+KINDS = ("row", "targets_row", "targets", "none", "matrix")
+
+
+def float_array(x, name: str) -> tuple[np.ndarray, np.dtype]:
+    """``x`` as a real array and the floating dtype results are returned in.
+
+    Integers and booleans give float64, float16 gives float16 (computed in float64).
+    Complex, object and string arrays raise ``TypeError`` naming the argument."""
+    arr = np.asarray(x)
+    kind = arr.dtype.kind
+    if kind == "c":
+        raise TypeError(f"{name} must be real; got a complex array of dtype {arr.dtype}")
+    if kind not in "biuf":
+        raise TypeError(f"{name} must be a numeric array; got dtype {arr.dtype}")
+    out_dtype = arr.dtype if kind == "f" else np.dtype(np.float64)
+    return arr, out_dtype
+
+
+def check_alpha(alpha) -> float:
+    """``alpha`` as a positive finite float, or ``ValueError`` naming it and its value."""
+    if isinstance(alpha, np.ndarray) and alpha.ndim == 0:
+        alpha = alpha.item()
+    if not isinstance(alpha, numbers.Real) or isinstance(alpha, bool):
+        raise TypeError(f"alpha must be a positive real scalar; got {alpha!r}")
+    value = float(alpha)
+    if not (math.isfinite(value) and value > 0.0):
+        raise ValueError(f"alpha must be positive and finite; got alpha={alpha!r}")
+    return value
+
+
+def unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:
+    """Sum ``grad`` over the axes that broadcasting added to an argument of ``shape``."""
+    extra = grad.ndim - len(shape)
+    grad = grad.sum(axis=tuple(range(extra))) if extra > 0 else grad
+    axes = tuple(i for i, s in enumerate(shape) if s == 1 and grad.shape[i] != 1)
+    return grad.sum(axis=axes, keepdims=True) if axes else grad
+
+
+@dataclass
+class Rows:
+    """An input viewed as sorted rows: ``xs[r] = sort(sign * x[r])``, ``order[r]`` its argsort."""
+
+    xs: np.ndarray
+    order: np.ndarray
+    batch_shape: tuple
+    axis: int
+    ndim: int
+    dtype: np.dtype
+    sign: float
+
+    @classmethod
+    def from_input(cls, x, axis: int = -1, name: str = "x", negate: bool = False) -> Rows:
+        arr, dtype = float_array(x, name)
+        if arr.ndim == 0:
+            raise ValueError(f"{name} must have at least one axis; got a scalar")
+        if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+            raise TypeError(f"axis must be an integer; got {axis!r}")
+        if not -arr.ndim <= axis < arr.ndim:
+            raise ValueError(f"axis {axis} is out of range for {name} with {arr.ndim} dimensions")
+        axis = int(axis) % arr.ndim
+        if arr.shape[axis] == 0:
+            raise ValueError(f"{name} has an empty axis {axis} (shape {arr.shape}); need n >= 1")
+        moved = np.moveaxis(arr, axis, -1)
+        batch_shape = moved.shape[:-1]
+        rows2d = moved.reshape(-1, moved.shape[-1]).astype(np.float64)  # always a fresh copy
+        if negate:
+            np.negative(rows2d, out=rows2d)
+        order = np.argsort(rows2d, axis=1)
+        xs = np.take_along_axis(rows2d, order, axis=1)
+        return cls(xs, order, batch_shape, axis, arr.ndim, dtype, -1.0 if negate else 1.0)
+
+    @property
+    def rows(self) -> int:
+        return self.xs.shape[0]
+
+    @property
+    def n(self) -> int:
+        return self.xs.shape[1]
+
+    def per_row(self, value: float) -> np.ndarray:
+        """A scalar parameter repeated once per row, as the kernels take it."""
+        return np.full(self.rows, value, dtype=np.float64)
+
+    def _positions(self, kind: str) -> tuple[list[int], int]:
+        nb = len(self.batch_shape)
+        if kind == "row":
+            return [self.axis], 1
+        if kind == "targets_row":
+            return [self.axis, self.axis + 1], 2
+        if kind == "targets":
+            return [self.axis], 1
+        if kind == "matrix":
+            return [nb, nb + 1], 2
+        if kind == "none":
+            return [], 0
+        raise ValueError(f"unknown result kind {kind!r}; expected one of {KINDS}")
+
+    def to_user(self, arr: np.ndarray, kind: str, dtype=None) -> np.ndarray:
+        """A ``(rows, *core)`` kernel result in the caller's layout and dtype."""
+        dst, ncore = self._positions(kind)
+        nb = len(self.batch_shape)
+        shaped = arr.reshape(self.batch_shape + arr.shape[1:])
+        moved = np.moveaxis(shaped, list(range(nb, nb + ncore)), dst)
+        return np.asarray(moved, dtype=self.dtype if dtype is None else dtype, order="C")
+
+    def to_core(self, value, kind: str, core_shape: tuple, name: str) -> np.ndarray:
+        """A cotangent or tangent given in the caller's layout, as ``(rows, *core_shape)``
+        float64; ``ValueError`` when its shape is not the shape of the result it belongs to."""
+        arr, _ = float_array(value, name)
+        dst, ncore = self._positions(kind)
+        nb = len(self.batch_shape)
+        expected = np.moveaxis(np.empty(self.batch_shape + core_shape), list(range(nb, nb + ncore)),
+                               dst).shape
+        if arr.shape != expected:
+            raise ValueError(f"{name} must have shape {expected}; got {arr.shape}")
+        moved = np.moveaxis(arr, dst, list(range(nb, nb + ncore)))
+        return np.ascontiguousarray(moved.reshape((self.rows,) + core_shape), dtype=np.float64)
+
+    def grad_to_user(self, rbar: np.ndarray) -> np.ndarray:
+        """Gradient in the sorted-row variable ``r = sign * x`` -> gradient in ``x``."""
+        return self.to_user(rbar * self.sign, "row")
+
+    def tangent_to_core(self, x_dot, name: str = "x tangent") -> np.ndarray:
+        """Tangent of ``x`` in the caller's layout -> tangent of ``r = sign * x`` as (rows, n)."""
+        return self.to_core(x_dot, "row", (self.n,), name) * self.sign
+
+
+@dataclass
+class Targets:
+    """Per-row targets of an inversion (``k`` of top-k, ``q`` of quantile) as ``(rows, m)``."""
+
+    values: np.ndarray  # the user's values broadcast to (rows, m)
+    order: np.ndarray  # argsort of each row of values
+    multi: bool  # True when the user gave several targets per row (an extra trailing axis)
+    shape: tuple  # the user's argument shape, for reducing gradients back onto it
+
+    @classmethod
+    def parse(cls, value, rows: Rows, name: str, high: float, high_text: str) -> Targets:
+        arr, _ = float_array(value, name)
+        nb = len(rows.batch_shape)
+        multi = arr.ndim == nb + 1
+        if arr.ndim > nb + 1:
+            raise ValueError(
+                f"{name} has {arr.ndim} dimensions; expected at most {nb + 1}: the batch shape "
+                f"{rows.batch_shape} plus one optional trailing axis listing several {name} per row"
+            )
+        target_shape = rows.batch_shape + ((arr.shape[-1],) if multi else ())
+        try:
+            full = np.broadcast_to(arr, target_shape)
+        except ValueError:
+            hint = (f"; to ask for several {name} per row give {name} a trailing axis, "
+                    f"e.g. shape {(1,) * nb + arr.shape[-1:]}" if arr.ndim == nb else "")
+            raise ValueError(
+                f"{name} of shape {arr.shape} does not broadcast to the batch shape "
+                f"{rows.batch_shape}{hint}"
+            ) from None
+        if full.size and not np.all((full > 0) & (full < high)):
+            bad = full[~((full > 0) & (full < high))].flat[0]
+            raise ValueError(f"{name} must lie strictly between 0 and {high_text}; got {bad!r}")
+        values = np.ascontiguousarray(full, dtype=np.float64).reshape(rows.rows, -1)
+        return cls(values, np.argsort(values, axis=1), multi, arr.shape)
+
+    @property
+    def m(self) -> int:
+        return self.values.shape[1]
+
+    def grad_to_user(self, w_bar: np.ndarray, rows: Rows, dtype) -> np.ndarray:
+        """Gradient per target ``(rows, m)`` -> gradient of the user's argument (its shape)."""
+        shaped = w_bar.reshape(rows.batch_shape + ((self.m,) if self.multi else ()))
+        return np.asarray(unbroadcast(shaped, self.shape), dtype=dtype).reshape(self.shape)
+
+    def tangent_to_core(self, value, rows: Rows, name: str) -> np.ndarray:
+        """Tangent of the user's argument -> ``(rows, m)`` float64."""
+        arr, _ = float_array(value, name)
+        if arr.shape != self.shape:
+            raise ValueError(f"{name} must have shape {self.shape}; got {arr.shape}")
+        target_shape = rows.batch_shape + ((self.m,) if self.multi else ())
+        return np.ascontiguousarray(np.broadcast_to(arr, target_shape), dtype=np.float64).reshape(
+            rows.rows, self.m
+        )

@@ -1,0 +1,388 @@
+"""How each public operation maps onto the core kernels: its forward pass and gradient products.
+
+Everything here is routing: the mathematics is in :mod:`softorder.core`, the shapes in
+:mod:`softorder._layout`. Bridges reuse these rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from softorder import core
+from softorder._autodiff import Rule
+from softorder._layout import Rows, Targets, check_alpha, float_array
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+@dataclass
+class Context:
+    """The validated arguments of one call and what its forward pass saved."""
+
+    rows: Rows
+    alpha: float
+    saved: dict = field(default_factory=dict)
+
+    @property
+    def alpha_rows(self) -> np.ndarray:
+        return self.rows.per_row(self.alpha)
+
+    def scalar(self, value) -> np.floating:
+        return self.rows.dtype.type(value)
+
+
+def _alpha_tangent(tangents: dict, ctx: Context) -> np.ndarray:
+    return ctx.rows.per_row(check_tangent_scalar(tangents.get("alpha", 0.0)))
+
+
+def check_tangent_scalar(value) -> float:
+    arr = np.asarray(value)
+    if arr.shape != ():
+        raise ValueError(f"the tangent of alpha must be a scalar; got shape {arr.shape}")
+    return float(arr)
+
+
+class RankRule(Rule):
+    differentiable = ("x", "alpha")
+
+    def prepare(self, x, alpha, axis, descending):
+        return Context(Rows.from_input(x, axis, negate=descending), check_alpha(alpha))
+
+    def forward(self, ctx):
+        out = np.empty(ctx.rows.xs.shape)
+        core.rank_forward(ctx.rows.xs, ctx.rows.order, ctx.alpha_rows, out)
+        return ctx.rows.to_user(out, "row")
+
+    def vjp(self, ctx, cotangent):
+        rows = ctx.rows
+        v = rows.to_core(cotangent, "row", (rows.n,), "cotangent")
+        x_bar = np.empty(rows.xs.shape)
+        alpha_bar = np.empty(rows.rows)
+        core.rank_vjp(rows.xs, rows.order, ctx.alpha_rows, v, x_bar, alpha_bar)
+        return rows.grad_to_user(x_bar), ctx.scalar(alpha_bar.sum())
+
+    def jvp(self, ctx, tangents):
+        rows = ctx.rows
+        x_dot = _x_tangent(tangents, rows)
+        out = np.empty(rows.xs.shape)
+        core.rank_jvp(rows.xs, rows.order, ctx.alpha_rows, x_dot, _alpha_tangent(tangents, ctx), out)
+        return rows.to_user(out, "row")
+
+
+def _x_tangent(tangents: dict, rows: Rows, name: str = "x") -> np.ndarray:
+    if name in tangents:
+        return rows.tangent_to_core(tangents[name], f"tangent of {name}")
+    return np.zeros(rows.xs.shape)
+
+
+class InverseRule(Rule):
+    """Values of the inverse Lap-sum: soft sort (``w = k - 1/2``) and soft quantile (``w = q n``)."""
+
+    def _forward_targets(self, ctx, w, worder):
+        rows = ctx.rows
+        out = np.empty(w.shape)
+        anchor = np.empty(w.shape, dtype=np.int64)
+        offset = np.empty(w.shape)
+        core.inverse_kernel(rows.xs, ctx.alpha_rows, w, worder, out, anchor, offset)
+        ctx.saved.update(w=w, worder=worder, anchor=anchor, offset=offset)
+        return out
+
+    def _pullback(self, ctx, u):
+        rows, s = ctx.rows, ctx.saved
+        x_bar = np.empty(rows.xs.shape)
+        w_bar = np.empty(u.shape)
+        alpha_bar = np.empty(rows.rows)
+        core.inverse_vjp(rows.xs, rows.order, ctx.alpha_rows, s["anchor"], s["offset"],
+                         s["worder"], u, x_bar, w_bar, alpha_bar)
+        return x_bar, w_bar, alpha_bar
+
+    def _pushforward(self, ctx, tangents, w_dot):
+        rows, s = ctx.rows, ctx.saved
+        out = np.empty(w_dot.shape)
+        core.inverse_jvp(rows.xs, rows.order, ctx.alpha_rows, s["anchor"], s["offset"],
+                         s["worder"], _x_tangent(tangents, rows), w_dot,
+                         _alpha_tangent(tangents, ctx), out)
+        return out
+
+
+class SortRule(InverseRule):
+    differentiable = ("x", "alpha")
+
+    def prepare(self, x, alpha, axis, descending):
+        # descending = -(ascending sort of -x): negate on the way in and on the way out.
+        return Context(Rows.from_input(x, axis, negate=descending), check_alpha(alpha))
+
+    def forward(self, ctx):
+        rows = ctx.rows
+        w = np.broadcast_to(np.arange(rows.n) + 0.5, rows.xs.shape).copy()
+        worder = np.broadcast_to(np.arange(rows.n), rows.xs.shape).copy()
+        return rows.to_user(self._forward_targets(ctx, w, worder) * rows.sign, "row")
+
+    def vjp(self, ctx, cotangent):
+        rows = ctx.rows
+        u = rows.to_core(cotangent, "row", (rows.n,), "cotangent") * rows.sign
+        x_bar, _, alpha_bar = self._pullback(ctx, u)
+        return rows.grad_to_user(x_bar), ctx.scalar(alpha_bar.sum())
+
+    def jvp(self, ctx, tangents):
+        rows = ctx.rows
+        out = self._pushforward(ctx, tangents, np.zeros(rows.xs.shape))
+        return rows.to_user(out * rows.sign, "row")
+
+
+class QuantileRule(InverseRule):
+    differentiable = ("x", "q", "alpha")
+
+    def prepare(self, x, q, alpha, axis):
+        ctx = Context(Rows.from_input(x, axis), check_alpha(alpha))
+        ctx.saved["targets"] = Targets.parse(q, ctx.rows, "q", 1.0, "1")
+        return ctx
+
+    def _kind(self, ctx):
+        return "targets" if ctx.saved["targets"].multi else "none"
+
+    def forward(self, ctx):
+        targets = ctx.saved["targets"]
+        out = self._forward_targets(ctx, targets.values * ctx.rows.n, targets.order)
+        return ctx.rows.to_user(out if targets.multi else out[:, 0], self._kind(ctx))
+
+    def _cotangent(self, ctx, cotangent):
+        rows, targets = ctx.rows, ctx.saved["targets"]
+        core_shape = (targets.m,) if targets.multi else ()
+        return rows.to_core(cotangent, self._kind(ctx), core_shape, "cotangent").reshape(
+            rows.rows, targets.m)
+
+    def vjp(self, ctx, cotangent):
+        rows, targets = ctx.rows, ctx.saved["targets"]
+        x_bar, w_bar, alpha_bar = self._pullback(ctx, self._cotangent(ctx, cotangent))
+        q_bar = targets.grad_to_user(w_bar * rows.n, rows, rows.dtype)
+        return rows.grad_to_user(x_bar), q_bar, ctx.scalar(alpha_bar.sum())
+
+    def jvp(self, ctx, tangents):
+        rows, targets = ctx.rows, ctx.saved["targets"]
+        w_dot = (targets.tangent_to_core(tangents["q"], rows, "tangent of q") * rows.n
+                 if "q" in tangents else np.zeros(targets.values.shape))
+        out = self._pushforward(ctx, tangents, w_dot)
+        return rows.to_user(out if targets.multi else out[:, 0], self._kind(ctx))
+
+
+class TopKRule(Rule):
+    differentiable = ("x", "k", "alpha")
+
+    def __init__(self, log: bool):
+        self.log = log
+
+    def prepare(self, x, k, alpha, axis, largest):
+        # The kernels select the k smallest; the k largest of x are the k smallest of -x.
+        ctx = Context(Rows.from_input(x, axis, negate=largest), check_alpha(alpha))
+        n = ctx.rows.n
+        ctx.saved["targets"] = Targets.parse(k, ctx.rows, "k", float(n), f"n={n}")
+        return ctx
+
+    def _kind(self, ctx):
+        return "targets_row" if ctx.saved["targets"].multi else "row"
+
+    def _to_user(self, ctx, out):
+        return ctx.rows.to_user(out if ctx.saved["targets"].multi else out[:, 0], self._kind(ctx))
+
+    def forward(self, ctx):
+        rows, targets = ctx.rows, ctx.saved["targets"]
+        shape = (rows.rows, targets.m)
+        out = np.empty(shape + (rows.n,))
+        anchor = np.empty(shape, dtype=np.int64)
+        offset = np.empty(shape)
+        core.topk_forward(rows.xs, rows.order, ctx.alpha_rows, targets.values, targets.order,
+                          self.log, out, anchor, offset)
+        ctx.saved.update(anchor=anchor, offset=offset)
+        return self._to_user(ctx, out)
+
+    def vjp(self, ctx, cotangent):
+        rows, targets, s = ctx.rows, ctx.saved["targets"], ctx.saved
+        core_shape = (targets.m, rows.n) if targets.multi else (rows.n,)
+        v = rows.to_core(cotangent, self._kind(ctx), core_shape, "cotangent").reshape(
+            rows.rows, targets.m, rows.n)
+        x_bar = np.empty(rows.xs.shape)
+        w_bar = np.empty((rows.rows, targets.m))
+        alpha_bar = np.empty(rows.rows)
+        core.topk_vjp(rows.xs, rows.order, ctx.alpha_rows, s["anchor"], s["offset"], self.log, v,
+                      x_bar, w_bar, alpha_bar)
+        k_bar = targets.grad_to_user(w_bar, rows, rows.dtype)
+        return rows.grad_to_user(x_bar), k_bar, ctx.scalar(alpha_bar.sum())
+
+    def jvp(self, ctx, tangents):
+        rows, targets, s = ctx.rows, ctx.saved["targets"], ctx.saved
+        w_dot = (targets.tangent_to_core(tangents["k"], rows, "tangent of k")
+                 if "k" in tangents else np.zeros(targets.values.shape))
+        out = np.empty((rows.rows, targets.m, rows.n))
+        core.topk_jvp(rows.xs, rows.order, ctx.alpha_rows, s["anchor"], s["offset"], self.log,
+                      _x_tangent(tangents, rows), w_dot, _alpha_tangent(tangents, ctx), out)
+        return self._to_user(ctx, out)
+
+
+class PermutationRule(Rule):
+    differentiable = ("x", "alpha")
+
+    def prepare(self, x, alpha, axis, descending):
+        # P computed on -x sorts -x ascending, i.e. P @ x is x sorted descending.
+        return Context(Rows.from_input(x, axis, negate=descending), check_alpha(alpha))
+
+    def forward(self, ctx):
+        rows = ctx.rows
+        out = np.empty((rows.rows, rows.n, rows.n))
+        anchor = np.empty((rows.rows, rows.n - 1), dtype=np.int64)
+        offset = np.empty((rows.rows, rows.n - 1))
+        core.permutation_forward(rows.xs, rows.order, ctx.alpha_rows, out, anchor, offset)
+        ctx.saved.update(anchor=anchor, offset=offset)
+        return rows.to_user(out, "matrix")
+
+    def vjp(self, ctx, cotangent):
+        rows, s = ctx.rows, ctx.saved
+        V = rows.to_core(cotangent, "matrix", (rows.n, rows.n), "cotangent")
+        x_bar = np.empty(rows.xs.shape)
+        alpha_bar = np.empty(rows.rows)
+        core.permutation_vjp(rows.xs, rows.order, ctx.alpha_rows, s["anchor"], s["offset"], V,
+                             x_bar, alpha_bar)
+        return rows.grad_to_user(x_bar), ctx.scalar(alpha_bar.sum())
+
+    def jvp(self, ctx, tangents):
+        raise NotImplementedError(
+            "soft_permutation has no forward-mode derivative yet; use softorder.vjp "
+            "(its output is n x n, so reverse mode is the efficient direction)")
+
+
+class LossRule(Rule):
+    """Shared by the two losses: per-row values reduced by ``reduction``; the JVP of a scalar
+    per row is its gradient dotted with the tangents (one VJP with unit cotangents)."""
+
+    def _reduction(self, reduction):
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {REDUCTIONS}; got {reduction!r}")
+        return reduction
+
+    def _reduce(self, ctx, per_row):
+        rows, reduction = ctx.rows, ctx.saved["reduction"]
+        if reduction == "none":
+            return rows.to_user(per_row, "none")
+        total = per_row.sum()
+        return ctx.scalar(total / rows.rows if reduction == "mean" else total)
+
+    def _row_cotangent(self, ctx, cotangent):
+        rows, reduction = ctx.rows, ctx.saved["reduction"]
+        if reduction == "none":
+            return rows.to_core(cotangent, "none", (), "cotangent")
+        arr, _ = float_array(cotangent, "cotangent")
+        if arr.shape != ():
+            raise ValueError(f"cotangent must be a scalar for reduction={reduction!r}; "
+                             f"got shape {arr.shape}")
+        scale = 1.0 / rows.rows if reduction == "mean" else 1.0
+        return np.full(rows.rows, float(arr) * scale)
+
+    def _row_gradients(self, ctx, cot):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def vjp(self, ctx, cotangent):
+        x_bar, alpha_bar = self._row_gradients(ctx, self._row_cotangent(ctx, cotangent))
+        return ctx.rows.grad_to_user(x_bar), ctx.scalar(alpha_bar.sum())
+
+    def jvp(self, ctx, tangents):
+        rows = ctx.rows
+        x_bar, alpha_bar = self._row_gradients(ctx, np.ones(rows.rows))
+        x_name = self.differentiable[0]
+        per_row = (x_bar * _x_tangent(tangents, rows, x_name)).sum(axis=1)
+        per_row += alpha_bar * check_tangent_scalar(tangents.get("alpha", 0.0))
+        return self._reduce(ctx, per_row)
+
+
+def _labels_in_rows(labels, rows: Rows, name: str, low: int, high: int, core_shape: tuple):
+    arr = np.asarray(labels)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be an integer array; got dtype {arr.dtype}")
+    expected = rows.batch_shape + core_shape
+    if arr.shape != expected:
+        raise ValueError(f"{name} must have shape {expected}; got {arr.shape}")
+    if arr.size and (arr.min() < low or arr.max() > high):
+        bad = arr[(arr < low) | (arr > high)].flat[0]
+        raise ValueError(f"{name} must lie in [{low}, {high}]; got {bad}")
+    return np.ascontiguousarray(arr, dtype=np.int64).reshape((rows.rows,) + core_shape)
+
+
+class TopKCrossEntropyRule(LossRule):
+    differentiable = ("logits", "alpha")
+
+    def prepare(self, logits, labels, p_k, alpha, reduction, split_top1):
+        rows = Rows.from_input(logits, -1, name="logits", negate=True)
+        ctx = Context(rows, check_alpha(alpha))
+        n = rows.n
+        ctx.saved["reduction"] = self._reduction(reduction)
+        ctx.saved["labels"] = _labels_in_rows(labels, rows, "labels", 0, n - 1, ())
+        pk, _ = float_array(p_k, "p_k")
+        if pk.ndim == 0 or pk.shape[-1] == 0:
+            raise ValueError(f"p_k must list P_K(k) for k = 1..K along its last axis; got shape "
+                             f"{pk.shape}")
+        K = pk.shape[-1]
+        if K >= n:
+            raise ValueError(f"p_k has K={K} entries but top-k needs k < number of classes "
+                             f"(C={n}); give at most {n - 1}")
+        try:
+            pk = np.broadcast_to(pk, rows.batch_shape + (K,)).reshape(rows.rows, K)
+        except ValueError:
+            raise ValueError(f"p_k of shape {np.shape(p_k)} does not broadcast to "
+                             f"{rows.batch_shape + (K,)}") from None
+        pk = pk.astype(np.float64)
+        if not np.all(np.isfinite(pk) & (pk >= 0)) or not np.allclose(pk.sum(-1), 1.0, atol=1e-4):
+            raise ValueError("p_k must be a probability distribution over k = 1..K "
+                             "(non-negative, summing to 1)")
+        with np.errstate(divide="ignore"):
+            ctx.saved["log_pk"] = np.log(pk)
+        ctx.saved["pk1"] = np.ascontiguousarray(pk[:, 0])
+        ctx.saved["split"] = bool(split_top1)
+        return ctx
+
+    def forward(self, ctx):
+        rows, s = ctx.rows, ctx.saved
+        K = s["log_pk"].shape[1]
+        per_row = np.empty(rows.rows)
+        s["anchor"] = np.empty((rows.rows, K), dtype=np.int64)
+        s["offset"] = np.empty((rows.rows, K))
+        core.topk_loss_forward(rows.xs, rows.order, ctx.alpha_rows, s["labels"], s["log_pk"],
+                               s["split"], s["pk1"], per_row, s["anchor"], s["offset"])
+        return self._reduce(ctx, per_row)
+
+    def _row_gradients(self, ctx, cot):
+        rows, s = ctx.rows, ctx.saved
+        x_bar = np.empty(rows.xs.shape)
+        alpha_bar = np.empty(rows.rows)
+        core.topk_loss_vjp(rows.xs, rows.order, ctx.alpha_rows, s["labels"], s["log_pk"],
+                           s["split"], s["pk1"], s["anchor"], s["offset"], cot, x_bar, alpha_bar)
+        return x_bar, alpha_bar
+
+
+class PermutationCrossEntropyRule(LossRule):
+    differentiable = ("x", "alpha")
+
+    def prepare(self, x, target_ranks, alpha, reduction, descending):
+        rows = Rows.from_input(x, -1, negate=descending)
+        ctx = Context(rows, check_alpha(alpha))
+        ctx.saved["reduction"] = self._reduction(reduction)
+        ctx.saved["target"] = _labels_in_rows(target_ranks, rows, "target_ranks", 1, rows.n,
+                                              (rows.n,))
+        return ctx
+
+    def forward(self, ctx):
+        rows, s = ctx.rows, ctx.saved
+        per_row = np.empty(rows.rows)
+        s["anchor"] = np.empty((rows.rows, rows.n - 1), dtype=np.int64)
+        s["offset"] = np.empty((rows.rows, rows.n - 1))
+        core.permutation_loss_forward(rows.xs, rows.order, ctx.alpha_rows, s["target"], per_row,
+                                      s["anchor"], s["offset"])
+        return self._reduce(ctx, per_row)
+
+    def _row_gradients(self, ctx, cot):
+        rows, s = ctx.rows, ctx.saved
+        x_bar = np.empty(rows.xs.shape)
+        alpha_bar = np.empty(rows.rows)
+        core.permutation_loss_vjp(rows.xs, rows.order, ctx.alpha_rows, s["target"], s["anchor"],
+                                  s["offset"], cot, x_bar, alpha_bar)
+        return x_bar, alpha_bar

@@ -1,0 +1,316 @@
+"""The Lap-sum ``S(x) = sum_i F((x - r_i) / alpha)`` of one sorted row and its closed-form inverse.
+
+Section 3-4 of the math doc. Per sorted row ``r`` (ascending, float64) the O(n) prefix arrays
+
+    E[i] = exp(-(r[i] - r[i-1]) / alpha)
+    A[i] = sum_{j <= i} exp(-(r[i] - r[j]) / alpha),   Ad[i] = sum_{j <= i} d_ij exp(-d_ij)
+    B[i] = sum_{j >= i} exp(-(r[j] - r[i]) / alpha),   Bd[i] = sum_{j >= i} d_ij exp(-d_ij)
+
+(``d_ij = |r[i] - r[j]| / alpha``; every factor is <= 1, so nothing overflows) give S at every
+point of the row, the inverse ``S^-1(w)`` at any target in O(1) after locating its interval,
+and the derivative sums of a target in O(1).
+
+A target ``b`` is kept as ``(anchor, t)`` with ``b = r[anchor] + alpha * t``: offsets stay exact
+next to huge values and targets inside a block of equal infinite values stay meaningful.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import prange
+
+from softorder.core._jit import helper, kernel
+from softorder.core.kernel_sums import gather_at_targets, spread_to_points
+from softorder.core.laplace import INF, gap, logaddexp, offset_z, rel_weight
+
+
+@helper
+def prefix_sums(r, inv_alpha, E, A, B):
+    """Fill ``E``, ``A``, ``B`` for the sorted row ``r``."""
+    n = r.shape[0]
+    A[0] = 1.0
+    E[0] = 0.0
+    for i in range(1, n):
+        e = math.exp(-gap(r[i], r[i - 1]) * inv_alpha)
+        E[i] = e
+        A[i] = 1.0 + e * A[i - 1]
+    B[n - 1] = 1.0
+    for i in range(n - 2, -1, -1):
+        B[i] = 1.0 + E[i + 1] * B[i + 1]
+
+
+@helper
+def prefix_moments(r, inv_alpha, E, Ad, Bd, A, B):
+    """Fill the distance-weighted sums ``Ad``, ``Bd`` (needs ``E``, ``A``, ``B``)."""
+    n = r.shape[0]
+    Ad[0] = 0.0
+    for i in range(1, n):
+        e = E[i]
+        Ad[i] = e * (Ad[i - 1] + gap(r[i], r[i - 1]) * inv_alpha * A[i - 1]) if e > 0.0 else 0.0
+    Bd[n - 1] = 0.0
+    for i in range(n - 2, -1, -1):
+        e = E[i + 1]
+        Bd[i] = e * (Bd[i + 1] + gap(r[i + 1], r[i]) * inv_alpha * B[i + 1]) if e > 0.0 else 0.0
+
+
+@helper
+def lapsum_at_points(A, B, S):
+    """``S[i] = S(r[i]) = i + 1/2 + (B[i] - A[i]) / 2`` (0-based ``i``); non-decreasing."""
+    for i in range(A.shape[0]):
+        S[i] = i + 0.5 + 0.5 * (B[i] - A[i])
+
+
+@helper
+def count_at_most(S, w, hint):
+    """Number of ``S[i] <= w``, by a galloping search from ``hint`` (O(1) amortized for sorted
+    targets, O(log n) otherwise). Always terminates: every loop moves a bound strictly."""
+    n = S.shape[0]
+    if hint > 0 and S[hint - 1] > w:
+        hi = hint - 1
+        step = 1
+        lo = -1
+        while True:
+            cand = hi - step
+            if cand < 0:
+                break
+            if S[cand] <= w:
+                lo = cand
+                break
+            hi = cand
+            step *= 2
+    else:
+        lo = hint - 1
+        step = 1
+        hi = n
+        while True:
+            cand = lo + step
+            if cand >= n:
+                break
+            if S[cand] > w:
+                hi = cand
+                break
+            lo = cand
+            step *= 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if S[mid] <= w:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+@helper
+def invert(r, inv_alpha, A, B, w, J):
+    """Closed-form ``S^-1(w)`` as ``(anchor, t)``, given ``J`` = number of ``S(r[i]) <= w``.
+
+    Log-space throughout, so integer ``w`` stay exact when neighbours are thousands of alphas
+    apart (``exp(-gap / alpha)`` is never formed)."""
+    n = r.shape[0]
+    if J == 0:
+        return 0, math.log(2.0 * w / B[0])
+    if J == n:
+        return n - 1, -math.log(2.0 * (n - w) / A[n - 1])
+    c = w - J
+    log_a = math.log(A[J - 1])
+    log_b = math.log(B[J])
+    log_abe = log_a + log_b - gap(r[J], r[J - 1]) * inv_alpha
+    if c == 0.0:
+        return J, 0.5 * log_abe - log_b
+    log_c = math.log(abs(c))
+    log_d = 0.5 * logaddexp(2.0 * log_c, log_abe)
+    if c > 0.0:
+        return J, logaddexp(log_c, log_d) - log_b
+    return J - 1, log_a - logaddexp(log_c, log_d)
+
+
+@helper
+def solve_targets(r, inv_alpha, A, B, S, w, worder, anchor, t):
+    """Invert every target ``w[j]`` of one row, visiting them in ascending order ``worder``."""
+    hint = 0
+    for q in range(w.shape[0]):
+        j = worder[q]
+        hint = count_at_most(S, w[j], hint)
+        anchor[j], t[j] = invert(r, inv_alpha, A, B, w[j], hint)
+
+
+@helper
+def target_position(r, alpha, anchor, t):
+    """The value ``b = r[anchor] + alpha * t`` of a target."""
+    ra = r[anchor]
+    if t == 0.0 or ra == INF or ra == -INF:
+        return ra
+    return ra + alpha * t
+
+
+@helper
+def target_sums(r, inv_alpha, A, B, Ad, Bd, anchor, t):
+    """Derivative sums of one target ``b``, relative to its nearest point.
+
+    With ``z_i = (b - r_i) / alpha`` returns ``(shift, G, Z)``:
+    ``shift = min_i |z_i|``, ``G = sum_i exp(shift - |z_i|)``, ``Z = sum_i z_i exp(shift - |z_i|)``.
+    Then ``db/dr_i = exp(shift - |z_i|) / G``, ``db/dalpha = Z / G`` and
+    ``db/dw = 2 alpha exp(shift) / G``. ``G == 0`` only for a target at infinite distance."""
+    n = r.shape[0]
+    if t <= 0.0:
+        R = anchor
+        L = anchor - 1
+    else:
+        L = anchor
+        R = anchor + 1
+    zl = offset_z(r[anchor], r[L], inv_alpha, t) if L >= 0 else INF
+    zr = offset_z(r[anchor], r[R], inv_alpha, t) if R < n else -INF
+    shift = min(zl, -zr)
+    if shift == INF:
+        return 0.0, 0.0, 0.0
+    G = 0.0
+    Z = 0.0
+    el = rel_weight(zl, shift)
+    if el > 0.0:
+        G += A[L] * el
+        Z += (zl * A[L] + Ad[L]) * el
+    er = rel_weight(zr, shift)
+    if er > 0.0:
+        G += B[R] * er
+        Z += (zr * B[R] - Bd[R]) * er
+    return shift, G, Z
+
+
+@kernel
+def lapsum_kernel(xs, alpha, points, out):
+    """``out[row, j] = S_row(points[row, j])`` for sorted rows ``xs`` (any order of points).
+
+    O(n + m log n) per row: prefix sums, then a binary search and the interval formula."""
+    rows, n = xs.shape
+    m = points.shape[1]
+    for row in prange(rows):
+        r = xs[row]
+        if r[n - 1] != r[n - 1]:
+            out[row, :] = np.nan
+            continue
+        inv_alpha = 1.0 / alpha[row]
+        E = np.empty(n)
+        A = np.empty(n)
+        B = np.empty(n)
+        prefix_sums(r, inv_alpha, E, A, B)
+        for j in range(m):
+            x = points[row, j]
+            J = np.searchsorted(r, x, side="right")
+            s = float(J)
+            if J > 0:
+                s -= 0.5 * A[J - 1] * math.exp(-gap(x, r[J - 1]) * inv_alpha)
+            if J < n:
+                s += 0.5 * B[J] * math.exp(-gap(r[J], x) * inv_alpha)
+            out[row, j] = s
+
+
+@helper
+def row_tables(r, inv_alpha, moments):
+    """Allocate and fill the prefix arrays of one sorted row: ``(E, A, B, Ad, Bd, S)``.
+
+    ``Ad``/``Bd`` (only needed by gradients) are empty unless ``moments``."""
+    n = r.shape[0]
+    E = np.empty(n)
+    A = np.empty(n)
+    B = np.empty(n)
+    S = np.empty(n)
+    prefix_sums(r, inv_alpha, E, A, B)
+    lapsum_at_points(A, B, S)
+    if moments:
+        Ad = np.empty(n)
+        Bd = np.empty(n)
+        prefix_moments(r, inv_alpha, E, Ad, Bd, A, B)
+    else:
+        Ad = np.empty(0)
+        Bd = np.empty(0)
+    return E, A, B, Ad, Bd, S
+
+
+@helper
+def has_nan(r):
+    """Sorted rows keep NaN last (NumPy's sort order), so one comparison finds it."""
+    return r[r.shape[0] - 1] != r[r.shape[0] - 1]
+
+
+@helper
+def inverse_pullback(r, alpha, tables, anchor, offset, worder, u, rbar, wbar):
+    """Pull a cotangent ``u`` on targets ``b_j = S^-1(w_j)`` back to the sorted row.
+
+    Adds ``sum_j u_j db_j/dr_i`` to ``rbar`` (sorted order, O(n + m) by one merge), writes
+    ``wbar[j] = u_j db_j/dw_j`` and returns ``sum_j u_j db_j/dalpha``."""
+    E, A, B, Ad, Bd, S = tables
+    m = anchor.shape[0]
+    inv_alpha = 1.0 / alpha
+    pos = np.empty(m)
+    c = np.empty(m)
+    shift = np.empty(m)
+    alpha_bar = 0.0
+    for j in range(m):
+        pos[j] = target_position(r, alpha, anchor[j], offset[j])
+        sh, G, Z = target_sums(r, inv_alpha, A, B, Ad, Bd, anchor[j], offset[j])
+        if G == 0.0 or u[j] == 0.0 or abs(pos[j]) == INF:
+            c[j] = 0.0
+            shift[j] = 0.0
+            wbar[j] = 0.0
+            continue
+        c[j] = u[j] / G
+        shift[j] = sh
+        wbar[j] = u[j] * 2.0 * alpha * math.exp(sh) / G
+        alpha_bar += u[j] * Z / G
+    spread_to_points(r, inv_alpha, pos, c, shift, worder, rbar)
+    return alpha_bar
+
+
+@helper
+def inverse_pushforward(r, alpha, tables, anchor, offset, worder, rdot, wdot, alpha_dot, out):
+    """Tangent of the targets: ``out[j] = sum_i db_j/dr_i rdot_i + db_j/dw wdot_j + db_j/dalpha
+    alpha_dot`` (``rdot`` in sorted order), O(n + m) by one merge."""
+    E, A, B, Ad, Bd, S = tables
+    m = anchor.shape[0]
+    inv_alpha = 1.0 / alpha
+    pos = np.empty(m)
+    shift = np.empty(m)
+    G = np.empty(m)
+    for j in range(m):
+        pos[j] = target_position(r, alpha, anchor[j], offset[j])
+        sh, g, Z = target_sums(r, inv_alpha, A, B, Ad, Bd, anchor[j], offset[j])
+        out[j] = 0.0
+        G[j] = g
+        shift[j] = sh
+        if g == 0.0 or abs(pos[j]) == INF:
+            G[j] = 0.0
+            shift[j] = -INF
+            continue
+        out[j] = Z / g * alpha_dot
+        if wdot[j] != 0.0:
+            out[j] += wdot[j] * 2.0 * alpha * math.exp(sh) / g
+    acc = np.zeros(m)
+    gather_at_targets(r, inv_alpha, rdot, pos, shift, worder, acc)
+    for j in range(m):
+        if G[j] > 0.0:
+            out[j] += acc[j] / G[j]
+
+
+@kernel
+def inverse_kernel(xs, alpha, w, worder, out, anchor, offset):
+    """``out[row, j] = S_row^-1(w[row, j])`` for ``w`` in (0, n); also stores ``(anchor, offset)``.
+
+    ``worder[row]`` sorts ``w[row]`` ascending. O(n + m) per row for sorted targets.
+    Soft sort (``w = k - 1/2``) and soft quantile (``w = q n``) are this kernel."""
+    rows, n = xs.shape
+    for row in prange(rows):
+        r = xs[row]
+        if has_nan(r):
+            out[row, :] = np.nan
+            anchor[row, :] = 0
+            offset[row, :] = np.nan
+            continue
+        a = alpha[row]
+        E, A, B, Ad, Bd, S = row_tables(r, 1.0 / a, False)
+        solve_targets(r, 1.0 / a, A, B, S, w[row], worder[row], anchor[row], offset[row])
+        for j in range(w.shape[1]):
+            out[row, j] = target_position(r, a, anchor[row, j], offset[row, j])
+
+

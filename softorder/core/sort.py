@@ -1,0 +1,60 @@
+"""Gradients of the inverse values: soft sort (``w = k - 1/2``) and soft quantile (``w = q n``).
+
+The forward pass is :func:`softorder.core.lapsum.inverse_kernel`. With ``b_j = S^-1(w_j)``:
+
+    db_j/dr_i = e_ji / E_j,  db_j/dw_j = 1 / G_j,  db_j/dalpha = sum_i e_ji (b_j - r_i) / (alpha E_j)
+
+(``e_ji = exp(-|b_j - r_i| / alpha)``). Both products are one merge of the sorted row with the
+sorted targets, O(n + m) per row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from softorder.core._jit import kernel
+from softorder.core.lapsum import has_nan, inverse_pullback, inverse_pushforward, row_tables
+
+
+@kernel
+def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha_bar):
+    """Cotangent ``u`` (rows, m) on the targets -> ``x_bar`` (rows, n; original element order),
+    ``w_bar`` (rows, m) and ``alpha_bar`` (rows,)."""
+    rows, n = xs.shape
+    for row in prange(rows):
+        r = xs[row]
+        if has_nan(r):
+            x_bar[row, :] = np.nan
+            w_bar[row, :] = np.nan
+            alpha_bar[row] = np.nan
+            continue
+        a = alpha[row]
+        tables = row_tables(r, 1.0 / a, True)
+        rbar = np.zeros(n)
+        alpha_bar[row] = inverse_pullback(
+            r, a, tables, anchor[row], offset[row], worder[row], u[row], rbar, w_bar[row]
+        )
+        for i in range(n):
+            x_bar[row, order[row, i]] = rbar[i] if abs(r[i]) != np.inf else 0.0
+
+
+@kernel
+def inverse_jvp(xs, order, alpha, anchor, offset, worder, x_dot, w_dot, alpha_dot, out):
+    """Tangents ``x_dot`` (rows, n; original order), ``w_dot`` (rows, m), ``alpha_dot`` (rows,)
+    -> tangent of the targets ``out`` (rows, m)."""
+    rows, n = xs.shape
+    for row in prange(rows):
+        r = xs[row]
+        if has_nan(r):
+            out[row, :] = np.nan
+            continue
+        a = alpha[row]
+        tables = row_tables(r, 1.0 / a, True)
+        rdot = np.empty(n)
+        for i in range(n):
+            rdot[i] = x_dot[row, order[row, i]] if abs(r[i]) != np.inf else 0.0
+        inverse_pushforward(
+            r, a, tables, anchor[row], offset[row], worder[row], rdot, w_dot[row], alpha_dot[row],
+            out[row],
+        )

@@ -1,0 +1,149 @@
+"""Soft top-k (smallest k) and its logarithm, for m values of k per row in one call.
+
+``b = S^-1(k)``, ``p_i = F((b - r_i) / alpha)`` (so ``sum_i p_i = k``), ``log p_i = log F(...)``.
+Writing ``y_i = h(z_i)`` with ``z_i = (b - r_i) / alpha`` and ``h = F`` or ``log F``,
+``kappa_i = h'(z_i) / alpha`` and ``omega_i / G = db / dr_i`` (relative to the nearest point):
+
+    dy_i = kappa_i [ sum_l omega_l / G dr_l - dr_i + dk / G_abs + (Z / G - z_i) dalpha ]
+
+Both products cost O(n) per k, i.e. O(m n) per row: the size of the output itself.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import prange
+
+from softorder.core._jit import helper, kernel
+from softorder.core.lapsum import has_nan, row_tables, solve_targets, target_sums
+from softorder.core.laplace import INF, cdf, hazard, log_cdf, offset_z, rel_weight
+
+
+@kernel
+def topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset):
+    """Memberships (or their logs when ``log``) ``out`` (rows, m, n) for targets ``w`` (rows, m);
+    stores the targets as ``(anchor, offset)`` (rows, m) for the gradients."""
+    rows, n = xs.shape
+    m = w.shape[1]
+    for row in prange(rows):
+        r = xs[row]
+        if has_nan(r):
+            out[row, :, :] = np.nan
+            anchor[row, :] = 0
+            offset[row, :] = np.nan
+            continue
+        inv_alpha = 1.0 / alpha[row]
+        E, A, B, Ad, Bd, S = row_tables(r, inv_alpha, False)
+        solve_targets(r, inv_alpha, A, B, S, w[row], worder[row], anchor[row], offset[row])
+        for j in range(m):
+            ra = r[anchor[row, j]]
+            t = offset[row, j]
+            for i in range(n):
+                z = offset_z(ra, r[i], inv_alpha, t)
+                out[row, j, order[row, i]] = log_cdf(z) if log else cdf(z)
+
+
+@helper
+def target_terms(r, alpha, tables, anchor, t, log, z, kappa, omega):
+    """Per element of one target: ``z``, ``kappa = h'(z) / alpha`` (0 at infinite z) and
+    ``omega / G``; returns ``(Z / G, kappa_i / G_abs factor)`` where the last is
+    ``1 / G_abs`` expressed as ``2 alpha exp(shift) / G``."""
+    E, A, B, Ad, Bd, S = tables
+    n = r.shape[0]
+    inv_alpha = 1.0 / alpha
+    shift, G, Z = target_sums(r, inv_alpha, A, B, Ad, Bd, anchor, t)
+    ra = r[anchor]
+    inv_g = 1.0 / G if G > 0.0 else 0.0
+    for i in range(n):
+        zi = offset_z(ra, r[i], inv_alpha, t)
+        z[i] = zi
+        if abs(zi) == INF or G == 0.0:
+            kappa[i] = 0.0
+            omega[i] = 0.0
+            continue
+        omega[i] = rel_weight(zi, shift) * inv_g
+        if log:
+            kappa[i] = hazard(zi) * inv_alpha
+        else:
+            kappa[i] = 0.5 * math.exp(-abs(zi)) * inv_alpha
+    inv_g_abs = 2.0 * alpha * math.exp(shift) * inv_g if G > 0.0 else 0.0
+    return Z * inv_g, inv_g_abs
+
+
+@kernel
+def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar):
+    """Cotangent ``v`` (rows, m, n) -> ``x_bar`` (rows, n), ``w_bar`` (rows, m), ``alpha_bar``."""
+    rows, n = xs.shape
+    m = anchor.shape[1]
+    for row in prange(rows):
+        r = xs[row]
+        if has_nan(r):
+            x_bar[row, :] = np.nan
+            w_bar[row, :] = np.nan
+            alpha_bar[row] = np.nan
+            continue
+        a = alpha[row]
+        tables = row_tables(r, 1.0 / a, True)
+        z = np.empty(n)
+        kappa = np.empty(n)
+        omega = np.empty(n)
+        rbar = np.zeros(n)
+        abar = 0.0
+        for j in range(m):
+            zg, inv_g_abs = target_terms(r, a, tables, anchor[row, j], offset[row, j], log, z,
+                                          kappa, omega)
+            phi = 0.0
+            phi_z = 0.0
+            rho = 0.0
+            for i in range(n):
+                vk = v[row, j, order[row, i]] * kappa[i]
+                phi += vk
+                phi_z += vk * z[i] if kappa[i] != 0.0 else 0.0
+                rho += v[row, j, order[row, i]] * omega[i]
+                rbar[i] -= vk
+            for i in range(n):
+                rbar[i] += omega[i] * phi
+            # dy/dk: for top-k kappa_i / G_abs equals omega_i / G exactly; use that ratio there.
+            w_bar[row, j] = phi * inv_g_abs if log else rho
+            abar += phi * zg - phi_z
+        alpha_bar[row] = abar
+        for i in range(n):
+            x_bar[row, order[row, i]] = rbar[i]
+
+
+@kernel
+def topk_jvp(xs, order, alpha, anchor, offset, log, x_dot, w_dot, alpha_dot, out):
+    """Tangents ``x_dot`` (rows, n), ``w_dot`` (rows, m), ``alpha_dot`` (rows,) -> (rows, m, n)."""
+    rows, n = xs.shape
+    m = anchor.shape[1]
+    for row in prange(rows):
+        r = xs[row]
+        if has_nan(r):
+            out[row, :, :] = np.nan
+            continue
+        a = alpha[row]
+        tables = row_tables(r, 1.0 / a, True)
+        z = np.empty(n)
+        kappa = np.empty(n)
+        omega = np.empty(n)
+        rdot = np.empty(n)
+        for i in range(n):
+            rdot[i] = x_dot[row, order[row, i]] if abs(r[i]) != np.inf else 0.0
+        for j in range(m):
+            zg, inv_g_abs = target_terms(r, a, tables, anchor[row, j], offset[row, j], log, z,
+                                          kappa, omega)
+            bdot = 0.0
+            for i in range(n):
+                bdot += omega[i] * rdot[i]
+            ad = alpha_dot[row]
+            wd = w_dot[row, j]
+            for i in range(n):
+                k = kappa[i]
+                val = 0.0
+                if k != 0.0:
+                    val = k * (bdot - rdot[i] + (zg - z[i]) * ad)
+                if wd != 0.0:
+                    val += wd * (k * inv_g_abs if log else omega[i])
+                out[row, j, order[row, i]] = val

@@ -1,0 +1,58 @@
+"""The kernels of softorder.core against tests/naive.py, on raw (rows, n) arrays."""
+
+import numpy as np
+import pytest
+
+from softorder import core
+from tests import naive
+
+
+def sorted_rows(x):
+    order = np.argsort(x, axis=1)
+    return np.take_along_axis(x, order, axis=1), order
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.7, 30.0])
+def test_lapsum_at_points_matches_direct_sum(rng, alpha):
+    x = rng.normal(size=(4, 9))
+    x[1, 3] = x[1, 5]  # a tie
+    xs, _ = sorted_rows(x)
+    points = np.concatenate([rng.normal(size=(4, 5)) * 3, xs[:, :3]], axis=1)
+    out = np.empty(points.shape)
+    core.lapsum_kernel(xs, np.full(4, alpha), points, out)
+    expected = np.stack([naive.lapsum(x[i], points[i], alpha) for i in range(4)])
+    np.testing.assert_allclose(out, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.7, 30.0])
+def test_inverse_matches_bisection(rng, alpha):
+    x = rng.normal(size=(3, 8))
+    x[2, :4] = x[2, 4]  # a block of ties
+    xs, _ = sorted_rows(x)
+    w = rng.uniform(0.01, 7.99, size=(3, 6))
+    w[:, 0] = [1.0, 4.0, 7.0]  # integer targets
+    worder = np.argsort(w, axis=1)
+    out = np.empty(w.shape)
+    anchor = np.empty(w.shape, dtype=np.int64)
+    offset = np.empty(w.shape)
+    core.inverse_kernel(xs, np.full(3, alpha), w, worder, out, anchor, offset)
+    expected = np.stack([naive.lapsum_inverse(x[i], w[i], alpha) for i in range(3)])
+    np.testing.assert_allclose(out, expected, rtol=1e-10, atol=1e-10 * alpha)
+    # and S(out) == w
+    s = np.stack([naive.lapsum(x[i], out[i], alpha) for i in range(3)])
+    np.testing.assert_allclose(s, w, rtol=1e-10)
+
+
+def test_kernels_never_write_their_inputs(rng):
+    x = rng.normal(size=(2, 6))
+    xs, order = sorted_rows(x)
+    xs0, order0 = xs.copy(), order.copy()
+    alpha = np.full(2, 0.5)
+    v = rng.normal(size=(2, 6))
+    v0 = v.copy()
+    out = np.empty((2, 6))
+    core.rank_forward(xs, order, alpha, out)
+    core.rank_vjp(xs, order, alpha, v, out, np.empty(2))
+    np.testing.assert_array_equal(xs, xs0)
+    np.testing.assert_array_equal(order, order0)
+    np.testing.assert_array_equal(v, v0)
