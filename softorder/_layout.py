@@ -46,6 +46,13 @@ def check_alpha(alpha) -> float:
     return value
 
 
+def cast(value, dtype) -> np.ndarray:
+    """``value`` as a C-ordered array of ``dtype``; values beyond a narrow dtype's range become
+    +-inf there (as the true result would), without a warning."""
+    with np.errstate(over="ignore"):
+        return np.asarray(value, dtype=dtype, order="C")
+
+
 def unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:
     """Sum ``grad`` over the axes that broadcasting added to an argument of ``shape``."""
     extra = grad.ndim - len(shape)
@@ -119,7 +126,7 @@ class Rows:
         nb = len(self.batch_shape)
         shaped = arr.reshape(self.batch_shape + arr.shape[1:])
         moved = np.moveaxis(shaped, list(range(nb, nb + ncore)), dst)
-        return np.asarray(moved, dtype=self.dtype if dtype is None else dtype, order="C")
+        return cast(moved, self.dtype if dtype is None else dtype)
 
     def to_core(self, value, kind: str, core_shape: tuple, name: str) -> np.ndarray:
         """A cotangent or tangent given in the caller's layout, as ``(rows, *core_shape)``
@@ -174,7 +181,7 @@ class Targets:
             ) from None
         if full.size and not np.all((full > 0) & (full < high)):
             bad = full[~((full > 0) & (full < high))].flat[0]
-            raise ValueError(f"{name} must lie strictly between 0 and {high_text}; got {bad!r}")
+            raise ValueError(f"{name} must lie strictly between 0 and {high_text}; got {bad.item()}")
         values = np.ascontiguousarray(full, dtype=np.float64).reshape(rows.rows, -1)
         return cls(values, np.argsort(values, axis=1), multi, arr.shape)
 
@@ -185,7 +192,7 @@ class Targets:
     def grad_to_user(self, w_bar: np.ndarray, rows: Rows, dtype) -> np.ndarray:
         """Gradient per target ``(rows, m)`` -> gradient of the user's argument (its shape)."""
         shaped = w_bar.reshape(rows.batch_shape + ((self.m,) if self.multi else ()))
-        return np.asarray(unbroadcast(shaped, self.shape), dtype=dtype).reshape(self.shape)
+        return cast(unbroadcast(shaped, self.shape), dtype).reshape(self.shape)
 
     def tangent_to_core(self, value, rows: Rows, name: str) -> np.ndarray:
         """Tangent of the user's argument -> ``(rows, m)`` float64."""

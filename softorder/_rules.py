@@ -12,7 +12,7 @@ import numpy as np
 
 from softorder import core
 from softorder._autodiff import Rule
-from softorder._layout import Rows, Targets, check_alpha, float_array
+from softorder._layout import Rows, Targets, cast, check_alpha, float_array
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -30,7 +30,7 @@ class Context:
         return self.rows.per_row(self.alpha)
 
     def scalar(self, value) -> np.floating:
-        return self.rows.dtype.type(value)
+        return cast(value, self.rows.dtype)[()]
 
 
 def _alpha_tangent(tangents: dict, ctx: Context) -> np.ndarray:
@@ -304,7 +304,7 @@ def _labels_in_rows(labels, rows: Rows, name: str, low: int, high: int, core_sha
         raise ValueError(f"{name} must have shape {expected}; got {arr.shape}")
     if arr.size and (arr.min() < low or arr.max() > high):
         bad = arr[(arr < low) | (arr > high)].flat[0]
-        raise ValueError(f"{name} must lie in [{low}, {high}]; got {bad}")
+        raise ValueError(f"{name} must lie in [{low}, {high}]; got {bad.item()}")
     return np.ascontiguousarray(arr, dtype=np.int64).reshape((rows.rows,) + core_shape)
 
 

@@ -1,0 +1,319 @@
+"""The edge cases: separated values, ties, tiny rows, extreme alpha and values, NaN and inf,
+non-contiguous input, every axis, untouched inputs."""
+
+import numpy as np
+import pytest
+from scipy.stats import rankdata
+
+import softorder as so
+from tests import naive
+
+OPS = {
+    "topk": lambda x, **kw: so.soft_topk(x, 2, 0.5, **kw),
+    "log_topk": lambda x, **kw: so.log_soft_topk(x, 2, 0.5, **kw),
+    "rank": lambda x, **kw: so.soft_rank(x, 0.5, **kw),
+    "sort": lambda x, **kw: so.soft_sort(x, 0.5, **kw),
+    "quantile": lambda x, **kw: so.soft_quantile(x, 0.3, 0.5, **kw),
+    "permutation": lambda x, **kw: so.soft_permutation(x, 0.5, **kw),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_integer_k_with_values_far_apart(dtype):
+    """The log-space pitfall: gaps of 1000 alpha make exp(-gap/alpha) underflow."""
+    alpha = 0.01
+    x = (np.arange(8) * 1000 * alpha).astype(dtype)[::-1].copy()
+    for k in range(1, 8):
+        p = so.soft_topk(x, k, alpha)
+        assert np.all(np.isfinite(p))
+        # exact 0/1 up to the true tail F(-500) = 3.6e-218 (0 in float32)
+        np.testing.assert_allclose(p, (np.arange(8) < k).astype(dtype), rtol=0, atol=1e-200)
+        assert p.sum(dtype=np.float64) == k
+        logp = so.log_soft_topk(x, k, alpha)
+        assert np.all(np.isfinite(logp))
+        # the threshold sits exactly halfway between the k-th and (k+1)-th largest
+        b = so.soft_quantile(x.astype(np.float64), (8 - k) / 8, alpha)
+        np.testing.assert_allclose(b, (x[k - 1] + x[k]) / 2, rtol=1e-12)
+        _, pullback = so.vjp(so.soft_topk, x, float(k), alpha)
+        for grad in pullback(np.arange(8.0)):
+            assert np.all(np.isfinite(grad))
+        _, pullback = so.vjp(so.log_soft_topk, x, float(k), alpha)
+        x_bar, k_bar, alpha_bar = pullback(np.ones(8))
+        assert np.all(np.isfinite(x_bar)) and np.isfinite(alpha_bar)
+
+
+def test_gradients_of_separated_values_stay_finite():
+    x = np.array([0.0, 1500.0, 3000.0, 4500.0])
+    # soft_quantile(x, 0.5) sits 750 alpha from both neighbours: db/dq = 2 alpha e^750 / 2 is
+    # beyond float64 and honestly reported as inf; x and alpha gradients stay finite.
+    _, pullback = so.vjp(so.soft_quantile, x, 0.5, 1.0)
+    x_bar, q_bar, alpha_bar = pullback(np.ones(()))
+    assert np.all(np.isfinite(x_bar)) and np.isfinite(alpha_bar) and q_bar == np.inf
+    for fn, args in [(so.soft_rank, (x, 1.0)), (so.soft_sort, (x, 1.0)),
+                     (so.soft_quantile, (x, 0.4, 1.0)), (so.soft_permutation, (x, 1.0)),
+                     (so.permutation_cross_entropy, (x, np.array([1, 2, 3, 4]), 1.0))]:
+        out, pullback = so.vjp(fn, *args)
+        assert np.all(np.isfinite(out))
+        for grad in pullback(np.ones_like(out)):
+            assert np.all(np.isfinite(grad)), fn.__name__
+
+
+def test_ties():
+    x = np.array([1.0, 2.0, 2.0, 2.0, 5.0])
+    np.testing.assert_allclose(so.soft_rank(x, 1e-9), rankdata(x), atol=1e-12)
+    np.testing.assert_allclose(so.soft_rank(x, 0.7), naive.soft_rank(x, 0.7), rtol=1e-12)
+    p = so.soft_topk(x, 2, 1e-9)
+    np.testing.assert_allclose(p, [0, 1 / 3, 1 / 3, 1 / 3, 1], atol=1e-12)
+    same = np.full(6, 3.0)
+    np.testing.assert_allclose(so.soft_rank(same, 0.5), 3.5)
+    np.testing.assert_allclose(so.soft_topk(same, 2, 0.5), 1 / 3)
+    np.testing.assert_allclose(so.soft_permutation(same, 0.5), 1 / 6)
+    np.testing.assert_allclose(so.soft_sort(same, 0.5), naive.soft_sort(same, 0.5), atol=1e-12)
+    for fn, args in [(so.soft_rank, (same, 0.5)), (so.soft_sort, (same, 0.5)),
+                     (so.soft_topk, (same, 2.0, 0.5))]:
+        out, pullback = so.vjp(fn, *args)
+        assert all(np.all(np.isfinite(g)) for g in pullback(np.ones_like(out)))
+
+
+def test_rows_of_one_and_two():
+    x = np.array([[0.7]])
+    np.testing.assert_allclose(so.soft_rank(x, 0.3), [[1.0]])
+    np.testing.assert_allclose(so.soft_sort(x, 0.3), x)
+    np.testing.assert_allclose(so.soft_permutation(x, 0.3), [[[1.0]]])
+    np.testing.assert_allclose(so.soft_topk(x, 0.25, 0.3), [[0.25]])
+    np.testing.assert_allclose(so.soft_quantile(x, 0.25, 0.3), 0.7 + 0.3 * np.log(0.5))
+    assert so.permutation_cross_entropy(x, [[1]], 0.3) == 0.0
+    out, pullback = so.vjp(so.soft_sort, x, 0.3)
+    np.testing.assert_allclose(pullback(np.ones((1, 1)))[0], [[1.0]])
+    y = np.array([2.0, -1.0])
+    np.testing.assert_allclose(so.soft_rank(y, 0.4), naive.soft_rank(y, 0.4), rtol=1e-12)
+    np.testing.assert_allclose(so.soft_sort(y, 0.4), naive.soft_sort(y, 0.4), atol=1e-12)
+    np.testing.assert_allclose(so.soft_topk(y, 1, 0.4), naive.soft_topk(y, 1, 0.4), atol=1e-12)
+
+
+@pytest.mark.parametrize("alpha", [1e-8, 1e-4, 1.0, 1e4, 1e8])
+def test_alpha_over_sixteen_orders_of_magnitude(rng, alpha):
+    x = rng.normal(size=(3, 20))
+    ranks = so.soft_rank(x, alpha)
+    np.testing.assert_allclose(ranks, np.stack([naive.soft_rank(r, alpha) for r in x]),
+                               rtol=1e-10)
+    p = so.soft_topk(x, 5, alpha)
+    np.testing.assert_allclose(p.sum(-1), 5.0, rtol=1e-10)
+    s = so.soft_sort(x, alpha)
+    np.testing.assert_allclose(s, np.stack([naive.soft_sort(r, alpha) for r in x]),
+                               rtol=1e-9, atol=1e-9 * alpha)
+    if alpha <= 1e-8:
+        np.testing.assert_allclose(ranks, rankdata(x, axis=1), atol=1e-12)
+    if alpha >= 1e4:
+        np.testing.assert_allclose(ranks, 10.5, atol=100 / alpha)
+    for fn, args in [(so.soft_rank, (x, alpha)), (so.soft_topk, (x, 5.0, alpha)),
+                     (so.soft_sort, (x, alpha))]:
+        out, pullback = so.vjp(fn, *args)
+        assert all(np.all(np.isfinite(g)) for g in pullback(np.ones_like(out)))
+
+
+@pytest.mark.parametrize("alpha", [1.0, 1e29])
+def test_values_near_1e30(rng, alpha):
+    x = rng.normal(size=12) * 1e30
+    ranks = so.soft_rank(x, alpha)
+    if alpha == 1.0:
+        np.testing.assert_allclose(ranks, rankdata(x))
+        np.testing.assert_allclose(so.soft_sort(x, alpha), np.sort(x), rtol=1e-15)
+        hard = np.zeros(12)
+        hard[np.argsort(-x)[:4]] = 1
+        np.testing.assert_array_equal(so.soft_topk(x, 4, alpha), hard)
+    else:
+        np.testing.assert_allclose(ranks, naive.soft_rank(x, alpha), rtol=1e-10)
+        np.testing.assert_allclose(so.soft_sort(x, alpha), naive.soft_sort(x, alpha), rtol=1e-9)
+    assert np.all(np.isfinite(so.soft_permutation(x, alpha)))
+    out, pullback = so.vjp(so.soft_sort, x, alpha)
+    assert all(np.all(np.isfinite(g)) for g in pullback(np.ones(12)))
+
+
+@pytest.mark.slow
+def test_float32_at_a_million(rng):
+    x = rng.normal(size=1_000_000).astype(np.float32)
+    ranks = so.soft_rank(x, 0.01)
+    assert ranks.dtype == np.float32
+    ref = so.soft_rank(x.astype(np.float64), 0.01)
+    np.testing.assert_allclose(ranks, ref.astype(np.float32), rtol=1.2e-7)
+    p = so.soft_topk(x, 1000.0, 0.01)
+    np.testing.assert_allclose(p.astype(np.float64).sum(), 1000.0, rtol=1e-5)
+    s = so.soft_sort(x, 0.001)
+    assert np.all(np.diff(s) >= 0)
+    _, pullback = so.vjp(so.soft_rank, x, 0.01)
+    x_bar, alpha_bar = pullback(np.ones_like(x))
+    assert x_bar.dtype == np.float32 and np.all(np.isfinite(x_bar))
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_a_nan_row_spoils_only_itself(rng, name):
+    x = rng.normal(size=(4, 9))
+    x[2, 5] = np.nan
+    out = OPS[name](x)
+    for i in range(4):
+        alone = OPS[name](x[i : i + 1])
+        if i == 2:
+            assert np.all(np.isnan(out[i]))
+        else:
+            np.testing.assert_array_equal(out[i], alone[0])
+
+
+def test_a_nan_row_in_gradients_and_losses(rng):
+    x = rng.normal(size=(3, 6))
+    x[1, 0] = np.nan
+    for fn, args in [(so.soft_rank, (0.5,)), (so.soft_sort, (0.5,)), (so.soft_topk, (2.0, 0.5)),
+                     (so.soft_quantile, (0.5, 0.5)), (so.soft_permutation, (0.5,))]:
+        out, pullback = so.vjp(fn, x, *args)
+        x_bar = pullback(np.ones_like(out))[0]
+        assert np.all(np.isnan(x_bar[1]))
+        _, clean = so.vjp(fn, x[[0, 2]], *args)
+        np.testing.assert_array_equal(x_bar[[0, 2]], clean(np.ones_like(out[[0, 2]]))[0])
+    losses = so.topk_cross_entropy(x, np.array([0, 1, 2]), [0.5, 0.5], 0.5, reduction="none")
+    assert np.isnan(losses[1]) and np.all(np.isfinite(losses[[0, 2]]))
+    losses = so.permutation_cross_entropy(x, np.tile(np.arange(1, 7), (3, 1)), 0.5,
+                                          reduction="none")
+    assert np.isnan(losses[1]) and np.all(np.isfinite(losses[[0, 2]]))
+
+
+def test_minus_inf_is_padding_for_largest_topk(rng):
+    valid = rng.normal(size=5)
+    x = np.concatenate([valid, [-np.inf, -np.inf]])
+    for k in [1, 2.5, 4]:
+        p = so.soft_topk(x, k, 0.3)
+        np.testing.assert_array_equal(p[5:], 0.0)
+        np.testing.assert_allclose(p[:5], so.soft_topk(valid, k, 0.3), rtol=1e-14)
+        out, pullback = so.vjp(so.soft_topk, x, k, 0.3)
+        x_bar, k_bar, alpha_bar = pullback(np.arange(7.0))
+        np.testing.assert_array_equal(x_bar[5:], 0.0)
+        _, ref = so.vjp(so.soft_topk, valid, k, 0.3)
+        ref_x, ref_k, ref_alpha = ref(np.arange(5.0))
+        np.testing.assert_allclose(x_bar[:5], ref_x, rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose([k_bar, alpha_bar], [ref_k, ref_alpha], rtol=1e-12)
+    # log memberships of padding are -inf, with zero gradient
+    logp = so.log_soft_topk(x, 2, 0.3)
+    assert np.all(logp[5:] == -np.inf) and np.all(np.isfinite(logp[:5]))
+    # +inf entries are always selected; the rest share k - (number of +inf)
+    y = np.concatenate([valid, [np.inf]])
+    p = so.soft_topk(y, 3, 0.3)
+    assert p[5] == 1.0
+    np.testing.assert_allclose(p[:5], so.soft_topk(valid, 2, 0.3), rtol=1e-14)
+
+
+def test_infinities_in_rank_sort_and_losses(rng):
+    valid = rng.normal(size=4)
+    x = np.concatenate([[-np.inf], valid, [np.inf, np.inf]])
+    ranks = so.soft_rank(x, 0.5)
+    np.testing.assert_allclose(ranks, [1.0, *(so.soft_rank(valid, 0.5) + 1), 6.5, 6.5])
+    s = so.soft_sort(x, 0.5)
+    assert s[0] == -np.inf and s[-1] == np.inf and np.all(np.isfinite(s[1:5]))
+    logits = np.concatenate([valid, [-np.inf, -np.inf]])[None, :]
+    masked = so.topk_cross_entropy(logits, [1], [0.5, 0.5], 0.5)
+    np.testing.assert_allclose(masked, so.topk_cross_entropy(valid[None], [1], [0.5, 0.5], 0.5),
+                               rtol=1e-13)
+    _, pullback = so.vjp(so.topk_cross_entropy, logits, [1], [0.5, 0.5], 0.5)
+    grad = pullback(1.0)[0]
+    np.testing.assert_array_equal(grad[0, 4:], 0.0)
+
+
+def test_non_contiguous_input(rng):
+    base = rng.normal(size=(6, 20))
+    views = [base[:, ::2], base.T[::3], base[::-1, 5:15]]
+    for view in views:
+        assert not view.flags.c_contiguous
+        for name, op in OPS.items():
+            np.testing.assert_array_equal(op(view), op(np.ascontiguousarray(view)), err_msg=name)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, -1, -2, -3])
+@pytest.mark.parametrize("name", list(OPS))
+def test_every_axis(rng, axis, name):
+    x = rng.normal(size=(3, 4, 5))
+    got = OPS[name](x, axis=axis)
+    moved = OPS[name](np.moveaxis(x, axis, -1))
+    if name == "quantile":
+        expected = moved  # the axis is reduced
+    elif name == "permutation":
+        expected = moved  # the two matrix axes go last
+    else:
+        expected = np.moveaxis(moved, -1, axis)
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_several_k_per_row_on_any_axis(rng):
+    x = rng.normal(size=(5, 3))
+    p = so.soft_topk(x, np.array([[1.0, 2.0, 4.0]]).T[None, :, 0][..., None].reshape(1, 3), 0.5,
+                     axis=0)
+    assert p.shape == (3, 5, 3)  # k axis inserted before the selected axis
+    for j, k in enumerate([1.0, 2.0, 4.0]):
+        np.testing.assert_allclose(p[j], so.soft_topk(x, k, 0.5, axis=0), rtol=1e-14)
+    per_row = so.soft_topk(x, np.array([1.0, 2.0, 4.0]), 0.5, axis=0)
+    for col, k in enumerate([1.0, 2.0, 4.0]):
+        np.testing.assert_allclose(per_row[:, col], so.soft_topk(x[:, col], k, 0.5), rtol=1e-14)
+    q = so.soft_quantile(x, np.array([[0.2, 0.8]]), 0.5, axis=0)
+    assert q.shape == (2, 3)
+
+
+def test_inputs_are_never_modified(rng):
+    x = rng.normal(size=(3, 6))
+    x.flags.writeable = False
+    k = np.array([1.0, 2.0, 3.0])
+    k.flags.writeable = False
+    for fn, args in [(so.soft_topk, (x, k, 0.5)), (so.log_soft_topk, (x, k, 0.5)),
+                     (so.soft_rank, (x, 0.5)), (so.soft_sort, (x, 0.5)),
+                     (so.soft_quantile, (x, 0.5, 0.5)), (so.soft_permutation, (x, 0.5))]:
+        out, pullback = so.vjp(fn, *args)
+        cot = np.ones_like(out)
+        cot.flags.writeable = False
+        pullback(cot)
+    labels = np.array([0, 1, 2])
+    labels.flags.writeable = False
+    so.topk_cross_entropy(x, labels, [0.5, 0.5], 0.5)
+    copy = x.copy()
+    writable = x.copy()
+    so.soft_topk(writable, 2, 0.5, largest=True)
+    so.soft_sort(writable, 0.5, descending=True)
+    np.testing.assert_array_equal(writable, copy)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda: so.soft_rank([1.0, 2.0], 0.0), ValueError, r"alpha.*alpha=0\.0"),
+        (lambda: so.soft_rank([1.0, 2.0], -1.0), ValueError, "alpha=-1.0"),
+        (lambda: so.soft_rank([1.0, 2.0], np.nan), ValueError, "alpha=nan"),
+        (lambda: so.soft_rank([1.0, 2.0], np.inf), ValueError, "alpha=inf"),
+        (lambda: so.soft_rank([1.0, 2.0], [0.5, 0.5]), TypeError, "alpha"),
+        (lambda: so.soft_rank([1.0, 2.0], True), TypeError, "alpha"),
+        (lambda: so.soft_topk([1.0, 2.0, 3.0], 0, 0.5), ValueError, r"k must lie.*n=3"),
+        (lambda: so.soft_topk([1.0, 2.0, 3.0], 3, 0.5), ValueError, r"k must lie.*got 3"),
+        (lambda: so.soft_topk([1.0, 2.0, 3.0], np.nan, 0.5), ValueError, "k must lie"),
+        (lambda: so.soft_topk(np.ones((2, 3)), [1, 2, 1], 0.5), ValueError, "trailing axis"),
+        (lambda: so.soft_quantile([1.0, 2.0], 1.0, 0.5), ValueError, "q must lie"),
+        (lambda: so.soft_quantile([1.0, 2.0], 0.0, 0.5), ValueError, "q must lie"),
+        (lambda: so.soft_rank(np.ones((2, 0)), 0.5), ValueError, "empty axis"),
+        (lambda: so.soft_rank(3.0, 0.5), ValueError, "at least one axis"),
+        (lambda: so.soft_rank([1.0, 2.0], 0.5, axis=1), ValueError, "axis 1 is out of range"),
+        (lambda: so.soft_rank([1 + 2j, 3j], 0.5), TypeError, "complex"),
+        (lambda: so.soft_rank(["a", "b"], 0.5), TypeError, "numeric"),
+        (lambda: so.topk_cross_entropy(np.ones((2, 4)), [0, 4], [1.0], 0.5), ValueError,
+         r"labels must lie in \[0, 3\]"),
+        (lambda: so.topk_cross_entropy(np.ones((2, 4)), [0.0, 1.0], [1.0], 0.5), TypeError,
+         "labels must be an integer"),
+        (lambda: so.topk_cross_entropy(np.ones((2, 4)), [0, 1, 2], [1.0], 0.5), ValueError,
+         r"labels must have shape \(2,\)"),
+        (lambda: so.topk_cross_entropy(np.ones((2, 4)), [0, 1], [0.5, 0.2], 0.5), ValueError,
+         "probability distribution"),
+        (lambda: so.topk_cross_entropy(np.ones((2, 4)), [0, 1], [0.25] * 4, 0.5), ValueError,
+         "K=4"),
+        (lambda: so.topk_cross_entropy(np.ones((2, 4)), [0, 1], [1.0], 0.5, reduction="max"),
+         ValueError, "reduction"),
+        (lambda: so.permutation_cross_entropy(np.ones((1, 3)), [[1, 2, 4]], 0.5), ValueError,
+         r"target_ranks must lie in \[1, 3\]"),
+        (lambda: so.permutation_cross_entropy(np.ones((1, 3)), [[1, 2]], 0.5), ValueError,
+         "target_ranks must have shape"),
+    ],
+)
+def test_bad_input_gets_a_clear_error(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
