@@ -78,10 +78,18 @@ def repeats_for(n, repeats):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5,
-                        help="best of this many repeats (default 5; min(R, 3) at n = 1e6)")
-    parser.add_argument("--max-n", type=lambda s: int(float(s)), default=10**6,
-                        help="largest row length, among 1e4, 1e5, 1e6 (default 1e6)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="best of this many repeats (default 5; min(R, 3) at n = 1e6)",
+    )
+    parser.add_argument(
+        "--max-n",
+        type=lambda s: int(float(s)),
+        default=10**6,
+        help="largest row length, among 1e4, 1e5, 1e6 (default 1e6)",
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
@@ -94,30 +102,38 @@ def main(argv=None):
     rng = np.random.default_rng(20250101)
 
     softorder.soft_rank(np.zeros(2))  # loads the kernels, so the threading layer is known
-    print(f"softorder {softorder.__version__}, numpy {np.__version__}, numba {numba.__version__}"
-          f" ({numba.threading_layer()}, {numba.get_num_threads()} threads), "
-          f"Python {platform.python_version()}, {platform.machine()}")
-    print(f"alpha = {ALPHA}; best of {args.repeats} repeats (x10 at n = 1e4, at most 3 at "
-          "n = 1e6); fwd+VJP = softorder.vjp + pullback\n")
+    print(
+        f"softorder {softorder.__version__}, numpy {np.__version__}, numba {numba.__version__}"
+        f" ({numba.threading_layer()}, {numba.get_num_threads()} threads), "
+        f"Python {platform.python_version()}, {platform.machine()}"
+    )
+    print(
+        f"alpha = {ALPHA}; best of {args.repeats} repeats (x10 at n = 1e4, at most 3 at "
+        "n = 1e6); fwd+VJP = softorder.vjp + pullback\n"
+    )
 
     rows = []  # (operation, size, time, argsort time)
     rank_time = {}
     for n in sizes:
         x = rng.standard_normal(n)
         v = rng.standard_normal(n)
-        ops = [("soft_rank fwd+VJP", forward_vjp(softorder.soft_rank, x, v)),
-               ("soft_topk fwd+VJP (k = n/10)", forward_vjp(softorder.soft_topk, x, v, n // 10)),
-               ("soft_sort fwd+VJP", forward_vjp(softorder.soft_sort, x, v))]
-        times = best_times([lambda x=x: np.argsort(x)] + [call for _, call in ops],
-                           repeats_for(n, args.repeats))
+        ops = [
+            ("soft_rank fwd+VJP", forward_vjp(softorder.soft_rank, x, v)),
+            ("soft_topk fwd+VJP (k = n/10)", forward_vjp(softorder.soft_topk, x, v, n // 10)),
+            ("soft_sort fwd+VJP", forward_vjp(softorder.soft_sort, x, v)),
+        ]
+        times = best_times(
+            [lambda x=x: np.argsort(x)] + [call for _, call in ops], repeats_for(n, args.repeats)
+        )
         for (name, _), t in zip(ops, times[1:], strict=True):
             rows.append((name, f"{n:.0e}", t, times[0]))
         rank_time[n] = (times[1], times[0])
 
     xb = rng.standard_normal(BATCH_SHAPE).astype(np.float32)
     vb = rng.standard_normal(BATCH_SHAPE).astype(np.float32)
-    t_sort, t_rank = best_times([lambda: np.argsort(xb, axis=-1),
-                                 forward_vjp(softorder.soft_rank, xb, vb)], args.repeats)
+    t_sort, t_rank = best_times(
+        [lambda: np.argsort(xb, axis=-1), forward_vjp(softorder.soft_rank, xb, vb)], args.repeats
+    )
     rows.append(("soft_rank fwd+VJP, batched float32", "256 x 1000", t_rank, t_sort))
 
     print("| operation | n / shape | time ms | argsort ms | ratio |")
@@ -138,8 +154,10 @@ def main(argv=None):
     if 10**6 in rank_time:
         ratio = rank_time[10**6][0] / rank_time[10**6][1]
         verdict = "PASS" if ratio <= TARGET_RATIO else "FAIL"
-        print(f"  soft_rank fwd+VJP at n = 1e6 <= {TARGET_RATIO:g} x argsort: {ratio:.2f} x "
-              f"-> {verdict}")
+        print(
+            f"  soft_rank fwd+VJP at n = 1e6 <= {TARGET_RATIO:g} x argsort: {ratio:.2f} x "
+            f"-> {verdict}"
+        )
     else:
         print(f"  soft_rank fwd+VJP at n = 1e6 <= {TARGET_RATIO:g} x argsort: not run (--max-n)")
     if growth_ok:

@@ -57,14 +57,19 @@ def _show_topk(logits, labels):
     hard = np.argsort(-logits, axis=-1)[:, :_K]
     acc1 = np.mean(hard[:, 0] == labels)
     acc3 = np.mean((hard == labels[:, None]).any(axis=-1))
-    print(f"Nearest-class-mean classifier fit on {_N_TRAIN} images, tested on {len(labels)}: "
-          f"top-1 {acc1:.1%}, top-3 {acc3:.1%}")
+    print(
+        f"Nearest-class-mean classifier fit on {_N_TRAIN} images, tested on {len(labels)}: "
+        f"top-1 {acc1:.1%}, top-3 {acc3:.1%}"
+    )
     print(f"\n1. soft_topk(logits, k={_K}, alpha): membership of each class in the top {_K}")
     # A confident hit, a miss whose label is still in the top 3, and a miss outside it.
     top1_hit = hard[:, 0] == labels
     in_top3 = (hard == labels[:, None]).any(axis=-1)
-    picks = [np.flatnonzero(top1_hit)[0], np.flatnonzero(~top1_hit & in_top3)[0],
-             np.flatnonzero(~in_top3)[0]]
+    picks = [
+        np.flatnonzero(top1_hit)[0],
+        np.flatnonzero(~top1_hit & in_top3)[0],
+        np.flatnonzero(~in_top3)[0],
+    ]
     for i in picks:
         indicator = np.zeros(10)
         indicator[hard[i]] = 1.0
@@ -77,8 +82,10 @@ def _show_topk(logits, labels):
 
 
 def _show_rank_sort(image, label):
-    print(f"\n2. soft_rank / soft_sort of one image's 64 pixels (a '{label}', values 0..16, "
-          "many ties)")
+    print(
+        f"\n2. soft_rank / soft_sort of one image's 64 pixels (a '{label}', values 0..16, "
+        "many ties)"
+    )
     exact_rank, exact_sort = rankdata(image), np.sort(image)
     print(_row("pixel[:12]", image[:12], "{:5.0f}"))
     print(_row("rankdata", exact_rank[:12], "{:5.1f}"))
@@ -87,16 +94,20 @@ def _show_rank_sort(image, label):
     for alpha in (0.01, 0.05, 1.0):
         rank_err = np.abs(softorder.soft_rank(image, alpha=alpha) - exact_rank).max()
         sort_err = np.abs(softorder.soft_sort(image, alpha=alpha) - exact_sort).max()
-        print(f"  alpha = {alpha:<5g} max |soft_rank - rankdata| = {rank_err:.2e}, "
-              f"max |soft_sort - np.sort| = {sort_err:.2e}")
+        print(
+            f"  alpha = {alpha:<5g} max |soft_rank - rankdata| = {rank_err:.2e}, "
+            f"max |soft_sort - np.sort| = {sort_err:.2e}"
+        )
 
 
 def _show_gradient(logits, labels):
     i = int(np.flatnonzero(np.argsort(-logits, axis=-1)[:, 0] != labels)[0])
     x, alpha = logits[i], 1.0
     third = int(np.argsort(-x)[_K - 1])
-    print(f"\n3. d p[{third}] / d logits for test image {i} (class {third} is 3rd), "
-          f"alpha = {alpha:g}, via softorder.vjp")
+    print(
+        f"\n3. d p[{third}] / d logits for test image {i} (class {third} is 3rd), "
+        f"alpha = {alpha:g}, via softorder.vjp"
+    )
     p, pullback = softorder.vjp(softorder.soft_topk, x, _K, alpha=alpha)
     x_bar, k_bar, _ = pullback(np.eye(10)[third])
     print(_row("gradient", x_bar, "{:6.3f}"))
@@ -104,10 +115,14 @@ def _show_gradient(logits, labels):
     direction = np.random.default_rng(0).standard_normal(10)
     _, p_dot = softorder.jvp(softorder.soft_topk, (x, _K, alpha), (direction, None, None))
     eps = 1e-6
-    fd = (softorder.soft_topk(x + eps * direction, _K, alpha)[third]
-          - softorder.soft_topk(x - eps * direction, _K, alpha)[third]) / (2 * eps)
-    print(f"  along a random direction: vjp {x_bar @ direction:.8f}, "
-          f"jvp {p_dot[third]:.8f}, finite difference {fd:.8f}")
+    fd = (
+        softorder.soft_topk(x + eps * direction, _K, alpha)[third]
+        - softorder.soft_topk(x - eps * direction, _K, alpha)[third]
+    ) / (2 * eps)
+    print(
+        f"  along a random direction: vjp {x_bar @ direction:.8f}, "
+        f"jvp {p_dot[third]:.8f}, finite difference {fd:.8f}"
+    )
 
 
 def _best_of(calls, repeats):
@@ -123,8 +138,10 @@ def _best_of(calls, repeats):
 
 def _show_timing(images, sizes):
     alpha = 0.5
-    print(f"\n4. Timing (one thread, float64, alpha = {alpha:g}): digits pixels tiled to length n"
-          " + seeded noise;")
+    print(
+        f"\n4. Timing (one thread, float64, alpha = {alpha:g}): digits pixels tiled to length n"
+        " + seeded noise;"
+    )
     print("   each time divided by np.argsort of the same data, measured in this run")
     print(f"  {'n':>9} {'argsort ms':>11} {'soft_rank':>10} {'rank+VJP':>10} {'soft_topk':>10}")
     rng = np.random.default_rng(0)
@@ -138,13 +155,19 @@ def _show_timing(images, sizes):
             _, pullback = softorder.vjp(softorder.soft_rank, x, alpha=alpha)
             return pullback(cotangent)
 
-        calls = [lambda x=x: np.argsort(x), lambda x=x: softorder.soft_rank(x, alpha=alpha),
-                 rank_vjp, lambda x=x, k=k: softorder.soft_topk(x, k, alpha=alpha)]
+        calls = [
+            lambda x=x: np.argsort(x),
+            lambda x=x: softorder.soft_rank(x, alpha=alpha),
+            rank_vjp,
+            lambda x=x, k=k: softorder.soft_topk(x, k, alpha=alpha),
+        ]
         for call in calls:  # warm-up: compiles the JIT kernels on first use
             call()
         t_sort, t_rank, t_vjp, t_topk = _best_of(calls, 3 if n >= 10**6 else 5)
-        print(f"  {n:>9.0e} {t_sort * 1e3:>11.2f} {t_rank / t_sort:>9.1f}x "
-              f"{t_vjp / t_sort:>9.1f}x {t_topk / t_sort:>9.1f}x")
+        print(
+            f"  {n:>9.0e} {t_sort * 1e3:>11.2f} {t_rank / t_sort:>9.1f}x "
+            f"{t_vjp / t_sort:>9.1f}x {t_topk / t_sort:>9.1f}x"
+        )
 
 
 def main(argv=None) -> int:
@@ -163,20 +186,27 @@ def main(argv=None) -> int:
     """
     parser = argparse.ArgumentParser(
         prog="python -m softorder",
-        description="Demo of softorder's differentiable order operations on the digits data.")
-    parser.add_argument("--quick", action="store_true",
-                        help="time only n = 1e4 and 1e5 (instead of up to 1e6)")
+        description="Demo of softorder's differentiable order operations on the digits data.",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="time only n = 1e4 and 1e5 (instead of up to 1e6)"
+    )
     args = parser.parse_args(argv)
 
     data = _load_digits()
     if data is None:
-        print("The softorder demo needs scikit-learn for its bundled digits data set:\n"
-              "    pip install softorder[demo]", file=sys.stderr)
+        print(
+            "The softorder demo needs scikit-learn for its bundled digits data set:\n"
+            "    pip install softorder[demo]",
+            file=sys.stderr,
+        )
         return 1
     images, labels = data
     start = time.perf_counter()
-    print(f"softorder {softorder.__version__} demo on scikit-learn's digits "
-          f"({images.shape[0]} images of 8 x 8 pixels, 10 classes)")
+    print(
+        f"softorder {softorder.__version__} demo on scikit-learn's digits "
+        f"({images.shape[0]} images of 8 x 8 pixels, 10 classes)"
+    )
     logits, test_labels = _nearest_mean_logits(images, labels)
     _show_topk(logits, test_labels)
     _show_rank_sort(images[_N_TRAIN], labels[_N_TRAIN])

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -19,7 +20,8 @@ class Rule:
     ``prepare`` validates the arguments (named as in the public signature) and returns a
     context; ``forward`` computes the result and keeps in the context what the gradients need
     (O(n) per row); ``vjp`` returns one gradient per name in ``differentiable``; ``jvp`` takes a
-    dict of tangents keyed by those names (missing ones are zero)."""
+    dict of tangents keyed by those names (missing ones are zero).
+    """
 
     differentiable: tuple[str, ...] = ()
 
@@ -38,7 +40,8 @@ class Rule:
 
 def operation(rule: Rule) -> Callable:
     """Make a public function run ``rule``; the decorated function supplies the signature and
-    the documentation, its body is not executed."""
+    the documentation, its body is not executed.
+    """
 
     def decorate(fn: Callable) -> Callable:
         signature = inspect.signature(fn)
@@ -142,7 +145,7 @@ def jvp(fn: Callable, primals: tuple, tangents: tuple, **kwargs) -> tuple[np.nda
     arguments = _bind(fn.signature, tuple(primals), kwargs)
     names = list(fn.signature.parameters)[: len(primals)]
     tangent_of = {}
-    for name, tangent in zip(names, tangents):
+    for name, tangent in zip(names, tangents, strict=False):
         if tangent is None:
             continue
         if name not in rule.differentiable:

@@ -23,7 +23,8 @@ def float_array(x, name: str) -> tuple[np.ndarray, np.dtype]:
     """``x`` as a real array and the floating dtype results are returned in.
 
     Integers and booleans give float64, float16 gives float16 (computed in float64).
-    Complex, object and string arrays raise ``TypeError`` naming the argument."""
+    Complex, object and string arrays raise ``TypeError`` naming the argument.
+    """
     arr = np.asarray(x)
     kind = arr.dtype.kind
     if kind == "c":
@@ -48,7 +49,8 @@ def check_alpha(alpha) -> float:
 
 def cast(value, dtype) -> np.ndarray:
     """``value`` as a C-ordered array of ``dtype``; values beyond a narrow dtype's range become
-    +-inf there (as the true result would), without a warning."""
+    +-inf there (as the true result would), without a warning.
+    """
     with np.errstate(over="ignore"):
         return np.asarray(value, dtype=dtype, order="C")
 
@@ -130,12 +132,14 @@ class Rows:
 
     def to_core(self, value, kind: str, core_shape: tuple, name: str) -> np.ndarray:
         """A cotangent or tangent given in the caller's layout, as ``(rows, *core_shape)``
-        float64; ``ValueError`` when its shape is not the shape of the result it belongs to."""
+        float64; ``ValueError`` when its shape is not the shape of the result it belongs to.
+        """
         arr, _ = float_array(value, name)
         dst, ncore = self._positions(kind)
         nb = len(self.batch_shape)
-        expected = np.moveaxis(np.empty(self.batch_shape + core_shape), list(range(nb, nb + ncore)),
-                               dst).shape
+        expected = np.moveaxis(
+            np.empty(self.batch_shape + core_shape), list(range(nb, nb + ncore)), dst
+        ).shape
         if arr.shape != expected:
             raise ValueError(f"{name} must have shape {expected}; got {arr.shape}")
         moved = np.moveaxis(arr, dst, list(range(nb, nb + ncore)))
@@ -173,15 +177,21 @@ class Targets:
         try:
             full = np.broadcast_to(arr, target_shape)
         except ValueError:
-            hint = (f"; to ask for several {name} per row give {name} a trailing axis, "
-                    f"e.g. shape {(1,) * nb + arr.shape[-1:]}" if arr.ndim == nb else "")
+            hint = (
+                f"; to ask for several {name} per row give {name} a trailing axis, "
+                f"e.g. shape {(1,) * nb + arr.shape[-1:]}"
+                if arr.ndim == nb
+                else ""
+            )
             raise ValueError(
                 f"{name} of shape {arr.shape} does not broadcast to the batch shape "
                 f"{rows.batch_shape}{hint}"
             ) from None
         if full.size and not np.all((full > 0) & (full < high)):
             bad = full[~((full > 0) & (full < high))].flat[0]
-            raise ValueError(f"{name} must lie strictly between 0 and {high_text}; got {bad.item()}")
+            raise ValueError(
+                f"{name} must lie strictly between 0 and {high_text}; got {bad.item()}"
+            )
         values = np.ascontiguousarray(full, dtype=np.float64).reshape(rows.rows, -1)
         return cls(values, np.argsort(values, axis=1), multi, arr.shape)
 

@@ -67,7 +67,9 @@ class RankRule(Rule):
         rows = ctx.rows
         x_dot = _x_tangent(tangents, rows)
         out = np.empty(rows.xs.shape)
-        core.rank_jvp(rows.xs, rows.order, ctx.alpha_rows, x_dot, _alpha_tangent(tangents, ctx), out)
+        core.rank_jvp(
+            rows.xs, rows.order, ctx.alpha_rows, x_dot, _alpha_tangent(tangents, ctx), out
+        )
         return rows.to_user(out, "row")
 
 
@@ -78,7 +80,7 @@ def _x_tangent(tangents: dict, rows: Rows, name: str = "x") -> np.ndarray:
 
 
 class InverseRule(Rule):
-    """Values of the inverse Lap-sum: soft sort (``w = k - 1/2``) and soft quantile (``w = q n``)."""
+    """Values of the inverse Lap-sum: soft sort (``w = k - 1/2``), soft quantile (``w = q n``)."""
 
     def _forward_targets(self, ctx, w, worder):
         rows = ctx.rows
@@ -94,16 +96,35 @@ class InverseRule(Rule):
         x_bar = np.empty(rows.xs.shape)
         w_bar = np.empty(u.shape)
         alpha_bar = np.empty(rows.rows)
-        core.inverse_vjp(rows.xs, rows.order, ctx.alpha_rows, s["anchor"], s["offset"],
-                         s["worder"], u, x_bar, w_bar, alpha_bar)
+        core.inverse_vjp(
+            rows.xs,
+            rows.order,
+            ctx.alpha_rows,
+            s["anchor"],
+            s["offset"],
+            s["worder"],
+            u,
+            x_bar,
+            w_bar,
+            alpha_bar,
+        )
         return x_bar, w_bar, alpha_bar
 
     def _pushforward(self, ctx, tangents, w_dot):
         rows, s = ctx.rows, ctx.saved
         out = np.empty(w_dot.shape)
-        core.inverse_jvp(rows.xs, rows.order, ctx.alpha_rows, s["anchor"], s["offset"],
-                         s["worder"], _x_tangent(tangents, rows), w_dot,
-                         _alpha_tangent(tangents, ctx), out)
+        core.inverse_jvp(
+            rows.xs,
+            rows.order,
+            ctx.alpha_rows,
+            s["anchor"],
+            s["offset"],
+            s["worder"],
+            _x_tangent(tangents, rows),
+            w_dot,
+            _alpha_tangent(tangents, ctx),
+            out,
+        )
         return out
 
 
@@ -152,7 +173,8 @@ class QuantileRule(InverseRule):
         rows, targets = ctx.rows, ctx.saved["targets"]
         core_shape = (targets.m,) if targets.multi else ()
         return rows.to_core(cotangent, self._kind(ctx), core_shape, "cotangent").reshape(
-            rows.rows, targets.m)
+            rows.rows, targets.m
+        )
 
     def vjp(self, ctx, cotangent):
         rows, targets = ctx.rows, ctx.saved["targets"]
@@ -162,8 +184,11 @@ class QuantileRule(InverseRule):
 
     def jvp(self, ctx, tangents):
         rows, targets = ctx.rows, ctx.saved["targets"]
-        w_dot = (targets.tangent_to_core(tangents["q"], rows, "tangent of q") * rows.n
-                 if "q" in tangents else np.zeros(targets.values.shape))
+        w_dot = (
+            targets.tangent_to_core(tangents["q"], rows, "tangent of q") * rows.n
+            if "q" in tangents
+            else np.zeros(targets.values.shape)
+        )
         out = self._pushforward(ctx, tangents, w_dot)
         return rows.to_user(out if targets.multi else out[:, 0], self._kind(ctx))
 
@@ -193,8 +218,17 @@ class TopKRule(Rule):
         out = np.empty(shape + (rows.n,))
         anchor = np.empty(shape, dtype=np.int64)
         offset = np.empty(shape)
-        core.topk_forward(rows.xs, rows.order, ctx.alpha_rows, targets.values, targets.order,
-                          self.log, out, anchor, offset)
+        core.topk_forward(
+            rows.xs,
+            rows.order,
+            ctx.alpha_rows,
+            targets.values,
+            targets.order,
+            self.log,
+            out,
+            anchor,
+            offset,
+        )
         ctx.saved.update(anchor=anchor, offset=offset)
         return self._to_user(ctx, out)
 
@@ -202,22 +236,46 @@ class TopKRule(Rule):
         rows, targets, s = ctx.rows, ctx.saved["targets"], ctx.saved
         core_shape = (targets.m, rows.n) if targets.multi else (rows.n,)
         v = rows.to_core(cotangent, self._kind(ctx), core_shape, "cotangent").reshape(
-            rows.rows, targets.m, rows.n)
+            rows.rows, targets.m, rows.n
+        )
         x_bar = np.empty(rows.xs.shape)
         w_bar = np.empty((rows.rows, targets.m))
         alpha_bar = np.empty(rows.rows)
-        core.topk_vjp(rows.xs, rows.order, ctx.alpha_rows, s["anchor"], s["offset"], self.log, v,
-                      x_bar, w_bar, alpha_bar)
+        core.topk_vjp(
+            rows.xs,
+            rows.order,
+            ctx.alpha_rows,
+            s["anchor"],
+            s["offset"],
+            self.log,
+            v,
+            x_bar,
+            w_bar,
+            alpha_bar,
+        )
         k_bar = targets.grad_to_user(w_bar, rows, rows.dtype)
         return rows.grad_to_user(x_bar), k_bar, ctx.scalar(alpha_bar.sum())
 
     def jvp(self, ctx, tangents):
         rows, targets, s = ctx.rows, ctx.saved["targets"], ctx.saved
-        w_dot = (targets.tangent_to_core(tangents["k"], rows, "tangent of k")
-                 if "k" in tangents else np.zeros(targets.values.shape))
+        w_dot = (
+            targets.tangent_to_core(tangents["k"], rows, "tangent of k")
+            if "k" in tangents
+            else np.zeros(targets.values.shape)
+        )
         out = np.empty((rows.rows, targets.m, rows.n))
-        core.topk_jvp(rows.xs, rows.order, ctx.alpha_rows, s["anchor"], s["offset"], self.log,
-                      _x_tangent(tangents, rows), w_dot, _alpha_tangent(tangents, ctx), out)
+        core.topk_jvp(
+            rows.xs,
+            rows.order,
+            ctx.alpha_rows,
+            s["anchor"],
+            s["offset"],
+            self.log,
+            _x_tangent(tangents, rows),
+            w_dot,
+            _alpha_tangent(tangents, ctx),
+            out,
+        )
         return self._to_user(ctx, out)
 
 
@@ -242,19 +300,22 @@ class PermutationRule(Rule):
         V = rows.to_core(cotangent, "matrix", (rows.n, rows.n), "cotangent")
         x_bar = np.empty(rows.xs.shape)
         alpha_bar = np.empty(rows.rows)
-        core.permutation_vjp(rows.xs, rows.order, ctx.alpha_rows, s["anchor"], s["offset"], V,
-                             x_bar, alpha_bar)
+        core.permutation_vjp(
+            rows.xs, rows.order, ctx.alpha_rows, s["anchor"], s["offset"], V, x_bar, alpha_bar
+        )
         return rows.grad_to_user(x_bar), ctx.scalar(alpha_bar.sum())
 
     def jvp(self, ctx, tangents):
         raise NotImplementedError(
             "soft_permutation has no forward-mode derivative yet; use softorder.vjp "
-            "(its output is n x n, so reverse mode is the efficient direction)")
+            "(its output is n x n, so reverse mode is the efficient direction)"
+        )
 
 
 class LossRule(Rule):
     """Shared by the two losses: per-row values reduced by ``reduction``; the JVP of a scalar
-    per row is its gradient dotted with the tangents (one VJP with unit cotangents)."""
+    per row is its gradient dotted with the tangents (one VJP with unit cotangents).
+    """
 
     def _reduction(self, reduction):
         if reduction not in REDUCTIONS:
@@ -274,8 +335,9 @@ class LossRule(Rule):
             return rows.to_core(cotangent, "none", (), "cotangent")
         arr, _ = float_array(cotangent, "cotangent")
         if arr.shape != ():
-            raise ValueError(f"cotangent must be a scalar for reduction={reduction!r}; "
-                             f"got shape {arr.shape}")
+            raise ValueError(
+                f"cotangent must be a scalar for reduction={reduction!r}; got shape {arr.shape}"
+            )
         scale = 1.0 / rows.rows if reduction == "mean" else 1.0
         return np.full(rows.rows, float(arr) * scale)
 
@@ -319,21 +381,26 @@ class TopKCrossEntropyRule(LossRule):
         ctx.saved["labels"] = _labels_in_rows(labels, rows, "labels", 0, n - 1, ())
         pk, _ = float_array(p_k, "p_k")
         if pk.ndim == 0 or pk.shape[-1] == 0:
-            raise ValueError(f"p_k must list P_K(k) for k = 1..K along its last axis; got shape "
-                             f"{pk.shape}")
+            raise ValueError(
+                f"p_k must list P_K(k) for k = 1..K along its last axis; got shape {pk.shape}"
+            )
         K = pk.shape[-1]
         if K >= n:
-            raise ValueError(f"p_k has K={K} entries but top-k needs k < number of classes "
-                             f"(C={n}); give at most {n - 1}")
+            raise ValueError(
+                f"p_k has K={K} entries but top-k needs k < number of classes "
+                f"(C={n}); give at most {n - 1}"
+            )
         try:
             pk = np.broadcast_to(pk, rows.batch_shape + (K,)).reshape(rows.rows, K)
         except ValueError:
-            raise ValueError(f"p_k of shape {np.shape(p_k)} does not broadcast to "
-                             f"{rows.batch_shape + (K,)}") from None
+            raise ValueError(
+                f"p_k of shape {np.shape(p_k)} does not broadcast to {rows.batch_shape + (K,)}"
+            ) from None
         pk = pk.astype(np.float64)
         if not np.all(np.isfinite(pk) & (pk >= 0)) or not np.allclose(pk.sum(-1), 1.0, atol=1e-4):
-            raise ValueError("p_k must be a probability distribution over k = 1..K "
-                             "(non-negative, summing to 1)")
+            raise ValueError(
+                "p_k must be a probability distribution over k = 1..K (non-negative, summing to 1)"
+            )
         with np.errstate(divide="ignore"):
             ctx.saved["log_pk"] = np.log(pk)
         ctx.saved["pk1"] = np.ascontiguousarray(pk[:, 0])
@@ -346,16 +413,38 @@ class TopKCrossEntropyRule(LossRule):
         per_row = np.empty(rows.rows)
         s["anchor"] = np.empty((rows.rows, K), dtype=np.int64)
         s["offset"] = np.empty((rows.rows, K))
-        core.topk_loss_forward(rows.xs, rows.order, ctx.alpha_rows, s["labels"], s["log_pk"],
-                               s["split"], s["pk1"], per_row, s["anchor"], s["offset"])
+        core.topk_loss_forward(
+            rows.xs,
+            rows.order,
+            ctx.alpha_rows,
+            s["labels"],
+            s["log_pk"],
+            s["split"],
+            s["pk1"],
+            per_row,
+            s["anchor"],
+            s["offset"],
+        )
         return self._reduce(ctx, per_row)
 
     def _row_gradients(self, ctx, cot):
         rows, s = ctx.rows, ctx.saved
         x_bar = np.empty(rows.xs.shape)
         alpha_bar = np.empty(rows.rows)
-        core.topk_loss_vjp(rows.xs, rows.order, ctx.alpha_rows, s["labels"], s["log_pk"],
-                           s["split"], s["pk1"], s["anchor"], s["offset"], cot, x_bar, alpha_bar)
+        core.topk_loss_vjp(
+            rows.xs,
+            rows.order,
+            ctx.alpha_rows,
+            s["labels"],
+            s["log_pk"],
+            s["split"],
+            s["pk1"],
+            s["anchor"],
+            s["offset"],
+            cot,
+            x_bar,
+            alpha_bar,
+        )
         return x_bar, alpha_bar
 
 
@@ -366,8 +455,9 @@ class PermutationCrossEntropyRule(LossRule):
         rows = Rows.from_input(x, -1, negate=descending)
         ctx = Context(rows, check_alpha(alpha))
         ctx.saved["reduction"] = self._reduction(reduction)
-        ctx.saved["target"] = _labels_in_rows(target_ranks, rows, "target_ranks", 1, rows.n,
-                                              (rows.n,))
+        ctx.saved["target"] = _labels_in_rows(
+            target_ranks, rows, "target_ranks", 1, rows.n, (rows.n,)
+        )
         return ctx
 
     def forward(self, ctx):
@@ -375,14 +465,24 @@ class PermutationCrossEntropyRule(LossRule):
         per_row = np.empty(rows.rows)
         s["anchor"] = np.empty((rows.rows, rows.n - 1), dtype=np.int64)
         s["offset"] = np.empty((rows.rows, rows.n - 1))
-        core.permutation_loss_forward(rows.xs, rows.order, ctx.alpha_rows, s["target"], per_row,
-                                      s["anchor"], s["offset"])
+        core.permutation_loss_forward(
+            rows.xs, rows.order, ctx.alpha_rows, s["target"], per_row, s["anchor"], s["offset"]
+        )
         return self._reduce(ctx, per_row)
 
     def _row_gradients(self, ctx, cot):
         rows, s = ctx.rows, ctx.saved
         x_bar = np.empty(rows.xs.shape)
         alpha_bar = np.empty(rows.rows)
-        core.permutation_loss_vjp(rows.xs, rows.order, ctx.alpha_rows, s["target"], s["anchor"],
-                                  s["offset"], cot, x_bar, alpha_bar)
+        core.permutation_loss_vjp(
+            rows.xs,
+            rows.order,
+            ctx.alpha_rows,
+            s["target"],
+            s["anchor"],
+            s["offset"],
+            cot,
+            x_bar,
+            alpha_bar,
+        )
         return x_bar, alpha_bar

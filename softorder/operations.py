@@ -25,8 +25,9 @@ from softorder._rules import (
 
 
 @operation(TopKRule(log=False))
-def soft_topk(x: ArrayLike, k: ArrayLike, alpha: float = 1.0, *, axis: int = -1,
-              largest: bool = True) -> np.ndarray:
+def soft_topk(
+    x: ArrayLike, k: ArrayLike, alpha: float = 1.0, *, axis: int = -1, largest: bool = True
+) -> np.ndarray:
     """Soft top-k memberships: how much each element belongs to the k largest (or smallest).
 
     For ``largest=False``: ``p_i = F((b - x_i) / alpha)`` with ``b`` solving
@@ -75,17 +76,18 @@ def soft_topk(x: ArrayLike, k: ArrayLike, alpha: float = 1.0, *, axis: int = -1,
     --------
     >>> import numpy as np, softorder
     >>> x = np.array([3.0, 1.0, 2.0, -5.0])
-    >>> p = softorder.soft_topk(x, 2, alpha=0.1)
+    >>> p = softorder.soft_topk(x, 2, alpha=0.01)
     >>> p.round(3), float(p.sum())
-    (array([1.   , 0.   , 1.   , 0.   ]), 2.0)
+    (array([1., 0., 1., 0.]), 2.0)
     >>> softorder.soft_topk(x, [1, 2], alpha=0.5).shape  # several k per row in one call
     (2, 4)
     """
 
 
 @operation(TopKRule(log=True))
-def log_soft_topk(x: ArrayLike, k: ArrayLike, alpha: float = 1.0, *, axis: int = -1,
-                  largest: bool = True) -> np.ndarray:
+def log_soft_topk(
+    x: ArrayLike, k: ArrayLike, alpha: float = 1.0, *, axis: int = -1, largest: bool = True
+) -> np.ndarray:
     """Logarithm of :func:`soft_topk`, computed without underflow (for cross-entropies).
 
     ``log p_i = log F((b - x_i) / alpha)`` with the stable log-CDF; elements far outside the
@@ -111,8 +113,9 @@ def log_soft_topk(x: ArrayLike, k: ArrayLike, alpha: float = 1.0, *, axis: int =
 
 
 @operation(RankRule())
-def soft_rank(x: ArrayLike, alpha: float = 1.0, *, axis: int = -1,
-              descending: bool = False) -> np.ndarray:
+def soft_rank(
+    x: ArrayLike, alpha: float = 1.0, *, axis: int = -1, descending: bool = False
+) -> np.ndarray:
     """Soft ranks, 1-based like ``scipy.stats.rankdata``.
 
     ``rank_i = 1/2 + sum_j F((x_i - x_j) / alpha)``: values in (1/2, n + 1/2), summing to
@@ -144,8 +147,9 @@ def soft_rank(x: ArrayLike, alpha: float = 1.0, *, axis: int = -1,
 
 
 @operation(SortRule())
-def soft_sort(x: ArrayLike, alpha: float = 1.0, *, axis: int = -1,
-              descending: bool = False) -> np.ndarray:
+def soft_sort(
+    x: ArrayLike, alpha: float = 1.0, *, axis: int = -1, descending: bool = False
+) -> np.ndarray:
     """Soft sort: ``s_k = S^-1(k - 1/2)``, the points where the soft rank would be ``k``.
 
     Non-decreasing along ``axis`` (non-increasing with ``descending``), equal to ``np.sort``
@@ -176,8 +180,7 @@ def soft_sort(x: ArrayLike, alpha: float = 1.0, *, axis: int = -1,
 
 
 @operation(QuantileRule())
-def soft_quantile(x: ArrayLike, q: ArrayLike, alpha: float = 1.0, *,
-                  axis: int = -1) -> np.ndarray:
+def soft_quantile(x: ArrayLike, q: ArrayLike, alpha: float = 1.0, *, axis: int = -1) -> np.ndarray:
     """Soft quantile: ``S^-1(q n)``, the point below which a soft fraction q of ``x`` lies.
 
     As ``alpha -> 0`` it becomes ``np.quantile(x, q, method="averaged_inverted_cdf")``.
@@ -213,8 +216,9 @@ def soft_quantile(x: ArrayLike, q: ArrayLike, alpha: float = 1.0, *,
 
 
 @operation(PermutationRule())
-def soft_permutation(x: ArrayLike, alpha: float = 1.0, *, axis: int = -1,
-                     descending: bool = False) -> np.ndarray:
+def soft_permutation(
+    x: ArrayLike, alpha: float = 1.0, *, axis: int = -1, descending: bool = False
+) -> np.ndarray:
     """Soft permutation matrix ``P`` with ``P @ x`` the (soft) sorted ``x``.
 
     ``P[k, i] = F((b_(k+1) - x_i) / alpha) - F((b_k - x_i) / alpha)`` with ``b_k = S^-1(k)``,
@@ -254,9 +258,15 @@ def soft_permutation(x: ArrayLike, alpha: float = 1.0, *, axis: int = -1,
 
 
 @operation(TopKCrossEntropyRule())
-def topk_cross_entropy(logits: ArrayLike, labels: ArrayLike, p_k: ArrayLike,
-                       alpha: float = 1.0, *, reduction: str = "mean",
-                       split_top1: bool = False) -> np.ndarray:
+def topk_cross_entropy(
+    logits: ArrayLike,
+    labels: ArrayLike,
+    p_k: ArrayLike,
+    alpha: float = 1.0,
+    *,
+    reduction: str = "mean",
+    split_top1: bool = False,
+) -> np.ndarray:
     """Top-k cross-entropy (Petersen et al., ICML 2022, eq. 2) on LapSum memberships.
 
     ``loss = -log sum_k P_K(k) p^(k)_y`` with ``p^(k) = soft_topk(logits, k, alpha)``: the
@@ -297,8 +307,14 @@ def topk_cross_entropy(logits: ArrayLike, labels: ArrayLike, p_k: ArrayLike,
 
 
 @operation(PermutationCrossEntropyRule())
-def permutation_cross_entropy(x: ArrayLike, target_ranks: ArrayLike, alpha: float = 1.0, *,
-                              reduction: str = "mean", descending: bool = False) -> np.ndarray:
+def permutation_cross_entropy(
+    x: ArrayLike,
+    target_ranks: ArrayLike,
+    alpha: float = 1.0,
+    *,
+    reduction: str = "mean",
+    descending: bool = False,
+) -> np.ndarray:
     """Permutation cross-entropy ``-sum_i log P[t_i - 1, i]`` of :func:`soft_permutation`.
 
     Needs only two boundaries ``b_(t_i - 1)``, ``b_(t_i)`` per element: O(n log n) time, O(n)

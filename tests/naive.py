@@ -11,7 +11,9 @@ import numpy as np
 
 def laplace_cdf(z):
     z = np.asarray(z, dtype=np.float64)
-    return np.where(z <= 0, 0.5 * np.exp(np.minimum(z, 0.0)), 1.0 - 0.5 * np.exp(-np.maximum(z, 0.0)))
+    return np.where(
+        z <= 0, 0.5 * np.exp(np.minimum(z, 0.0)), 1.0 - 0.5 * np.exp(-np.maximum(z, 0.0))
+    )
 
 
 def lapsum(row, points, alpha):
@@ -64,8 +66,9 @@ def soft_permutation(row, alpha):
     """Dense P[k, i] = F((b_(k+1) - r_i)/alpha) - F((b_k - r_i)/alpha)."""
     row = np.asarray(row, dtype=np.float64)
     n = row.size
-    bounds = np.concatenate([[-np.inf], lapsum_inverse(row, np.arange(1, n), alpha) if n > 1
-                             else np.empty(0), [np.inf]])
+    bounds = np.concatenate(
+        [[-np.inf], lapsum_inverse(row, np.arange(1, n), alpha) if n > 1 else np.empty(0), [np.inf]]
+    )
     cdfs = laplace_cdf((bounds[:, None] - row[None, :]) / alpha)
     return cdfs[1:] - cdfs[:-1]
 

@@ -49,9 +49,13 @@ def test_gradients_of_separated_values_stay_finite():
     _, pullback = so.vjp(so.soft_quantile, x, 0.5, 1.0)
     x_bar, q_bar, alpha_bar = pullback(np.ones(()))
     assert np.all(np.isfinite(x_bar)) and np.isfinite(alpha_bar) and q_bar == np.inf
-    for fn, args in [(so.soft_rank, (x, 1.0)), (so.soft_sort, (x, 1.0)),
-                     (so.soft_quantile, (x, 0.4, 1.0)), (so.soft_permutation, (x, 1.0)),
-                     (so.permutation_cross_entropy, (x, np.array([1, 2, 3, 4]), 1.0))]:
+    for fn, args in [
+        (so.soft_rank, (x, 1.0)),
+        (so.soft_sort, (x, 1.0)),
+        (so.soft_quantile, (x, 0.4, 1.0)),
+        (so.soft_permutation, (x, 1.0)),
+        (so.permutation_cross_entropy, (x, np.array([1, 2, 3, 4]), 1.0)),
+    ]:
         out, pullback = so.vjp(fn, *args)
         assert np.all(np.isfinite(out))
         for grad in pullback(np.ones_like(out)):
@@ -69,8 +73,11 @@ def test_ties():
     np.testing.assert_allclose(so.soft_topk(same, 2, 0.5), 1 / 3)
     np.testing.assert_allclose(so.soft_permutation(same, 0.5), 1 / 6)
     np.testing.assert_allclose(so.soft_sort(same, 0.5), naive.soft_sort(same, 0.5), atol=1e-12)
-    for fn, args in [(so.soft_rank, (same, 0.5)), (so.soft_sort, (same, 0.5)),
-                     (so.soft_topk, (same, 2.0, 0.5))]:
+    for fn, args in [
+        (so.soft_rank, (same, 0.5)),
+        (so.soft_sort, (same, 0.5)),
+        (so.soft_topk, (same, 2.0, 0.5)),
+    ]:
         out, pullback = so.vjp(fn, *args)
         assert all(np.all(np.isfinite(g)) for g in pullback(np.ones_like(out)))
 
@@ -95,19 +102,22 @@ def test_rows_of_one_and_two():
 def test_alpha_over_sixteen_orders_of_magnitude(rng, alpha):
     x = rng.normal(size=(3, 20))
     ranks = so.soft_rank(x, alpha)
-    np.testing.assert_allclose(ranks, np.stack([naive.soft_rank(r, alpha) for r in x]),
-                               rtol=1e-10)
+    np.testing.assert_allclose(ranks, np.stack([naive.soft_rank(r, alpha) for r in x]), rtol=1e-10)
     p = so.soft_topk(x, 5, alpha)
     np.testing.assert_allclose(p.sum(-1), 5.0, rtol=1e-10)
     s = so.soft_sort(x, alpha)
-    np.testing.assert_allclose(s, np.stack([naive.soft_sort(r, alpha) for r in x]),
-                               rtol=1e-9, atol=1e-9 * alpha)
+    np.testing.assert_allclose(
+        s, np.stack([naive.soft_sort(r, alpha) for r in x]), rtol=1e-9, atol=1e-9 * alpha
+    )
     if alpha <= 1e-8:
         np.testing.assert_allclose(ranks, rankdata(x, axis=1), atol=1e-12)
     if alpha >= 1e4:
         np.testing.assert_allclose(ranks, 10.5, atol=100 / alpha)
-    for fn, args in [(so.soft_rank, (x, alpha)), (so.soft_topk, (x, 5.0, alpha)),
-                     (so.soft_sort, (x, alpha))]:
+    for fn, args in [
+        (so.soft_rank, (x, alpha)),
+        (so.soft_topk, (x, 5.0, alpha)),
+        (so.soft_sort, (x, alpha)),
+    ]:
         out, pullback = so.vjp(fn, *args)
         assert all(np.all(np.isfinite(g)) for g in pullback(np.ones_like(out)))
 
@@ -162,8 +172,13 @@ def test_a_nan_row_spoils_only_itself(rng, name):
 def test_a_nan_row_in_gradients_and_losses(rng):
     x = rng.normal(size=(3, 6))
     x[1, 0] = np.nan
-    for fn, args in [(so.soft_rank, (0.5,)), (so.soft_sort, (0.5,)), (so.soft_topk, (2.0, 0.5)),
-                     (so.soft_quantile, (0.5, 0.5)), (so.soft_permutation, (0.5,))]:
+    for fn, args in [
+        (so.soft_rank, (0.5,)),
+        (so.soft_sort, (0.5,)),
+        (so.soft_topk, (2.0, 0.5)),
+        (so.soft_quantile, (0.5, 0.5)),
+        (so.soft_permutation, (0.5,)),
+    ]:
         out, pullback = so.vjp(fn, x, *args)
         x_bar = pullback(np.ones_like(out))[0]
         assert np.all(np.isnan(x_bar[1]))
@@ -171,8 +186,9 @@ def test_a_nan_row_in_gradients_and_losses(rng):
         np.testing.assert_array_equal(x_bar[[0, 2]], clean(np.ones_like(out[[0, 2]]))[0])
     losses = so.topk_cross_entropy(x, np.array([0, 1, 2]), [0.5, 0.5], 0.5, reduction="none")
     assert np.isnan(losses[1]) and np.all(np.isfinite(losses[[0, 2]]))
-    losses = so.permutation_cross_entropy(x, np.tile(np.arange(1, 7), (3, 1)), 0.5,
-                                          reduction="none")
+    losses = so.permutation_cross_entropy(
+        x, np.tile(np.arange(1, 7), (3, 1)), 0.5, reduction="none"
+    )
     assert np.isnan(losses[1]) and np.all(np.isfinite(losses[[0, 2]]))
 
 
@@ -209,8 +225,9 @@ def test_infinities_in_rank_sort_and_losses(rng):
     assert s[0] == -np.inf and s[-1] == np.inf and np.all(np.isfinite(s[1:5]))
     logits = np.concatenate([valid, [-np.inf, -np.inf]])[None, :]
     masked = so.topk_cross_entropy(logits, [1], [0.5, 0.5], 0.5)
-    np.testing.assert_allclose(masked, so.topk_cross_entropy(valid[None], [1], [0.5, 0.5], 0.5),
-                               rtol=1e-13)
+    np.testing.assert_allclose(
+        masked, so.topk_cross_entropy(valid[None], [1], [0.5, 0.5], 0.5), rtol=1e-13
+    )
     _, pullback = so.vjp(so.topk_cross_entropy, logits, [1], [0.5, 0.5], 0.5)
     grad = pullback(1.0)[0]
     np.testing.assert_array_equal(grad[0, 4:], 0.0)
@@ -242,8 +259,9 @@ def test_every_axis(rng, axis, name):
 
 def test_several_k_per_row_on_any_axis(rng):
     x = rng.normal(size=(5, 3))
-    p = so.soft_topk(x, np.array([[1.0, 2.0, 4.0]]).T[None, :, 0][..., None].reshape(1, 3), 0.5,
-                     axis=0)
+    p = so.soft_topk(
+        x, np.array([[1.0, 2.0, 4.0]]).T[None, :, 0][..., None].reshape(1, 3), 0.5, axis=0
+    )
     assert p.shape == (3, 5, 3)  # k axis inserted before the selected axis
     for j, k in enumerate([1.0, 2.0, 4.0]):
         np.testing.assert_allclose(p[j], so.soft_topk(x, k, 0.5, axis=0), rtol=1e-14)
@@ -259,9 +277,14 @@ def test_inputs_are_never_modified(rng):
     x.flags.writeable = False
     k = np.array([1.0, 2.0, 3.0])
     k.flags.writeable = False
-    for fn, args in [(so.soft_topk, (x, k, 0.5)), (so.log_soft_topk, (x, k, 0.5)),
-                     (so.soft_rank, (x, 0.5)), (so.soft_sort, (x, 0.5)),
-                     (so.soft_quantile, (x, 0.5, 0.5)), (so.soft_permutation, (x, 0.5))]:
+    for fn, args in [
+        (so.soft_topk, (x, k, 0.5)),
+        (so.log_soft_topk, (x, k, 0.5)),
+        (so.soft_rank, (x, 0.5)),
+        (so.soft_sort, (x, 0.5)),
+        (so.soft_quantile, (x, 0.5, 0.5)),
+        (so.soft_permutation, (x, 0.5)),
+    ]:
         out, pullback = so.vjp(fn, *args)
         cot = np.ones_like(out)
         cot.flags.writeable = False
@@ -296,22 +319,46 @@ def test_inputs_are_never_modified(rng):
         (lambda: so.soft_rank([1.0, 2.0], 0.5, axis=1), ValueError, "axis 1 is out of range"),
         (lambda: so.soft_rank([1 + 2j, 3j], 0.5), TypeError, "complex"),
         (lambda: so.soft_rank(["a", "b"], 0.5), TypeError, "numeric"),
-        (lambda: so.topk_cross_entropy(np.ones((2, 4)), [0, 4], [1.0], 0.5), ValueError,
-         r"labels must lie in \[0, 3\]"),
-        (lambda: so.topk_cross_entropy(np.ones((2, 4)), [0.0, 1.0], [1.0], 0.5), TypeError,
-         "labels must be an integer"),
-        (lambda: so.topk_cross_entropy(np.ones((2, 4)), [0, 1, 2], [1.0], 0.5), ValueError,
-         r"labels must have shape \(2,\)"),
-        (lambda: so.topk_cross_entropy(np.ones((2, 4)), [0, 1], [0.5, 0.2], 0.5), ValueError,
-         "probability distribution"),
-        (lambda: so.topk_cross_entropy(np.ones((2, 4)), [0, 1], [0.25] * 4, 0.5), ValueError,
-         "K=4"),
-        (lambda: so.topk_cross_entropy(np.ones((2, 4)), [0, 1], [1.0], 0.5, reduction="max"),
-         ValueError, "reduction"),
-        (lambda: so.permutation_cross_entropy(np.ones((1, 3)), [[1, 2, 4]], 0.5), ValueError,
-         r"target_ranks must lie in \[1, 3\]"),
-        (lambda: so.permutation_cross_entropy(np.ones((1, 3)), [[1, 2]], 0.5), ValueError,
-         "target_ranks must have shape"),
+        (
+            lambda: so.topk_cross_entropy(np.ones((2, 4)), [0, 4], [1.0], 0.5),
+            ValueError,
+            r"labels must lie in \[0, 3\]",
+        ),
+        (
+            lambda: so.topk_cross_entropy(np.ones((2, 4)), [0.0, 1.0], [1.0], 0.5),
+            TypeError,
+            "labels must be an integer",
+        ),
+        (
+            lambda: so.topk_cross_entropy(np.ones((2, 4)), [0, 1, 2], [1.0], 0.5),
+            ValueError,
+            r"labels must have shape \(2,\)",
+        ),
+        (
+            lambda: so.topk_cross_entropy(np.ones((2, 4)), [0, 1], [0.5, 0.2], 0.5),
+            ValueError,
+            "probability distribution",
+        ),
+        (
+            lambda: so.topk_cross_entropy(np.ones((2, 4)), [0, 1], [0.25] * 4, 0.5),
+            ValueError,
+            "K=4",
+        ),
+        (
+            lambda: so.topk_cross_entropy(np.ones((2, 4)), [0, 1], [1.0], 0.5, reduction="max"),
+            ValueError,
+            "reduction",
+        ),
+        (
+            lambda: so.permutation_cross_entropy(np.ones((1, 3)), [[1, 2, 4]], 0.5),
+            ValueError,
+            r"target_ranks must lie in \[1, 3\]",
+        ),
+        (
+            lambda: so.permutation_cross_entropy(np.ones((1, 3)), [[1, 2]], 0.5),
+            ValueError,
+            "target_ranks must have shape",
+        ),
     ],
 )
 def test_bad_input_gets_a_clear_error(call, error, match):

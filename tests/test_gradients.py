@@ -21,8 +21,13 @@ CASES = [
     ("topk_many", so.soft_topk, (X, np.array([[1.0, 4.0]]), 0.6), {}, (0, 1, 2)),
     ("topk_axis0", so.soft_topk, (X, 1.5, 0.6), {"axis": 0}, (0, 1, 2)),
     ("log_topk", so.log_soft_topk, (X, 2.0, 0.4), {}, (0, 1, 2)),
-    ("log_topk_many", so.log_soft_topk, (X, np.array([[1.0, 5.5]]), 0.4), {"largest": False},
-     (0, 1, 2)),
+    (
+        "log_topk_many",
+        so.log_soft_topk,
+        (X, np.array([[1.0, 5.5]]), 0.4),
+        {"largest": False},
+        (0, 1, 2),
+    ),
     ("rank", so.soft_rank, (X, 0.5), {}, (0, 1)),
     ("rank_desc_axis0", so.soft_rank, (X, 0.5), {"axis": 0, "descending": True}, (0, 1)),
     ("sort", so.soft_sort, (X, 0.5), {}, (0, 1)),
@@ -32,13 +37,28 @@ CASES = [
     ("permutation", so.soft_permutation, (X, 0.5), {}, (0, 1)),
     ("permutation_desc", so.soft_permutation, (X, 0.3), {"descending": True}, (0, 1)),
     ("topk_ce", so.topk_cross_entropy, (LOGITS, LABELS, [0.2, 0.3, 0.0, 0.5], 0.5), {}, (0, 3)),
-    ("topk_ce_split", so.topk_cross_entropy, (LOGITS, LABELS, [0.4, 0.3, 0.3], 0.5),
-     {"split_top1": True, "reduction": "sum"}, (0, 3)),
-    ("topk_ce_none", so.topk_cross_entropy, (LOGITS, LABELS, [0.0, 1.0], 0.8),
-     {"reduction": "none"}, (0, 3)),
+    (
+        "topk_ce_split",
+        so.topk_cross_entropy,
+        (LOGITS, LABELS, [0.4, 0.3, 0.3], 0.5),
+        {"split_top1": True, "reduction": "sum"},
+        (0, 3),
+    ),
+    (
+        "topk_ce_none",
+        so.topk_cross_entropy,
+        (LOGITS, LABELS, [0.0, 1.0], 0.8),
+        {"reduction": "none"},
+        (0, 3),
+    ),
     ("perm_ce", so.permutation_cross_entropy, (X, TARGET_RANKS, 0.5), {}, (0, 2)),
-    ("perm_ce_desc", so.permutation_cross_entropy, (X, TARGET_RANKS, 0.5),
-     {"descending": True, "reduction": "none"}, (0, 2)),
+    (
+        "perm_ce_desc",
+        so.permutation_cross_entropy,
+        (X, TARGET_RANKS, 0.5),
+        {"descending": True, "reduction": "none"},
+        (0, 2),
+    ),
 ]
 IDS = [c[0] for c in CASES]
 
@@ -66,21 +86,23 @@ def test_vjp_matches_finite_differences(name, fn, primals, kwargs, diff):
     u = rng.normal(size=np.shape(out))
     grads = pullback(u)
     assert len(grads) == len(diff)
-    for grad, position in zip(grads, diff):
+    for grad, position in zip(grads, diff, strict=False):
         value = np.asarray(primals[position], dtype=np.float64)
         assert np.shape(grad) == value.shape
         d = _direction(value, rng)
         args = _moved(primals, position, d)
-        fd = central_difference(lambda v: np.sum(u * fn(*args(v), **kwargs)), value, d)
-        np.testing.assert_allclose(np.sum(grad * d), fd, rtol=1e-6, atol=1e-7,
-                                   err_msg=f"{name}: argument {position}")
+        fd = central_difference(lambda v, a=args: np.sum(u * fn(*a(v), **kwargs)), value, d)
+        np.testing.assert_allclose(
+            np.sum(grad * d), fd, rtol=1e-6, atol=1e-7, err_msg=f"{name}: argument {position}"
+        )
 
 
 JVP_CASES = [c for c in CASES if not c[0].startswith("permutation")]
 
 
-@pytest.mark.parametrize(("name", "fn", "primals", "kwargs", "diff"), JVP_CASES,
-                         ids=[c[0] for c in JVP_CASES])
+@pytest.mark.parametrize(
+    ("name", "fn", "primals", "kwargs", "diff"), JVP_CASES, ids=[c[0] for c in JVP_CASES]
+)
 def test_jvp_matches_finite_differences(name, fn, primals, kwargs, diff):
     rng = np.random.default_rng(2)
     for position in diff:
@@ -91,13 +113,15 @@ def test_jvp_matches_finite_differences(name, fn, primals, kwargs, diff):
         out, out_dot = so.jvp(fn, primals, tuple(tangents), **kwargs)
         np.testing.assert_allclose(out, fn(*primals, **kwargs))
         args = _moved(primals, position, d)
-        fd = central_difference(lambda v: fn(*args(v), **kwargs), value, d)
-        np.testing.assert_allclose(out_dot, fd, rtol=1e-6, atol=1e-7,
-                                   err_msg=f"{name}: argument {position}")
+        fd = central_difference(lambda v, a=args: fn(*a(v), **kwargs), value, d)
+        np.testing.assert_allclose(
+            out_dot, fd, rtol=1e-6, atol=1e-7, err_msg=f"{name}: argument {position}"
+        )
 
 
-@pytest.mark.parametrize(("name", "fn", "primals", "kwargs", "diff"), JVP_CASES,
-                         ids=[c[0] for c in JVP_CASES])
+@pytest.mark.parametrize(
+    ("name", "fn", "primals", "kwargs", "diff"), JVP_CASES, ids=[c[0] for c in JVP_CASES]
+)
 def test_jvp_and_vjp_are_transposes(name, fn, primals, kwargs, diff):
     rng = np.random.default_rng(3)
     out, pullback = so.vjp(fn, *primals, **kwargs)
@@ -105,7 +129,7 @@ def test_jvp_and_vjp_are_transposes(name, fn, primals, kwargs, diff):
     grads = pullback(u)
     tangents = [None] * len(primals)
     total = 0.0
-    for grad, position in zip(grads, diff):
+    for grad, position in zip(grads, diff, strict=False):
         d = _direction(primals[position], rng)
         tangents[position] = d
         total += np.sum(grad * d)
@@ -138,12 +162,17 @@ def test_vjp_rejects_non_operations():
 def test_gradients_scale_with_x_and_alpha(scale):
     """alpha is in the units of x: rank and top-k are invariant under (x, alpha) -> (c x, c alpha),
     so their x-gradients scale by 1/c; sort is equivariant, so its x-gradient is unchanged."""
-    for fn, extra, power in [(so.soft_rank, (), -1), (so.soft_topk, (2.0,), -1),
-                             (so.soft_sort, (), 0), (so.soft_quantile, (0.3,), 0)]:
+    for fn, extra, power in [
+        (so.soft_rank, (), -1),
+        (so.soft_topk, (2.0,), -1),
+        (so.soft_sort, (), 0),
+        (so.soft_quantile, (0.3,), 0),
+    ]:
         out, pullback = so.vjp(fn, X * scale, *extra, 0.5 * scale)
         grads = pullback(np.ones_like(out))
         ref_out, ref_pullback = so.vjp(fn, X, *extra, 0.5)
         ref = ref_pullback(np.ones_like(ref_out))
         assert np.all(np.isfinite(grads[0]))
-        np.testing.assert_allclose(grads[0], ref[0] * scale**power, rtol=1e-8,
-                                   atol=1e-12 * scale**power)
+        np.testing.assert_allclose(
+            grads[0], ref[0] * scale**power, rtol=1e-8, atol=1e-12 * scale**power
+        )

@@ -32,26 +32,35 @@ def test_permutation_is_doubly_stochastic(x, alpha):
 @given(x=rows, alpha=alphas, seed=st.integers(0, 2**32 - 1))
 def test_rank_sort_topk_are_permutation_equivariant(x, alpha, seed):
     perm = np.random.default_rng(seed).permutation(x.size)
-    np.testing.assert_allclose(so.soft_rank(x[perm], alpha), so.soft_rank(x, alpha)[perm],
-                               rtol=1e-12)
-    np.testing.assert_allclose(so.soft_sort(x[perm], alpha), so.soft_sort(x, alpha), rtol=1e-12,
-                               atol=1e-12 * np.abs(x).max(initial=1))
+    np.testing.assert_allclose(
+        so.soft_rank(x[perm], alpha), so.soft_rank(x, alpha)[perm], rtol=1e-12
+    )
+    np.testing.assert_allclose(
+        so.soft_sort(x[perm], alpha),
+        so.soft_sort(x, alpha),
+        rtol=1e-12,
+        atol=1e-12 * np.abs(x).max(initial=1),
+    )
     k = max(x.size / 2, 0.5)
-    np.testing.assert_allclose(so.soft_topk(x[perm], k, alpha), so.soft_topk(x, k, alpha)[perm],
-                               atol=1e-12)
+    np.testing.assert_allclose(
+        so.soft_topk(x[perm], k, alpha), so.soft_topk(x, k, alpha)[perm], atol=1e-12
+    )
 
 
 @given(x=rows, alpha=alphas, shift=st.floats(-1e3, 1e3), scale=st.floats(1e-2, 1e2))
 def test_shift_and_scale_equivariance(x, alpha, shift, scale):
     y = x * scale + shift
     tol = 1e-9 * (np.abs(x).max(initial=1) * scale + abs(shift) + alpha * scale)
-    np.testing.assert_allclose(so.soft_rank(y, alpha * scale), so.soft_rank(x, alpha),
-                               rtol=1e-8, atol=1e-8)
-    np.testing.assert_allclose(so.soft_sort(y, alpha * scale), so.soft_sort(x, alpha) * scale + shift,
-                               atol=tol)
+    np.testing.assert_allclose(
+        so.soft_rank(y, alpha * scale), so.soft_rank(x, alpha), rtol=1e-8, atol=1e-8
+    )
+    np.testing.assert_allclose(
+        so.soft_sort(y, alpha * scale), so.soft_sort(x, alpha) * scale + shift, atol=tol
+    )
     k = max(x.size / 3, 0.5)
-    np.testing.assert_allclose(so.soft_topk(y, k, alpha * scale), so.soft_topk(x, k, alpha),
-                               atol=1e-8)
+    np.testing.assert_allclose(
+        so.soft_topk(y, k, alpha * scale), so.soft_topk(x, k, alpha), atol=1e-8
+    )
 
 
 @given(x=rows, alpha=alphas)
@@ -67,12 +76,14 @@ def test_soft_sort_is_monotone_and_ranks_are_consistent(x, alpha):
 def test_sorting_the_soft_ranks_recovers_the_sort_targets(x, alpha):
     # S(s_k) = k - 1/2: the soft rank of the k-th soft-sorted value is k.
     s = so.soft_sort(x, alpha)
-    np.testing.assert_allclose(naive.lapsum(x, s, alpha) + 0.5, np.arange(1, x.size + 1),
-                               atol=1e-7 * x.size)
+    np.testing.assert_allclose(
+        naive.lapsum(x, s, alpha) + 0.5, np.arange(1, x.size + 1), atol=1e-7 * x.size
+    )
 
 
-@given(x=st.integers(2, 25).flatmap(
-    lambda n: arrays(np.float64, (n,), elements=values, unique=True)))
+@given(
+    x=st.integers(2, 25).flatmap(lambda n: arrays(np.float64, (n,), elements=values, unique=True))
+)
 def test_hard_limit_as_alpha_goes_to_zero(x):
     gaps = np.diff(np.sort(x))
     assume(gaps.min() > 1e-6)

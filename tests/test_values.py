@@ -33,11 +33,15 @@ def test_log_soft_topk_is_log_of_soft_topk(rng):
 @pytest.mark.parametrize("alpha", ALPHAS)
 def test_soft_rank(rng, alpha):
     x = rng.normal(size=(5, 12))
-    np.testing.assert_allclose(so.soft_rank(x, alpha), per_row(naive.soft_rank, x, alpha),
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+        so.soft_rank(x, alpha), per_row(naive.soft_rank, x, alpha), rtol=1e-12
+    )
     n = x.shape[1]
-    np.testing.assert_allclose(so.soft_rank(x, alpha, descending=True),
-                               n + 1 - per_row(naive.soft_rank, x, alpha), rtol=1e-12)
+    np.testing.assert_allclose(
+        so.soft_rank(x, alpha, descending=True),
+        n + 1 - per_row(naive.soft_rank, x, alpha),
+        rtol=1e-12,
+    )
 
 
 @pytest.mark.parametrize("alpha", ALPHAS)
@@ -45,8 +49,9 @@ def test_soft_sort(rng, alpha):
     x = rng.normal(size=(4, 10))
     expected = per_row(naive.soft_sort, x, alpha)
     np.testing.assert_allclose(so.soft_sort(x, alpha), expected, atol=1e-10)
-    np.testing.assert_allclose(so.soft_sort(x, alpha, descending=True), expected[:, ::-1],
-                               atol=1e-10)
+    np.testing.assert_allclose(
+        so.soft_sort(x, alpha, descending=True), expected[:, ::-1], atol=1e-10
+    )
 
 
 @pytest.mark.parametrize("alpha", ALPHAS)
@@ -57,8 +62,7 @@ def test_soft_quantile(rng, alpha):
     np.testing.assert_allclose(got, per_row(naive.soft_quantile, x, q, alpha), atol=1e-10)
     one = so.soft_quantile(x, 0.3, alpha)
     assert one.shape == (4,)
-    np.testing.assert_allclose(one, per_row(naive.soft_quantile, x, [0.3], alpha)[:, 0],
-                               atol=1e-10)
+    np.testing.assert_allclose(one, per_row(naive.soft_quantile, x, [0.3], alpha)[:, 0], atol=1e-10)
 
 
 @pytest.mark.parametrize("alpha", ALPHAS)
@@ -79,10 +83,13 @@ def test_topk_cross_entropy(rng, split):
     ref = naive.topk_cross_entropy_split_row if split else naive.topk_cross_entropy_row
     expected = [ref(logits[i], labels[i], p_k, 0.7) for i in range(6)]
     np.testing.assert_allclose(got, expected, rtol=1e-10)
-    assert np.isclose(so.topk_cross_entropy(logits, labels, p_k, 0.7, split_top1=split),
-                      np.mean(expected))
-    assert np.isclose(so.topk_cross_entropy(logits, labels, p_k, 0.7, reduction="sum",
-                                            split_top1=split), np.sum(expected))
+    assert np.isclose(
+        so.topk_cross_entropy(logits, labels, p_k, 0.7, split_top1=split), np.mean(expected)
+    )
+    assert np.isclose(
+        so.topk_cross_entropy(logits, labels, p_k, 0.7, reduction="sum", split_top1=split),
+        np.sum(expected),
+    )
 
 
 def test_permutation_cross_entropy(rng):
@@ -112,7 +119,9 @@ def test_hard_limits(rng):
     q = np.array([0.1, 0.25, 0.5, 0.8])
     np.testing.assert_allclose(
         so.soft_quantile(x, q[None, :], alpha),
-        np.quantile(x, q, axis=1, method="averaged_inverted_cdf").T, atol=1e-5)
+        np.quantile(x, q, axis=1, method="averaged_inverted_cdf").T,
+        atol=1e-5,
+    )
 
 
 @pytest.mark.parametrize(
@@ -131,7 +140,9 @@ def test_float32_agrees_with_float64_to_float32_precision(rng, call):
     got = call(x32)
     assert got.dtype == np.float32
     ref = call(x32.astype(np.float64))
-    np.testing.assert_allclose(got, ref.astype(np.float32), rtol=2e-7, atol=2e-7 * np.abs(ref).max())
+    np.testing.assert_allclose(
+        got, ref.astype(np.float32), rtol=2e-7, atol=2e-7 * np.abs(ref).max()
+    )
 
 
 def test_integer_input_gives_float64():

@@ -15,7 +15,7 @@ from softorder.core.laplace import gap
 
 @helper
 def self_sum(E, c, out):
-    """``out[l] = sum_j c[j] exp(-|r[l] - r[j]| / alpha)`` on a sorted row (``E`` from prefix_sums)."""
+    """``out[l] = sum_j c[j] exp(-|r[l] - r[j]| / alpha)`` on a sorted row (``E``: prefix_sums)."""
     n = c.shape[0]
     acc = 0.0
     for i in range(n):
@@ -33,7 +33,8 @@ def spread_to_points(r, inv_alpha, pos, c, shift, order, out):
 
     ``r`` is a sorted row, ``pos`` the sources (targets of the inverse), visited in ascending
     order ``order``; ``shift[s]`` must not exceed the distance of ``pos[s]`` to the row, which
-    keeps every added factor <= 1."""
+    keeps every added factor <= 1.
+    """
     n = r.shape[0]
     m = order.shape[0]
     acc = 0.0
@@ -65,7 +66,8 @@ def gather_at_targets(r, inv_alpha, c, pos, shift, order, out):
     """Add ``sum_i c[i] exp(shift[t] - |pos[t] - r[i]| / alpha)`` to ``out[t]`` for every target.
 
     The transpose of :func:`spread_to_points`: the accumulator is kept relative to the latest
-    point of the row, then scaled to the target by a factor <= 1."""
+    point of the row, then scaled to the target by a factor <= 1.
+    """
     n = r.shape[0]
     m = order.shape[0]
     acc = 0.0

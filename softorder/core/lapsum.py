@@ -65,7 +65,8 @@ def lapsum_at_points(A, B, S):
 @helper
 def count_at_most(S, w, hint):
     """Number of ``S[i] <= w``, by a galloping search from ``hint`` (O(1) amortized for sorted
-    targets, O(log n) otherwise). Always terminates: every loop moves a bound strictly."""
+    targets, O(log n) otherwise). Always terminates: every loop moves a bound strictly.
+    """
     n = S.shape[0]
     if hint > 0 and S[hint - 1] > w:
         hi = hint - 1
@@ -107,7 +108,8 @@ def invert(r, inv_alpha, A, B, w, J):
     """Closed-form ``S^-1(w)`` as ``(anchor, t)``, given ``J`` = number of ``S(r[i]) <= w``.
 
     Log-space throughout, so integer ``w`` stay exact when neighbours are thousands of alphas
-    apart (``exp(-gap / alpha)`` is never formed)."""
+    apart (``exp(-gap / alpha)`` is never formed).
+    """
     n = r.shape[0]
     if J == 0:
         return 0, math.log(2.0 * w / B[0])
@@ -152,7 +154,8 @@ def target_sums(r, inv_alpha, A, B, Ad, Bd, anchor, t):
     With ``z_i = (b - r_i) / alpha`` returns ``(shift, G, Z)``:
     ``shift = min_i |z_i|``, ``G = sum_i exp(shift - |z_i|)``, ``Z = sum_i z_i exp(shift - |z_i|)``.
     Then ``db/dr_i = exp(shift - |z_i|) / G``, ``db/dalpha = Z / G`` and
-    ``db/dw = 2 alpha exp(shift) / G``. ``G == 0`` only for a target at infinite distance."""
+    ``db/dw = 2 alpha exp(shift) / G``. ``G == 0`` only for a target at infinite distance.
+    """
     n = r.shape[0]
     if t <= 0.0:
         R = anchor
@@ -182,7 +185,8 @@ def target_sums(r, inv_alpha, A, B, Ad, Bd, anchor, t):
 def lapsum_kernel(xs, alpha, points, out):
     """``out[row, j] = S_row(points[row, j])`` for sorted rows ``xs`` (any order of points).
 
-    O(n + m log n) per row: prefix sums, then a binary search and the interval formula."""
+    O(n + m log n) per row: prefix sums, then a binary search and the interval formula.
+    """
     rows, n = xs.shape
     m = points.shape[1]
     for row in prange(rows):
@@ -210,7 +214,8 @@ def lapsum_kernel(xs, alpha, points, out):
 def row_tables(r, inv_alpha, moments):
     """Allocate and fill the prefix arrays of one sorted row: ``(E, A, B, Ad, Bd, S)``.
 
-    ``Ad``/``Bd`` (only needed by gradients) are empty unless ``moments``."""
+    ``Ad``/``Bd`` (only needed by gradients) are empty unless ``moments``.
+    """
     n = r.shape[0]
     E = np.empty(n)
     A = np.empty(n)
@@ -239,7 +244,8 @@ def inverse_pullback(r, alpha, tables, anchor, offset, worder, u, rbar, wbar):
     """Pull a cotangent ``u`` on targets ``b_j = S^-1(w_j)`` back to the sorted row.
 
     Adds ``sum_j u_j db_j/dr_i`` to ``rbar`` (sorted order, O(n + m) by one merge), writes
-    ``wbar[j] = u_j db_j/dw_j`` and returns ``sum_j u_j db_j/dalpha``."""
+    ``wbar[j] = u_j db_j/dw_j`` and returns ``sum_j u_j db_j/dalpha``.
+    """
     E, A, B, Ad, Bd, S = tables
     m = anchor.shape[0]
     inv_alpha = 1.0 / alpha
@@ -266,7 +272,8 @@ def inverse_pullback(r, alpha, tables, anchor, offset, worder, u, rbar, wbar):
 @helper
 def inverse_pushforward(r, alpha, tables, anchor, offset, worder, rdot, wdot, alpha_dot, out):
     """Tangent of the targets: ``out[j] = sum_i db_j/dr_i rdot_i + db_j/dw wdot_j + db_j/dalpha
-    alpha_dot`` (``rdot`` in sorted order), O(n + m) by one merge."""
+    alpha_dot`` (``rdot`` in sorted order), O(n + m) by one merge.
+    """
     E, A, B, Ad, Bd, S = tables
     m = anchor.shape[0]
     inv_alpha = 1.0 / alpha
@@ -298,7 +305,8 @@ def inverse_kernel(xs, alpha, w, worder, out, anchor, offset):
     """``out[row, j] = S_row^-1(w[row, j])`` for ``w`` in (0, n); also stores ``(anchor, offset)``.
 
     ``worder[row]`` sorts ``w[row]`` ascending. O(n + m) per row for sorted targets.
-    Soft sort (``w = k - 1/2``) and soft quantile (``w = q n``) are this kernel."""
+    Soft sort (``w = k - 1/2``) and soft quantile (``w = q n``) are this kernel.
+    """
     rows, n = xs.shape
     for row in prange(rows):
         r = xs[row]
@@ -312,5 +320,3 @@ def inverse_kernel(xs, alpha, w, worder, out, anchor, offset):
         solve_targets(r, 1.0 / a, A, B, S, w[row], worder[row], anchor[row], offset[row])
         for j in range(w.shape[1]):
             out[row, j] = target_position(r, a, anchor[row, j], offset[row, j])
-
-

@@ -16,8 +16,8 @@ import numpy as np
 from numba import prange
 
 from softorder.core._jit import helper, kernel
-from softorder.core.lapsum import has_nan, inverse_pullback, row_tables, solve_targets
 from softorder.core.laplace import INF, cdf_diff, log_cdf_diff, log_density, offset_z
+from softorder.core.lapsum import has_nan, inverse_pullback, row_tables, solve_targets
 
 
 @helper
@@ -47,7 +47,8 @@ def _boundary_z(r, inv_alpha, anchor, offset, k, ri):
 @kernel
 def permutation_forward(xs, order, alpha, out, anchor, offset):
     """Soft permutation matrices ``out`` (rows, n, n); boundaries into ``anchor``/``offset``
-    (rows, n-1)."""
+    (rows, n-1).
+    """
     rows, n = xs.shape
     for row in prange(rows):
         r = xs[row]
@@ -71,7 +72,8 @@ def permutation_forward(xs, order, alpha, out, anchor, offset):
 @kernel
 def permutation_vjp(xs, order, alpha, anchor, offset, V, x_bar, alpha_bar):
     """Cotangent ``V`` (rows, n, n) -> ``x_bar`` (rows, n), ``alpha_bar`` (rows,). O(n^2), the
-    size of ``V``; the chain through the boundaries is O(n)."""
+    size of ``V``; the chain through the boundaries is O(n).
+    """
     rows, n = xs.shape
     for row in prange(rows):
         r = xs[row]

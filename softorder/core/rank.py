@@ -1,4 +1,4 @@
-"""Soft rank ``rank_i = 1/2 + sum_j F((r_i - r_j) / alpha) = S(r_i) + 1/2`` (values in (1/2, n + 1/2)).
+"""Soft rank ``rank_i = 1/2 + sum_j F((r_i - r_j) / alpha) = S(r_i) + 1/2``, in (1/2, n + 1/2).
 
 Its Jacobian in ``r`` is symmetric: ``d rank_i / d r_l = delta_il K[1]_i - K_il`` / (2 alpha) with
 the Laplace kernel ``K_il = exp(-|r_i - r_l| / alpha)``, and
@@ -32,7 +32,7 @@ def rank_forward(xs, order, alpha, out):
 
 @helper
 def _rank_linear(r, alpha, v, alpha_v, out):
-    """``out = J_r v + (d rank / d alpha) alpha_v`` on a sorted row; returns ``<v, d rank/d alpha>``."""
+    """``out = J v + (d rank/d alpha) alpha_v`` on a sorted row; returns ``<v, d rank/d alpha>``."""
     n = r.shape[0]
     inv_alpha = 1.0 / alpha
     E, A, B, Ad, Bd, S = row_tables(r, inv_alpha, True)

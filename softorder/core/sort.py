@@ -2,7 +2,8 @@
 
 The forward pass is :func:`softorder.core.lapsum.inverse_kernel`. With ``b_j = S^-1(w_j)``:
 
-    db_j/dr_i = e_ji / E_j,  db_j/dw_j = 1 / G_j,  db_j/dalpha = sum_i e_ji (b_j - r_i) / (alpha E_j)
+    db_j/dr_i = e_ji / E_j,   db_j/dw_j = 1 / G_j,
+    db_j/dalpha = sum_i e_ji (b_j - r_i) / (alpha E_j)
 
 (``e_ji = exp(-|b_j - r_i| / alpha)``). Both products are one merge of the sorted row with the
 sorted targets, O(n + m) per row.
@@ -20,7 +21,8 @@ from softorder.core.lapsum import has_nan, inverse_pullback, inverse_pushforward
 @kernel
 def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha_bar):
     """Cotangent ``u`` (rows, m) on the targets -> ``x_bar`` (rows, n; original element order),
-    ``w_bar`` (rows, m) and ``alpha_bar`` (rows,)."""
+    ``w_bar`` (rows, m) and ``alpha_bar`` (rows,).
+    """
     rows, n = xs.shape
     for row in prange(rows):
         r = xs[row]
@@ -42,7 +44,8 @@ def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha
 @kernel
 def inverse_jvp(xs, order, alpha, anchor, offset, worder, x_dot, w_dot, alpha_dot, out):
     """Tangents ``x_dot`` (rows, n; original order), ``w_dot`` (rows, m), ``alpha_dot`` (rows,)
-    -> tangent of the targets ``out`` (rows, m)."""
+    -> tangent of the targets ``out`` (rows, m).
+    """
     rows, n = xs.shape
     for row in prange(rows):
         r = xs[row]
@@ -55,6 +58,14 @@ def inverse_jvp(xs, order, alpha, anchor, offset, worder, x_dot, w_dot, alpha_do
         for i in range(n):
             rdot[i] = x_dot[row, order[row, i]] if abs(r[i]) != np.inf else 0.0
         inverse_pushforward(
-            r, a, tables, anchor[row], offset[row], worder[row], rdot, w_dot[row], alpha_dot[row],
+            r,
+            a,
+            tables,
+            anchor[row],
+            offset[row],
+            worder[row],
+            rdot,
+            w_dot[row],
+            alpha_dot[row],
             out[row],
         )

@@ -17,14 +17,15 @@ import numpy as np
 from numba import prange
 
 from softorder.core._jit import helper, kernel
-from softorder.core.lapsum import has_nan, row_tables, solve_targets, target_sums
 from softorder.core.laplace import INF, cdf, hazard, log_cdf, offset_z, rel_weight
+from softorder.core.lapsum import has_nan, row_tables, solve_targets, target_sums
 
 
 @kernel
 def topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset):
     """Memberships (or their logs when ``log``) ``out`` (rows, m, n) for targets ``w`` (rows, m);
-    stores the targets as ``(anchor, offset)`` (rows, m) for the gradients."""
+    stores the targets as ``(anchor, offset)`` (rows, m) for the gradients.
+    """
     rows, n = xs.shape
     m = w.shape[1]
     for row in prange(rows):
@@ -49,7 +50,8 @@ def topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset):
 def target_terms(r, alpha, tables, anchor, t, log, z, kappa, omega):
     """Per element of one target: ``z``, ``kappa = h'(z) / alpha`` (0 at infinite z) and
     ``omega / G``; returns ``(Z / G, kappa_i / G_abs factor)`` where the last is
-    ``1 / G_abs`` expressed as ``2 alpha exp(shift) / G``."""
+    ``1 / G_abs`` expressed as ``2 alpha exp(shift) / G``.
+    """
     E, A, B, Ad, Bd, S = tables
     n = r.shape[0]
     inv_alpha = 1.0 / alpha
@@ -92,8 +94,9 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar):
         rbar = np.zeros(n)
         abar = 0.0
         for j in range(m):
-            zg, inv_g_abs = target_terms(r, a, tables, anchor[row, j], offset[row, j], log, z,
-                                          kappa, omega)
+            zg, inv_g_abs = target_terms(
+                r, a, tables, anchor[row, j], offset[row, j], log, z, kappa, omega
+            )
             phi = 0.0
             phi_z = 0.0
             rho = 0.0
@@ -132,8 +135,9 @@ def topk_jvp(xs, order, alpha, anchor, offset, log, x_dot, w_dot, alpha_dot, out
         for i in range(n):
             rdot[i] = x_dot[row, order[row, i]] if abs(r[i]) != np.inf else 0.0
         for j in range(m):
-            zg, inv_g_abs = target_terms(r, a, tables, anchor[row, j], offset[row, j], log, z,
-                                          kappa, omega)
+            zg, inv_g_abs = target_terms(
+                r, a, tables, anchor[row, j], offset[row, j], log, z, kappa, omega
+            )
             bdot = 0.0
             for i in range(n):
                 bdot += omega[i] * rdot[i]

@@ -18,8 +18,8 @@ import numpy as np
 from numba import prange
 
 from softorder.core._jit import helper, kernel
-from softorder.core.lapsum import has_nan, row_tables, solve_targets
 from softorder.core.laplace import INF, log_cdf, offset_z
+from softorder.core.lapsum import has_nan, row_tables, solve_targets
 from softorder.core.topk import target_terms
 
 
@@ -86,15 +86,18 @@ def topk_loss_forward(xs, order, alpha, labels, log_pk, split, pk1, out, anchor,
                 s += math.exp(terms[j] - top)
             loss = -(top + math.log(s))
         if split:
-            loss = pk1[row] * _softmax_ce(r, iy) + (1.0 - pk1[row]) * loss if pk1[row] > 0.0 else (
-                (1.0 - pk1[row]) * loss
+            loss = (
+                pk1[row] * _softmax_ce(r, iy) + (1.0 - pk1[row]) * loss
+                if pk1[row] > 0.0
+                else ((1.0 - pk1[row]) * loss)
             )
         out[row] = loss
 
 
 @kernel
-def topk_loss_vjp(xs, order, alpha, labels, log_pk, split, pk1, anchor, offset, cot, x_bar,
-                  alpha_bar):
+def topk_loss_vjp(
+    xs, order, alpha, labels, log_pk, split, pk1, anchor, offset, cot, x_bar, alpha_bar
+):
     """Cotangent ``cot`` (rows,) -> ``x_bar`` (rows, n; gradient in ``r``), ``alpha_bar``."""
     rows, n = xs.shape
     K = log_pk.shape[1]
@@ -131,8 +134,9 @@ def topk_loss_vjp(xs, order, alpha, labels, log_pk, split, pk1, anchor, offset, 
                 if terms[j] == -INF:
                     continue
                 pi = math.exp(terms[j] - top) / s * weight
-                zg, inv_g_abs = target_terms(r, a, tables, anchor[row, j], offset[row, j], True,
-                                             z, kappa, omega)
+                zg, inv_g_abs = target_terms(
+                    r, a, tables, anchor[row, j], offset[row, j], True, z, kappa, omega
+                )
                 ky = kappa[iy]
                 if ky == 0.0:
                     continue
