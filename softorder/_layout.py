@@ -89,11 +89,11 @@ class Rows:
             raise ValueError(f"{name} has an empty axis {axis} (shape {arr.shape}); need n >= 1")
         moved = np.moveaxis(arr, axis, -1)
         batch_shape = moved.shape[:-1]
-        rows2d = moved.reshape(-1, moved.shape[-1]).astype(np.float64)  # always a fresh copy
+        rows2d = moved.reshape(-1, moved.shape[-1])  # a view when possible; never written
         if negate:
-            np.negative(rows2d, out=rows2d)
+            rows2d = np.negative(rows2d, dtype=np.float64)
         order = np.argsort(rows2d, axis=1)
-        xs = np.take_along_axis(rows2d, order, axis=1)
+        xs = np.take_along_axis(rows2d, order, axis=1).astype(np.float64, copy=False)
         return cls(xs, order, batch_shape, axis, arr.ndim, dtype, -1.0 if negate else 1.0)
 
     @property
@@ -147,7 +147,9 @@ class Rows:
 
     def grad_to_user(self, rbar: np.ndarray) -> np.ndarray:
         """Gradient in the sorted-row variable ``r = sign * x`` -> gradient in ``x``."""
-        return self.to_user(rbar * self.sign, "row")
+        if self.sign < 0:
+            np.negative(rbar, out=rbar)  # rbar is the kernels' own output
+        return self.to_user(rbar, "row")
 
     def tangent_to_core(self, x_dot, name: str = "x tangent") -> np.ndarray:
         """Tangent of ``x`` in the caller's layout -> tangent of ``r = sign * x`` as (rows, n)."""

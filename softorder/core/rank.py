@@ -1,19 +1,25 @@
 """Soft rank ``rank_i = 1/2 + sum_j F((r_i - r_j) / alpha) = S(r_i) + 1/2``, in (1/2, n + 1/2).
 
-Its Jacobian in ``r`` is symmetric: ``d rank_i / d r_l = delta_il K[1]_i - K_il`` / (2 alpha) with
-the Laplace kernel ``K_il = exp(-|r_i - r_l| / alpha)``, and
+On the sorted row ``rank_i = i + 1 + (B_i - A_i) / 2`` (0-based i, prefix sums of
+:mod:`softorder.core.lapsum`). The Jacobian in ``r`` is symmetric,
+``d rank_i / d r_l = (delta_il K[1]_i - K_il) / (2 alpha)`` with the Laplace kernel
+``K_il = exp(-|r_i - r_l| / alpha)`` and ``K[1] = A + B - 1``, and
 ``d rank_i / d alpha = -(Ad_i - Bd_i) / (2 alpha)``. So the VJP and the JVP are one formula,
-evaluated with two O(n) kernel passes over the sorted row.
+``J v = (v K[1] - K v) / (2 alpha)``: one forward and one backward pass over the sorted row that
+carry the prefix sums and the kernel sum of ``v`` together (2 scratch arrays per row; at large n
+fresh memory costs as much as arithmetic, so the passes are fused).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from numba import prange
 
 from softorder.core._jit import helper, kernel
-from softorder.core.kernel_sums import self_sum
-from softorder.core.lapsum import has_nan, row_tables
+from softorder.core.lapsum import has_nan
+from softorder.core.laplace import INF, gap
 
 
 @kernel
@@ -25,28 +31,68 @@ def rank_forward(xs, order, alpha, out):
         if has_nan(r):
             out[row, :] = np.nan
             continue
-        E, A, B, Ad, Bd, S = row_tables(r, 1.0 / alpha[row], False)
-        for i in range(n):
-            out[row, order[row, i]] = S[i] + 0.5
+        inv_alpha = 1.0 / alpha[row]
+        A = np.empty(n)
+        a = 1.0
+        A[0] = 1.0
+        for i in range(1, n):
+            a = 1.0 + math.exp(-gap(r[i], r[i - 1]) * inv_alpha) * a
+            A[i] = a
+        b = 1.0
+        for i in range(n - 1, -1, -1):
+            if i < n - 1:
+                b = 1.0 + math.exp(-gap(r[i + 1], r[i]) * inv_alpha) * b
+            out[row, order[row, i]] = i + 1.0 + 0.5 * (b - A[i])
 
 
 @helper
-def _rank_linear(r, alpha, v, alpha_v, out):
-    """``out = J v + (d rank/d alpha) alpha_v`` on a sorted row; returns ``<v, d rank/d alpha>``."""
+def _rank_linear(r, order, alpha, v, alpha_v, out):
+    """``out = J v + (d rank / d alpha) alpha_v`` for one row; returns ``<v, d rank / d alpha>``.
+
+    ``v`` and ``out`` are in the original element order, ``r`` sorted by ``order``. Entries at
+    +-inf neither receive nor pass on anything."""
     n = r.shape[0]
     inv_alpha = 1.0 / alpha
-    E, A, B, Ad, Bd, S = row_tables(r, inv_alpha, True)
-    kv = np.empty(n)
-    self_sum(E, v, kv)
     scale = 0.5 * inv_alpha
-    dot = 0.0
+    partial = np.empty(n)  # v_i A_i - sum_{j <= i} v_j e_ij
+    left_moment = np.empty(n)  # Ad_i
+    a = 0.0
+    ad = 0.0
+    lv = 0.0
     for i in range(n):
-        if abs(r[i]) == np.inf:
-            out[i] = 0.0
+        vi = v[order[i]] if abs(r[i]) != INF else 0.0
+        if i == 0:
+            a, ad, lv = 1.0, 0.0, vi
+        else:
+            d = gap(r[i], r[i - 1]) * inv_alpha
+            e = math.exp(-d)
+            ad = e * (ad + d * a) if e > 0.0 else 0.0
+            a = 1.0 + e * a
+            lv = vi + e * lv
+        partial[i] = vi * a - lv
+        left_moment[i] = ad
+    b = 0.0
+    bd = 0.0
+    rv = 0.0
+    v_next = 0.0
+    dot = 0.0
+    for i in range(n - 1, -1, -1):
+        vi = v[order[i]] if abs(r[i]) != INF else 0.0
+        if i == n - 1:
+            b, bd, rv = 1.0, 0.0, 0.0
+        else:
+            d = gap(r[i + 1], r[i]) * inv_alpha
+            e = math.exp(-d)
+            bd = e * (bd + d * b) if e > 0.0 else 0.0
+            b = 1.0 + e * b
+            rv = e * (v_next + rv)
+        v_next = vi
+        if abs(r[i]) == INF:
+            out[order[i]] = 0.0
             continue
-        d_alpha = -(Ad[i] - Bd[i]) * scale
-        out[i] = (v[i] * (A[i] + B[i] - 1.0) - kv[i]) * scale + d_alpha * alpha_v
-        dot += v[i] * d_alpha
+        d_alpha = -(left_moment[i] - bd) * scale
+        out[order[i]] = (partial[i] + vi * (b - 1.0) - rv) * scale + d_alpha * alpha_v
+        dot += vi * d_alpha
     return dot
 
 
@@ -55,18 +101,11 @@ def rank_vjp(xs, order, alpha, v, x_bar, alpha_bar):
     """Cotangent ``v`` (rows, n) -> ``x_bar`` (rows, n) and ``alpha_bar`` (rows,)."""
     rows, n = xs.shape
     for row in prange(rows):
-        r = xs[row]
-        if has_nan(r):
+        if has_nan(xs[row]):
             x_bar[row, :] = np.nan
             alpha_bar[row] = np.nan
             continue
-        vs = np.empty(n)
-        for i in range(n):
-            vs[i] = v[row, order[row, i]] if abs(r[i]) != np.inf else 0.0
-        out = np.empty(n)
-        alpha_bar[row] = _rank_linear(r, alpha[row], vs, 0.0, out)
-        for i in range(n):
-            x_bar[row, order[row, i]] = out[i]
+        alpha_bar[row] = _rank_linear(xs[row], order[row], alpha[row], v[row], 0.0, x_bar[row])
 
 
 @kernel
@@ -74,14 +113,7 @@ def rank_jvp(xs, order, alpha, x_dot, alpha_dot, out):
     """Tangents ``x_dot`` (rows, n), ``alpha_dot`` (rows,) -> tangent of the ranks (rows, n)."""
     rows, n = xs.shape
     for row in prange(rows):
-        r = xs[row]
-        if has_nan(r):
+        if has_nan(xs[row]):
             out[row, :] = np.nan
             continue
-        vs = np.empty(n)
-        for i in range(n):
-            vs[i] = x_dot[row, order[row, i]] if abs(r[i]) != np.inf else 0.0
-        res = np.empty(n)
-        _rank_linear(r, alpha[row], vs, alpha_dot[row], res)
-        for i in range(n):
-            out[row, order[row, i]] = res[i]
+        _rank_linear(xs[row], order[row], alpha[row], x_dot[row], alpha_dot[row], out[row])
