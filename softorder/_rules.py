@@ -29,6 +29,10 @@ class Context:
     def alpha_rows(self) -> np.ndarray:
         return self.rows.per_row(self.alpha)
 
+    def work(self, width: int, length: int | None = None) -> np.ndarray:
+        """Scratch for one kernel call: (rows, width, length or n)."""
+        return core.workspace(self.rows.rows, width, self.rows.n if length is None else length)
+
     def scalar(self, value) -> np.floating:
         return cast(value, self.rows.dtype)[()]
 
@@ -52,7 +56,9 @@ class RankRule(Rule):
 
     def forward(self, ctx):
         out = np.empty(ctx.rows.xs.shape)
-        core.rank_forward(ctx.rows.xs, ctx.rows.order, ctx.alpha_rows, out)
+        core.rank_forward(
+            ctx.rows.xs, ctx.rows.order, ctx.alpha_rows, out, ctx.work(core.rank.FORWARD_WORK)
+        )
         return ctx.rows.to_user(out, "row")
 
     def vjp(self, ctx, cotangent):
@@ -60,7 +66,15 @@ class RankRule(Rule):
         v = rows.to_core(cotangent, "row", (rows.n,), "cotangent")
         x_bar = np.empty(rows.xs.shape)
         alpha_bar = np.empty(rows.rows)
-        core.rank_vjp(rows.xs, rows.order, ctx.alpha_rows, v, x_bar, alpha_bar)
+        core.rank_vjp(
+            rows.xs,
+            rows.order,
+            ctx.alpha_rows,
+            v,
+            x_bar,
+            alpha_bar,
+            ctx.work(core.rank.LINEAR_WORK),
+        )
         return rows.grad_to_user(x_bar), ctx.scalar(alpha_bar.sum())
 
     def jvp(self, ctx, tangents):
@@ -68,7 +82,13 @@ class RankRule(Rule):
         x_dot = _x_tangent(tangents, rows)
         out = np.empty(rows.xs.shape)
         core.rank_jvp(
-            rows.xs, rows.order, ctx.alpha_rows, x_dot, _alpha_tangent(tangents, ctx), out
+            rows.xs,
+            rows.order,
+            ctx.alpha_rows,
+            x_dot,
+            _alpha_tangent(tangents, ctx),
+            out,
+            ctx.work(core.rank.LINEAR_WORK),
         )
         return rows.to_user(out, "row")
 
@@ -87,7 +107,9 @@ class InverseRule(Rule):
         out = np.empty(w.shape)
         anchor = np.empty(w.shape, dtype=np.int64)
         offset = np.empty(w.shape)
-        core.inverse_kernel(rows.xs, ctx.alpha_rows, w, worder, out, anchor, offset)
+        core.inverse_kernel(
+            rows.xs, ctx.alpha_rows, w, worder, out, anchor, offset, ctx.work(core.lapsum.TABLES)
+        )
         ctx.saved.update(w=w, worder=worder, anchor=anchor, offset=offset)
         return out
 
@@ -107,6 +129,8 @@ class InverseRule(Rule):
             x_bar,
             w_bar,
             alpha_bar,
+            ctx.work(core.sort.VJP_WORK),
+            ctx.work(3, u.shape[1]),
         )
         return x_bar, w_bar, alpha_bar
 
@@ -124,6 +148,8 @@ class InverseRule(Rule):
             w_dot,
             _alpha_tangent(tangents, ctx),
             out,
+            ctx.work(core.sort.JVP_WORK),
+            ctx.work(4, w_dot.shape[1]),
         )
         return out
 
@@ -228,6 +254,7 @@ class TopKRule(Rule):
             out,
             anchor,
             offset,
+            ctx.work(core.topk.FORWARD_WORK),
         )
         ctx.saved.update(anchor=anchor, offset=offset)
         return self._to_user(ctx, out)
@@ -252,6 +279,7 @@ class TopKRule(Rule):
             x_bar,
             w_bar,
             alpha_bar,
+            ctx.work(core.topk.GRADIENT_WORK),
         )
         k_bar = targets.grad_to_user(w_bar, rows, rows.dtype)
         return rows.grad_to_user(x_bar), k_bar, ctx.scalar(alpha_bar.sum())
@@ -275,6 +303,7 @@ class TopKRule(Rule):
             w_dot,
             _alpha_tangent(tangents, ctx),
             out,
+            ctx.work(core.topk.GRADIENT_WORK),
         )
         return self._to_user(ctx, out)
 
@@ -291,7 +320,16 @@ class PermutationRule(Rule):
         out = np.empty((rows.rows, rows.n, rows.n))
         anchor = np.empty((rows.rows, rows.n - 1), dtype=np.int64)
         offset = np.empty((rows.rows, rows.n - 1))
-        core.permutation_forward(rows.xs, rows.order, ctx.alpha_rows, out, anchor, offset)
+        core.permutation_forward(
+            rows.xs,
+            rows.order,
+            ctx.alpha_rows,
+            *_boundary_targets(rows),
+            out,
+            anchor,
+            offset,
+            ctx.work(core.permutation.FORWARD_WORK),
+        )
         ctx.saved.update(anchor=anchor, offset=offset)
         return rows.to_user(out, "matrix")
 
@@ -301,7 +339,17 @@ class PermutationRule(Rule):
         x_bar = np.empty(rows.xs.shape)
         alpha_bar = np.empty(rows.rows)
         core.permutation_vjp(
-            rows.xs, rows.order, ctx.alpha_rows, s["anchor"], s["offset"], V, x_bar, alpha_bar
+            rows.xs,
+            rows.order,
+            ctx.alpha_rows,
+            s["anchor"],
+            s["offset"],
+            _boundary_targets(rows)[1],
+            V,
+            x_bar,
+            alpha_bar,
+            ctx.work(core.permutation.GRADIENT_WORK),
+            ctx.work(core.permutation.BOUNDARY_WORK, rows.n - 1),
         )
         return rows.grad_to_user(x_bar), ctx.scalar(alpha_bar.sum())
 
@@ -310,6 +358,12 @@ class PermutationRule(Rule):
             "soft_permutation has no forward-mode derivative yet; use softorder.vjp "
             "(its output is n x n, so reverse mode is the efficient direction)"
         )
+
+
+def _boundary_targets(rows: Rows) -> tuple[np.ndarray, np.ndarray]:
+    """Targets ``w = 1..n-1`` of the permutation boundaries and their (sorted) order."""
+    m = rows.n - 1
+    return np.arange(1.0, m + 1.0), np.arange(m)
 
 
 class LossRule(Rule):
@@ -424,6 +478,7 @@ class TopKCrossEntropyRule(LossRule):
             per_row,
             s["anchor"],
             s["offset"],
+            ctx.work(core.topk.FORWARD_WORK),
         )
         return self._reduce(ctx, per_row)
 
@@ -444,6 +499,7 @@ class TopKCrossEntropyRule(LossRule):
             cot,
             x_bar,
             alpha_bar,
+            ctx.work(core.topk.GRADIENT_WORK),
         )
         return x_bar, alpha_bar
 
@@ -466,7 +522,15 @@ class PermutationCrossEntropyRule(LossRule):
         s["anchor"] = np.empty((rows.rows, rows.n - 1), dtype=np.int64)
         s["offset"] = np.empty((rows.rows, rows.n - 1))
         core.permutation_loss_forward(
-            rows.xs, rows.order, ctx.alpha_rows, s["target"], per_row, s["anchor"], s["offset"]
+            rows.xs,
+            rows.order,
+            ctx.alpha_rows,
+            s["target"],
+            *_boundary_targets(rows),
+            per_row,
+            s["anchor"],
+            s["offset"],
+            ctx.work(core.permutation.FORWARD_WORK),
         )
         return self._reduce(ctx, per_row)
 
@@ -481,8 +545,11 @@ class PermutationCrossEntropyRule(LossRule):
             s["target"],
             s["anchor"],
             s["offset"],
+            _boundary_targets(rows)[1],
             cot,
             x_bar,
             alpha_bar,
+            ctx.work(core.permutation.GRADIENT_WORK),
+            ctx.work(core.permutation.BOUNDARY_WORK, rows.n - 1),
         )
         return x_bar, alpha_bar

@@ -19,7 +19,7 @@ def test_lapsum_at_points_matches_direct_sum(rng, alpha):
     xs, _ = sorted_rows(x)
     points = np.concatenate([rng.normal(size=(4, 5)) * 3, xs[:, :3]], axis=1)
     out = np.empty(points.shape)
-    core.lapsum_kernel(xs, np.full(4, alpha), points, out)
+    core.lapsum_kernel(xs, np.full(4, alpha), points, out, core.workspace(4, core.lapsum.TABLES, 9))
     expected = np.stack([naive.lapsum(x[i], points[i], alpha) for i in range(4)])
     np.testing.assert_allclose(out, expected, rtol=1e-12, atol=1e-12)
 
@@ -35,7 +35,9 @@ def test_inverse_matches_bisection(rng, alpha):
     out = np.empty(w.shape)
     anchor = np.empty(w.shape, dtype=np.int64)
     offset = np.empty(w.shape)
-    core.inverse_kernel(xs, np.full(3, alpha), w, worder, out, anchor, offset)
+    core.inverse_kernel(
+        xs, np.full(3, alpha), w, worder, out, anchor, offset, core.workspace(3, 4, 8)
+    )
     expected = np.stack([naive.lapsum_inverse(x[i], w[i], alpha) for i in range(3)])
     np.testing.assert_allclose(out, expected, rtol=1e-10, atol=1e-10 * alpha)
     # and S(out) == w
@@ -51,8 +53,8 @@ def test_kernels_never_write_their_inputs(rng):
     v = rng.normal(size=(2, 6))
     v0 = v.copy()
     out = np.empty((2, 6))
-    core.rank_forward(xs, order, alpha, out)
-    core.rank_vjp(xs, order, alpha, v, out, np.empty(2))
+    core.rank_forward(xs, order, alpha, out, core.workspace(2, core.rank.FORWARD_WORK, 6))
+    core.rank_vjp(xs, order, alpha, v, out, np.empty(2), core.workspace(2, 2, 6))
     np.testing.assert_array_equal(xs, xs0)
     np.testing.assert_array_equal(order, order0)
     np.testing.assert_array_equal(v, v0)

@@ -182,7 +182,7 @@ def target_sums(r, inv_alpha, A, B, Ad, Bd, anchor, t):
 
 
 @kernel
-def lapsum_kernel(xs, alpha, points, out):
+def lapsum_kernel(xs, alpha, points, out, work):
     """``out[row, j] = S_row(points[row, j])`` for sorted rows ``xs`` (any order of points).
 
     O(n + m log n) per row: prefix sums, then a binary search and the interval formula.
@@ -195,10 +195,7 @@ def lapsum_kernel(xs, alpha, points, out):
             out[row, :] = np.nan
             continue
         inv_alpha = 1.0 / alpha[row]
-        E = np.empty(n)
-        A = np.empty(n)
-        B = np.empty(n)
-        prefix_sums(r, inv_alpha, E, A, B)
+        E, A, B, Ad, Bd, S = row_tables(r, inv_alpha, False, work[row])
         for j in range(m):
             x = points[row, j]
             J = np.searchsorted(r, x, side="right")
@@ -210,26 +207,30 @@ def lapsum_kernel(xs, alpha, points, out):
             out[row, j] = s
 
 
-@helper
-def row_tables(r, inv_alpha, moments):
-    """Allocate and fill the prefix arrays of one sorted row: ``(E, A, B, Ad, Bd, S)``.
+#: Rows of a kernel's workspace that :func:`row_tables` fills: E, A, B, S, and Ad, Bd.
+TABLES = 4
+TABLES_WITH_MOMENTS = 6
 
-    ``Ad``/``Bd`` (only needed by gradients) are empty unless ``moments``.
+
+@helper
+def row_tables(r, inv_alpha, moments, work):
+    """Fill the prefix arrays of one sorted row into ``work`` and return views
+    ``(E, A, B, Ad, Bd, S)``; ``Ad``/``Bd`` (only gradients need them) only if ``moments``.
+
+    Scratch memory comes from the caller (NumPy allocations of large arrays are several times
+    cheaper than fresh ones inside numba, which page-fault on every call).
     """
     n = r.shape[0]
-    E = np.empty(n)
-    A = np.empty(n)
-    B = np.empty(n)
-    S = np.empty(n)
+    E = work[0, :n]
+    A = work[1, :n]
+    B = work[2, :n]
+    S = work[3, :n]
     prefix_sums(r, inv_alpha, E, A, B)
     lapsum_at_points(A, B, S)
+    Ad = work[4, :n] if moments else work[0, :0]
+    Bd = work[5, :n] if moments else work[0, :0]
     if moments:
-        Ad = np.empty(n)
-        Bd = np.empty(n)
         prefix_moments(r, inv_alpha, E, Ad, Bd, A, B)
-    else:
-        Ad = np.empty(0)
-        Bd = np.empty(0)
     return E, A, B, Ad, Bd, S
 
 
@@ -240,18 +241,18 @@ def has_nan(r):
 
 
 @helper
-def inverse_pullback(r, alpha, tables, anchor, offset, worder, u, rbar, wbar):
+def inverse_pullback(r, alpha, tables, anchor, offset, worder, u, rbar, wbar, twork):
     """Pull a cotangent ``u`` on targets ``b_j = S^-1(w_j)`` back to the sorted row.
 
     Adds ``sum_j u_j db_j/dr_i`` to ``rbar`` (sorted order, O(n + m) by one merge), writes
-    ``wbar[j] = u_j db_j/dw_j`` and returns ``sum_j u_j db_j/dalpha``.
+    ``wbar[j] = u_j db_j/dw_j`` and returns ``sum_j u_j db_j/dalpha``. ``twork``: (3, >= m).
     """
     E, A, B, Ad, Bd, S = tables
     m = anchor.shape[0]
     inv_alpha = 1.0 / alpha
-    pos = np.empty(m)
-    c = np.empty(m)
-    shift = np.empty(m)
+    pos = twork[0, :m]
+    c = twork[1, :m]
+    shift = twork[2, :m]
     alpha_bar = 0.0
     for j in range(m):
         pos[j] = target_position(r, alpha, anchor[j], offset[j])
@@ -270,16 +271,18 @@ def inverse_pullback(r, alpha, tables, anchor, offset, worder, u, rbar, wbar):
 
 
 @helper
-def inverse_pushforward(r, alpha, tables, anchor, offset, worder, rdot, wdot, alpha_dot, out):
+def inverse_pushforward(
+    r, alpha, tables, anchor, offset, worder, rdot, wdot, alpha_dot, out, twork
+):
     """Tangent of the targets: ``out[j] = sum_i db_j/dr_i rdot_i + db_j/dw wdot_j + db_j/dalpha
-    alpha_dot`` (``rdot`` in sorted order), O(n + m) by one merge.
+    alpha_dot`` (``rdot`` in sorted order), O(n + m) by one merge. ``twork``: (4, >= m).
     """
     E, A, B, Ad, Bd, S = tables
     m = anchor.shape[0]
     inv_alpha = 1.0 / alpha
-    pos = np.empty(m)
-    shift = np.empty(m)
-    G = np.empty(m)
+    pos = twork[0, :m]
+    shift = twork[1, :m]
+    G = twork[2, :m]
     for j in range(m):
         pos[j] = target_position(r, alpha, anchor[j], offset[j])
         sh, g, Z = target_sums(r, inv_alpha, A, B, Ad, Bd, anchor[j], offset[j])
@@ -293,7 +296,8 @@ def inverse_pushforward(r, alpha, tables, anchor, offset, worder, rdot, wdot, al
         out[j] = Z / g * alpha_dot
         if wdot[j] != 0.0:
             out[j] += wdot[j] * 2.0 * alpha * math.exp(sh) / g
-    acc = np.zeros(m)
+    acc = twork[3, :m]
+    acc[:] = 0.0
     gather_at_targets(r, inv_alpha, rdot, pos, shift, worder, acc)
     for j in range(m):
         if G[j] > 0.0:
@@ -301,11 +305,12 @@ def inverse_pushforward(r, alpha, tables, anchor, offset, worder, rdot, wdot, al
 
 
 @kernel
-def inverse_kernel(xs, alpha, w, worder, out, anchor, offset):
+def inverse_kernel(xs, alpha, w, worder, out, anchor, offset, work):
     """``out[row, j] = S_row^-1(w[row, j])`` for ``w`` in (0, n); also stores ``(anchor, offset)``.
 
     ``worder[row]`` sorts ``w[row]`` ascending. O(n + m) per row for sorted targets.
     Soft sort (``w = k - 1/2``) and soft quantile (``w = q n``) are this kernel.
+    ``work``: (rows, TABLES, n) scratch.
     """
     rows, n = xs.shape
     for row in prange(rows):
@@ -316,7 +321,7 @@ def inverse_kernel(xs, alpha, w, worder, out, anchor, offset):
             offset[row, :] = np.nan
             continue
         a = alpha[row]
-        E, A, B, Ad, Bd, S = row_tables(r, 1.0 / a, False)
+        E, A, B, Ad, Bd, S = row_tables(r, 1.0 / a, False, work[row])
         solve_targets(r, 1.0 / a, A, B, S, w[row], worder[row], anchor[row], offset[row])
         for j in range(w.shape[1]):
             out[row, j] = target_position(r, a, anchor[row, j], offset[row, j])

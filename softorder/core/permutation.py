@@ -17,21 +17,37 @@ from numba import prange
 
 from softorder.core._jit import helper, kernel
 from softorder.core.laplace import INF, cdf_diff, log_cdf_diff, log_density, offset_z
-from softorder.core.lapsum import has_nan, inverse_pullback, row_tables, solve_targets
+from softorder.core.lapsum import (
+    TABLES,
+    TABLES_WITH_MOMENTS,
+    has_nan,
+    inverse_pullback,
+    row_tables,
+    solve_targets,
+)
+
+FORWARD_WORK = TABLES
+GRADIENT_WORK = TABLES_WITH_MOMENTS + 1
+#: rows of the boundary-indexed scratch ``twork`` (rows, BOUNDARY_WORK, n - 1) of the gradients
+BOUNDARY_WORK = 5
 
 
 @helper
-def _boundaries(r, inv_alpha, tables, anchor, offset):
-    """Solve ``S(b_k) = k`` for k = 1..n-1 into ``anchor``/``offset`` (length n-1)."""
+def _boundaries(r, inv_alpha, tables, w, worder, anchor, offset):
+    """Solve ``S(b_k) = k`` for k = 1..n-1 (``w = 1..n-1``, ``worder = 0..n-2``)."""
     E, A, B, Ad, Bd, S = tables
-    m = anchor.shape[0]
-    w = np.empty(m)
-    worder = np.empty(m, dtype=np.int64)
-    for j in range(m):
-        w[j] = j + 1.0
-        worder[j] = j
     solve_targets(r, inv_alpha, A, B, S, w, worder, anchor, offset)
-    return worder
+
+
+@helper
+def _chain_through_boundaries(r, a, tables, anchor, offset, worder, beta, rbar, twork):
+    """Add the part of ``x_bar`` that flows through the boundaries (cotangent ``beta`` on them)
+    to ``rbar`` and return the part of ``alpha_bar``.
+    """
+    m = anchor.shape[0]
+    return inverse_pullback(
+        r, a, tables, anchor, offset, worder, beta, rbar, twork[1, :m], twork[2:]
+    )
 
 
 @helper
@@ -45,7 +61,7 @@ def _boundary_z(r, inv_alpha, anchor, offset, k, ri):
 
 
 @kernel
-def permutation_forward(xs, order, alpha, out, anchor, offset):
+def permutation_forward(xs, order, alpha, w, worder, out, anchor, offset, work):
     """Soft permutation matrices ``out`` (rows, n, n); boundaries into ``anchor``/``offset``
     (rows, n-1).
     """
@@ -58,8 +74,8 @@ def permutation_forward(xs, order, alpha, out, anchor, offset):
             offset[row, :] = np.nan
             continue
         inv_alpha = 1.0 / alpha[row]
-        tables = row_tables(r, inv_alpha, False)
-        _boundaries(r, inv_alpha, tables, anchor[row], offset[row])
+        tables = row_tables(r, inv_alpha, False, work[row])
+        _boundaries(r, inv_alpha, tables, w, worder, anchor[row], offset[row])
         for i in range(n):
             col = order[row, i]
             lo = -INF
@@ -70,7 +86,7 @@ def permutation_forward(xs, order, alpha, out, anchor, offset):
 
 
 @kernel
-def permutation_vjp(xs, order, alpha, anchor, offset, V, x_bar, alpha_bar):
+def permutation_vjp(xs, order, alpha, anchor, offset, worder, V, x_bar, alpha_bar, work, twork):
     """Cotangent ``V`` (rows, n, n) -> ``x_bar`` (rows, n), ``alpha_bar`` (rows,). O(n^2), the
     size of ``V``; the chain through the boundaries is O(n).
     """
@@ -83,10 +99,11 @@ def permutation_vjp(xs, order, alpha, anchor, offset, V, x_bar, alpha_bar):
             continue
         a = alpha[row]
         inv_alpha = 1.0 / a
-        tables = row_tables(r, inv_alpha, True)
-        m = n - 1
-        beta = np.zeros(m)
-        rbar = np.zeros(n)
+        tables = row_tables(r, inv_alpha, True, work[row])
+        beta = twork[row, 0]
+        beta[:] = 0.0
+        rbar = work[row, TABLES_WITH_MOMENTS]
+        rbar[:] = 0.0
         abar = 0.0
         for i in range(n):
             if abs(r[i]) == INF:
@@ -100,16 +117,16 @@ def permutation_vjp(xs, order, alpha, anchor, offset, V, x_bar, alpha_bar):
                 beta[k - 1] += gamma
                 rbar[i] -= gamma
                 abar -= gamma * z
-        worder = np.arange(m)
-        w_bar = np.empty(m)
-        abar += inverse_pullback(r, a, tables, anchor[row], offset[row], worder, beta, rbar, w_bar)
+        abar += _chain_through_boundaries(
+            r, a, tables, anchor[row], offset[row], worder, beta, rbar, twork[row]
+        )
         alpha_bar[row] = abar
         for i in range(n):
             x_bar[row, order[row, i]] = rbar[i] if abs(r[i]) != INF else 0.0
 
 
 @kernel
-def permutation_loss_forward(xs, order, alpha, target, out, anchor, offset):
+def permutation_loss_forward(xs, order, alpha, target, w, worder, out, anchor, offset, work):
     """``out[row] = -sum_i log P[target_i - 1, i]`` for 1-based target ranks (rows, n)."""
     rows, n = xs.shape
     for row in prange(rows):
@@ -120,8 +137,8 @@ def permutation_loss_forward(xs, order, alpha, target, out, anchor, offset):
             offset[row, :] = np.nan
             continue
         inv_alpha = 1.0 / alpha[row]
-        tables = row_tables(r, inv_alpha, False)
-        _boundaries(r, inv_alpha, tables, anchor[row], offset[row])
+        tables = row_tables(r, inv_alpha, False, work[row])
+        _boundaries(r, inv_alpha, tables, w, worder, anchor[row], offset[row])
         loss = 0.0
         for i in range(n):
             k = target[row, order[row, i]] - 1
@@ -132,7 +149,9 @@ def permutation_loss_forward(xs, order, alpha, target, out, anchor, offset):
 
 
 @kernel
-def permutation_loss_vjp(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar):
+def permutation_loss_vjp(
+    xs, order, alpha, target, anchor, offset, worder, cot, x_bar, alpha_bar, work, twork
+):
     """Cotangent ``cot`` (rows,) on the loss -> ``x_bar`` (rows, n), ``alpha_bar`` (rows,). O(n)."""
     rows, n = xs.shape
     for row in prange(rows):
@@ -143,10 +162,11 @@ def permutation_loss_vjp(xs, order, alpha, target, anchor, offset, cot, x_bar, a
             continue
         a = alpha[row]
         inv_alpha = 1.0 / a
-        tables = row_tables(r, inv_alpha, True)
-        m = n - 1
-        beta = np.zeros(m)
-        rbar = np.zeros(n)
+        tables = row_tables(r, inv_alpha, True, work[row])
+        beta = twork[row, 0]
+        beta[:] = 0.0
+        rbar = work[row, TABLES_WITH_MOMENTS]
+        rbar[:] = 0.0
         abar = 0.0
         c = cot[row]
         for i in range(n):
@@ -167,9 +187,9 @@ def permutation_loss_vjp(xs, order, alpha, target, anchor, offset, cot, x_bar, a
                 beta[k - 1] += gamma
                 rbar[i] -= gamma
                 abar -= gamma * z0
-        worder = np.arange(m)
-        w_bar = np.empty(m)
-        abar += inverse_pullback(r, a, tables, anchor[row], offset[row], worder, beta, rbar, w_bar)
+        abar += _chain_through_boundaries(
+            r, a, tables, anchor[row], offset[row], worder, beta, rbar, twork[row]
+        )
         alpha_bar[row] = abar
         for i in range(n):
             x_bar[row, order[row, i]] = rbar[i] if abs(r[i]) != INF else 0.0

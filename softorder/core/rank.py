@@ -18,13 +18,16 @@ import numpy as np
 from numba import prange
 
 from softorder.core._jit import helper, kernel
-from softorder.core.lapsum import has_nan
 from softorder.core.laplace import INF, gap
+from softorder.core.lapsum import has_nan
+
+FORWARD_WORK = 1
+LINEAR_WORK = 2
 
 
 @kernel
-def rank_forward(xs, order, alpha, out):
-    """``out[row, order[row, i]] = S(xs[row, i]) + 1/2``."""
+def rank_forward(xs, order, alpha, out, work):
+    """``out[row, order[row, i]] = S(xs[row, i]) + 1/2``; ``work``: (rows, FORWARD_WORK, n)."""
     rows, n = xs.shape
     for row in prange(rows):
         r = xs[row]
@@ -32,7 +35,7 @@ def rank_forward(xs, order, alpha, out):
             out[row, :] = np.nan
             continue
         inv_alpha = 1.0 / alpha[row]
-        A = np.empty(n)
+        A = work[row, 0]
         a = 1.0
         A[0] = 1.0
         for i in range(1, n):
@@ -46,16 +49,17 @@ def rank_forward(xs, order, alpha, out):
 
 
 @helper
-def _rank_linear(r, order, alpha, v, alpha_v, out):
+def _rank_linear(r, order, alpha, v, alpha_v, out, work):
     """``out = J v + (d rank / d alpha) alpha_v`` for one row; returns ``<v, d rank / d alpha>``.
 
     ``v`` and ``out`` are in the original element order, ``r`` sorted by ``order``. Entries at
-    +-inf neither receive nor pass on anything."""
+    +-inf neither receive nor pass on anything.
+    """
     n = r.shape[0]
     inv_alpha = 1.0 / alpha
     scale = 0.5 * inv_alpha
-    partial = np.empty(n)  # v_i A_i - sum_{j <= i} v_j e_ij
-    left_moment = np.empty(n)  # Ad_i
+    partial = work[0]  # v_i A_i - sum_{j <= i} v_j e_ij
+    left_moment = work[1]  # Ad_i
     a = 0.0
     ad = 0.0
     lv = 0.0
@@ -97,23 +101,33 @@ def _rank_linear(r, order, alpha, v, alpha_v, out):
 
 
 @kernel
-def rank_vjp(xs, order, alpha, v, x_bar, alpha_bar):
-    """Cotangent ``v`` (rows, n) -> ``x_bar`` (rows, n) and ``alpha_bar`` (rows,)."""
+def rank_vjp(xs, order, alpha, v, x_bar, alpha_bar, work):
+    """Cotangent ``v`` (rows, n) -> ``x_bar`` (rows, n) and ``alpha_bar`` (rows,).
+
+    ``work``: (rows, LINEAR_WORK, n).
+    """
     rows, n = xs.shape
     for row in prange(rows):
         if has_nan(xs[row]):
             x_bar[row, :] = np.nan
             alpha_bar[row] = np.nan
             continue
-        alpha_bar[row] = _rank_linear(xs[row], order[row], alpha[row], v[row], 0.0, x_bar[row])
+        alpha_bar[row] = _rank_linear(
+            xs[row], order[row], alpha[row], v[row], 0.0, x_bar[row], work[row]
+        )
 
 
 @kernel
-def rank_jvp(xs, order, alpha, x_dot, alpha_dot, out):
-    """Tangents ``x_dot`` (rows, n), ``alpha_dot`` (rows,) -> tangent of the ranks (rows, n)."""
+def rank_jvp(xs, order, alpha, x_dot, alpha_dot, out, work):
+    """Tangents ``x_dot`` (rows, n), ``alpha_dot`` (rows,) -> tangent of the ranks (rows, n).
+
+    ``work``: (rows, LINEAR_WORK, n).
+    """
     rows, n = xs.shape
     for row in prange(rows):
         if has_nan(xs[row]):
             out[row, :] = np.nan
             continue
-        _rank_linear(xs[row], order[row], alpha[row], x_dot[row], alpha_dot[row], out[row])
+        _rank_linear(
+            xs[row], order[row], alpha[row], x_dot[row], alpha_dot[row], out[row], work[row]
+        )

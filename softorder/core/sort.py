@@ -15,13 +15,22 @@ import numpy as np
 from numba import prange
 
 from softorder.core._jit import kernel
-from softorder.core.lapsum import has_nan, inverse_pullback, inverse_pushforward, row_tables
+from softorder.core.lapsum import (
+    TABLES_WITH_MOMENTS,
+    has_nan,
+    inverse_pullback,
+    inverse_pushforward,
+    row_tables,
+)
+
+VJP_WORK = JVP_WORK = TABLES_WITH_MOMENTS + 1
 
 
 @kernel
-def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha_bar):
+def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha_bar, work, twork):
     """Cotangent ``u`` (rows, m) on the targets -> ``x_bar`` (rows, n; original element order),
-    ``w_bar`` (rows, m) and ``alpha_bar`` (rows,).
+    ``w_bar`` (rows, m) and ``alpha_bar`` (rows,). Scratch: ``work`` (rows, VJP_WORK, n),
+    ``twork`` (rows, 3, m).
     """
     rows, n = xs.shape
     for row in prange(rows):
@@ -32,19 +41,32 @@ def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha
             alpha_bar[row] = np.nan
             continue
         a = alpha[row]
-        tables = row_tables(r, 1.0 / a, True)
-        rbar = np.zeros(n)
+        tables = row_tables(r, 1.0 / a, True, work[row])
+        rbar = work[row, TABLES_WITH_MOMENTS, :n]
+        rbar[:] = 0.0
         alpha_bar[row] = inverse_pullback(
-            r, a, tables, anchor[row], offset[row], worder[row], u[row], rbar, w_bar[row]
+            r,
+            a,
+            tables,
+            anchor[row],
+            offset[row],
+            worder[row],
+            u[row],
+            rbar,
+            w_bar[row],
+            twork[row],
         )
         for i in range(n):
             x_bar[row, order[row, i]] = rbar[i] if abs(r[i]) != np.inf else 0.0
 
 
 @kernel
-def inverse_jvp(xs, order, alpha, anchor, offset, worder, x_dot, w_dot, alpha_dot, out):
+def inverse_jvp(
+    xs, order, alpha, anchor, offset, worder, x_dot, w_dot, alpha_dot, out, work, twork
+):
     """Tangents ``x_dot`` (rows, n; original order), ``w_dot`` (rows, m), ``alpha_dot`` (rows,)
-    -> tangent of the targets ``out`` (rows, m).
+    -> tangent of the targets ``out`` (rows, m). Scratch: ``work`` (rows, JVP_WORK, n),
+    ``twork`` (rows, 4, m).
     """
     rows, n = xs.shape
     for row in prange(rows):
@@ -53,8 +75,8 @@ def inverse_jvp(xs, order, alpha, anchor, offset, worder, x_dot, w_dot, alpha_do
             out[row, :] = np.nan
             continue
         a = alpha[row]
-        tables = row_tables(r, 1.0 / a, True)
-        rdot = np.empty(n)
+        tables = row_tables(r, 1.0 / a, True, work[row])
+        rdot = work[row, TABLES_WITH_MOMENTS, :n]
         for i in range(n):
             rdot[i] = x_dot[row, order[row, i]] if abs(r[i]) != np.inf else 0.0
         inverse_pushforward(
@@ -68,4 +90,5 @@ def inverse_jvp(xs, order, alpha, anchor, offset, worder, x_dot, w_dot, alpha_do
             w_dot[row],
             alpha_dot[row],
             out[row],
+            twork[row],
         )

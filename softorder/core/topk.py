@@ -18,11 +18,28 @@ from numba import prange
 
 from softorder.core._jit import helper, kernel
 from softorder.core.laplace import INF, cdf, hazard, log_cdf, offset_z, rel_weight
-from softorder.core.lapsum import has_nan, row_tables, solve_targets, target_sums
+from softorder.core.lapsum import (
+    TABLES,
+    TABLES_WITH_MOMENTS,
+    has_nan,
+    row_tables,
+    solve_targets,
+    target_sums,
+)
+
+FORWARD_WORK = TABLES
+GRADIENT_WORK = TABLES_WITH_MOMENTS + 4
+
+
+@helper
+def gradient_scratch(work, n):
+    """``z``, ``kappa``, ``omega`` and one more length-n vector after the tables in ``work``."""
+    k = TABLES_WITH_MOMENTS
+    return work[k, :n], work[k + 1, :n], work[k + 2, :n], work[k + 3, :n]
 
 
 @kernel
-def topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset):
+def topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work):
     """Memberships (or their logs when ``log``) ``out`` (rows, m, n) for targets ``w`` (rows, m);
     stores the targets as ``(anchor, offset)`` (rows, m) for the gradients.
     """
@@ -36,7 +53,7 @@ def topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset):
             offset[row, :] = np.nan
             continue
         inv_alpha = 1.0 / alpha[row]
-        E, A, B, Ad, Bd, S = row_tables(r, inv_alpha, False)
+        E, A, B, Ad, Bd, S = row_tables(r, inv_alpha, False, work[row])
         solve_targets(r, inv_alpha, A, B, S, w[row], worder[row], anchor[row], offset[row])
         for j in range(m):
             ra = r[anchor[row, j]]
@@ -75,7 +92,7 @@ def target_terms(r, alpha, tables, anchor, t, log, z, kappa, omega):
 
 
 @kernel
-def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar):
+def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, work):
     """Cotangent ``v`` (rows, m, n) -> ``x_bar`` (rows, n), ``w_bar`` (rows, m), ``alpha_bar``."""
     rows, n = xs.shape
     m = anchor.shape[1]
@@ -87,11 +104,9 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar):
             alpha_bar[row] = np.nan
             continue
         a = alpha[row]
-        tables = row_tables(r, 1.0 / a, True)
-        z = np.empty(n)
-        kappa = np.empty(n)
-        omega = np.empty(n)
-        rbar = np.zeros(n)
+        tables = row_tables(r, 1.0 / a, True, work[row])
+        z, kappa, omega, rbar = gradient_scratch(work[row], n)
+        rbar[:] = 0.0
         abar = 0.0
         for j in range(m):
             zg, inv_g_abs = target_terms(
@@ -117,7 +132,7 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar):
 
 
 @kernel
-def topk_jvp(xs, order, alpha, anchor, offset, log, x_dot, w_dot, alpha_dot, out):
+def topk_jvp(xs, order, alpha, anchor, offset, log, x_dot, w_dot, alpha_dot, out, work):
     """Tangents ``x_dot`` (rows, n), ``w_dot`` (rows, m), ``alpha_dot`` (rows,) -> (rows, m, n)."""
     rows, n = xs.shape
     m = anchor.shape[1]
@@ -127,11 +142,8 @@ def topk_jvp(xs, order, alpha, anchor, offset, log, x_dot, w_dot, alpha_dot, out
             out[row, :, :] = np.nan
             continue
         a = alpha[row]
-        tables = row_tables(r, 1.0 / a, True)
-        z = np.empty(n)
-        kappa = np.empty(n)
-        omega = np.empty(n)
-        rdot = np.empty(n)
+        tables = row_tables(r, 1.0 / a, True, work[row])
+        z, kappa, omega, rdot = gradient_scratch(work[row], n)
         for i in range(n):
             rdot[i] = x_dot[row, order[row, i]] if abs(r[i]) != np.inf else 0.0
         for j in range(m):

@@ -20,7 +20,9 @@ from numba import prange
 from softorder.core._jit import helper, kernel
 from softorder.core.laplace import INF, log_cdf, offset_z
 from softorder.core.lapsum import has_nan, row_tables, solve_targets
-from softorder.core.topk import target_terms
+from softorder.core.topk import FORWARD_WORK, GRADIENT_WORK, gradient_scratch, target_terms
+
+__all__ = ["FORWARD_WORK", "GRADIENT_WORK", "topk_loss_forward", "topk_loss_vjp"]
 
 
 @helper
@@ -50,8 +52,27 @@ def _first_topk(split):
     return 1 if split else 0
 
 
+@helper
+def _mixture_terms(r, inv_alpha, anchor, offset, iy, log_pk, split, terms):
+    """``terms[j] = log P_K(j+1) + log p^(j+1)_y`` (-inf where P_K is 0 or k = 1 is split off);
+    returns ``(top, sum_j exp(terms[j] - top))`` for a stable logsumexp.
+    """
+    top = -INF
+    for j in range(terms.shape[0]):
+        terms[j] = -INF
+        if j >= _first_topk(split) and log_pk[j] != -INF:
+            zy = offset_z(r[anchor[j]], r[iy], inv_alpha, offset[j])
+            terms[j] = log_pk[j] + log_cdf(zy)
+            top = max(top, terms[j])
+    total = 0.0
+    if top > -INF:
+        for j in range(terms.shape[0]):
+            total += math.exp(terms[j] - top)
+    return top, total
+
+
 @kernel
-def topk_loss_forward(xs, order, alpha, labels, log_pk, split, pk1, out, anchor, offset):
+def topk_loss_forward(xs, order, alpha, labels, log_pk, split, pk1, out, anchor, offset, work):
     """Per-row loss ``out`` (rows,); ``log_pk`` (rows, K) holds log P_K(k) for k = 1..K."""
     rows, n = xs.shape
     K = log_pk.shape[1]
@@ -63,7 +84,7 @@ def topk_loss_forward(xs, order, alpha, labels, log_pk, split, pk1, out, anchor,
             offset[row, :] = np.nan
             continue
         inv_alpha = 1.0 / alpha[row]
-        E, A, B, Ad, Bd, S = row_tables(r, inv_alpha, False)
+        E, A, B, Ad, Bd, S = row_tables(r, inv_alpha, False, work[row])
         w = np.empty(K)
         worder = np.empty(K, dtype=np.int64)
         for j in range(K):
@@ -71,20 +92,11 @@ def topk_loss_forward(xs, order, alpha, labels, log_pk, split, pk1, out, anchor,
             worder[j] = j
         solve_targets(r, inv_alpha, A, B, S, w, worder, anchor[row], offset[row])
         iy = _label_position(order[row], labels[row])
-        terms = np.full(K, -INF)
-        top = -INF
-        for j in range(_first_topk(split), K):
-            if log_pk[row, j] == -INF:
-                continue
-            z = offset_z(r[anchor[row, j]], r[iy], inv_alpha, offset[row, j])
-            terms[j] = log_pk[row, j] + log_cdf(z)
-            top = max(top, terms[j])
-        loss = 0.0
-        if top > -INF:
-            s = 0.0
-            for j in range(K):
-                s += math.exp(terms[j] - top)
-            loss = -(top + math.log(s))
+        terms = np.empty(K)
+        top, total = _mixture_terms(
+            r, inv_alpha, anchor[row], offset[row], iy, log_pk[row], split, terms
+        )
+        loss = -(top + math.log(total)) if top > -INF else 0.0
         if split:
             loss = (
                 pk1[row] * _softmax_ce(r, iy) + (1.0 - pk1[row]) * loss
@@ -96,7 +108,7 @@ def topk_loss_forward(xs, order, alpha, labels, log_pk, split, pk1, out, anchor,
 
 @kernel
 def topk_loss_vjp(
-    xs, order, alpha, labels, log_pk, split, pk1, anchor, offset, cot, x_bar, alpha_bar
+    xs, order, alpha, labels, log_pk, split, pk1, anchor, offset, cot, x_bar, alpha_bar, work
 ):
     """Cotangent ``cot`` (rows,) -> ``x_bar`` (rows, n; gradient in ``r``), ``alpha_bar``."""
     rows, n = xs.shape
@@ -109,27 +121,18 @@ def topk_loss_vjp(
             continue
         a = alpha[row]
         inv_alpha = 1.0 / a
-        tables = row_tables(r, inv_alpha, True)
+        tables = row_tables(r, inv_alpha, True, work[row])
+        z, kappa, omega, rbar = gradient_scratch(work[row], n)
         iy = _label_position(order[row], labels[row])
         # Mixture weights pi_k = softmax_k(log P_K(k) + log p^(k)_y).
-        terms = np.full(K, -INF)
-        top = -INF
-        for j in range(_first_topk(split), K):
-            if log_pk[row, j] == -INF:
-                continue
-            z = offset_z(r[anchor[row, j]], r[iy], inv_alpha, offset[row, j])
-            terms[j] = log_pk[row, j] + log_cdf(z)
-            top = max(top, terms[j])
+        terms = np.empty(K)
+        top, s = _mixture_terms(
+            r, inv_alpha, anchor[row], offset[row], iy, log_pk[row], split, terms
+        )
         weight = cot[row] * ((1.0 - pk1[row]) if split else 1.0)
-        rbar = np.zeros(n)
+        rbar[:] = 0.0
         abar = 0.0
         if top > -INF and weight != 0.0:
-            s = 0.0
-            for j in range(K):
-                s += math.exp(terms[j] - top)
-            z = np.empty(n)
-            kappa = np.empty(n)
-            omega = np.empty(n)
             for j in range(K):
                 if terms[j] == -INF:
                     continue
