@@ -54,7 +54,9 @@ def test_kernels_never_write_their_inputs(rng):
     v0 = v.copy()
     out = np.empty((2, 6))
     core.rank_forward(xs, order, alpha, out, core.workspace(2, core.rank.FORWARD_WORK, 6))
-    core.rank_vjp(xs, order, alpha, v, out, np.empty(2), core.workspace(2, 2, 6))
+    core.rank_vjp(
+        xs, order, alpha, v, out, np.empty(2), core.workspace(2, core.rank.LINEAR_WORK, 6)
+    )
     np.testing.assert_array_equal(xs, xs0)
     np.testing.assert_array_equal(order, order0)
     np.testing.assert_array_equal(v, v0)
