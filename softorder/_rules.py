@@ -354,10 +354,22 @@ class PermutationRule(Rule):
         return rows.grad_to_user(x_bar), ctx.scalar(alpha_bar.sum())
 
     def jvp(self, ctx, tangents):
-        raise NotImplementedError(
-            "soft_permutation has no forward-mode derivative yet; use softorder.vjp "
-            "(its output is n x n, so reverse mode is the efficient direction)"
+        rows, s = ctx.rows, ctx.saved
+        out = np.empty((rows.rows, rows.n, rows.n))
+        core.permutation_jvp(
+            rows.xs,
+            rows.order,
+            ctx.alpha_rows,
+            s["anchor"],
+            s["offset"],
+            _boundary_targets(rows)[1],
+            _x_tangent(tangents, rows),
+            _alpha_tangent(tangents, ctx),
+            out,
+            ctx.work(core.permutation.GRADIENT_WORK),
+            ctx.work(core.permutation.BOUNDARY_WORK, rows.n - 1),
         )
+        return rows.to_user(out, "matrix")
 
 
 def _boundary_targets(rows: Rows) -> tuple[np.ndarray, np.ndarray]:

@@ -97,7 +97,7 @@ def test_vjp_matches_finite_differences(name, fn, primals, kwargs, diff):
         )
 
 
-JVP_CASES = [c for c in CASES if not c[0].startswith("permutation")]
+JVP_CASES = CASES
 
 
 @pytest.mark.parametrize(
@@ -135,11 +135,6 @@ def test_jvp_and_vjp_are_transposes(name, fn, primals, kwargs, diff):
         total += np.sum(grad * d)
     _, out_dot = so.jvp(fn, primals, tuple(tangents), **kwargs)
     np.testing.assert_allclose(np.sum(u * out_dot), total, rtol=1e-10, atol=1e-12)
-
-
-def test_permutation_jvp_says_it_is_missing():
-    with pytest.raises(NotImplementedError, match="softorder.vjp"):
-        so.jvp(so.soft_permutation, (X, 0.5), (X, None))
 
 
 def test_jvp_rejects_tangents_of_non_differentiable_arguments():

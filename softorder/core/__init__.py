@@ -21,6 +21,7 @@ import numpy as np
 from softorder.core.lapsum import inverse_kernel, lapsum_kernel
 from softorder.core.permutation import (
     permutation_forward,
+    permutation_jvp,
     permutation_loss_forward,
     permutation_loss_vjp,
     permutation_vjp,
@@ -43,6 +44,7 @@ __all__ = [
     "inverse_vjp",
     "lapsum_kernel",
     "permutation_forward",
+    "permutation_jvp",
     "permutation_loss_forward",
     "permutation_loss_vjp",
     "permutation_vjp",

@@ -22,6 +22,7 @@ from softorder.core.lapsum import (
     TABLES_WITH_MOMENTS,
     has_nan,
     inverse_pullback,
+    inverse_pushforward,
     row_tables,
     solve_targets,
 )
@@ -29,7 +30,7 @@ from softorder.core.lapsum import (
 FORWARD_WORK = TABLES
 GRADIENT_WORK = TABLES_WITH_MOMENTS + 1
 #: rows of the boundary-indexed scratch ``twork`` (rows, BOUNDARY_WORK, n - 1) of the gradients
-BOUNDARY_WORK = 5
+BOUNDARY_WORK = 6
 
 
 @helper
@@ -193,3 +194,54 @@ def permutation_loss_vjp(
         alpha_bar[row] = abar
         for i in range(n):
             x_bar[row, order[row, i]] = rbar[i] if abs(r[i]) != INF else 0.0
+
+
+@kernel
+def permutation_jvp(xs, order, alpha, anchor, offset, worder, x_dot, alpha_dot, out, work, twork):
+    """Tangents ``x_dot`` (rows, n), ``alpha_dot`` (rows,) -> tangent of ``P`` (rows, n, n).
+
+    ``dP[k, i] = f(z_(k+1),i) dz_(k+1),i - f(z_k,i) dz_k,i`` with
+    ``dz_j,i = (db_j - dr_i - z_j,i dalpha) / alpha``; the boundary tangents ``db_j`` come from
+    one O(n) merge, the rest is O(n^2), the size of ``P``.
+    """
+    rows, n = xs.shape
+    for row in prange(rows):
+        r = xs[row]
+        if has_nan(r):
+            out[row, :, :] = np.nan
+            continue
+        a = alpha[row]
+        inv_alpha = 1.0 / a
+        tables = row_tables(r, inv_alpha, True, work[row])
+        rdot = work[row, TABLES_WITH_MOMENTS]
+        for i in range(n):
+            rdot[i] = x_dot[row, order[row, i]] if abs(r[i]) != INF else 0.0
+        m = n - 1
+        b_dot = twork[row, 0, :m]
+        w_dot = twork[row, 1, :m]
+        w_dot[:] = 0.0
+        inverse_pushforward(
+            r,
+            a,
+            tables,
+            anchor[row],
+            offset[row],
+            worder,
+            rdot,
+            w_dot,
+            alpha_dot[row],
+            b_dot,
+            twork[row, 2:],
+        )
+        for i in range(n):
+            col = order[row, i]
+            lower = 0.0  # f(z_k,i) dz_k,i of the previous boundary; 0 at b_0 = -inf
+            for k in range(n):
+                upper = 0.0
+                if k + 1 < n:
+                    z = _boundary_z(r, inv_alpha, anchor[row], offset[row], k + 1, r[i])
+                    if abs(z) != INF:
+                        dz = (b_dot[k] - rdot[i] - z * alpha_dot[row]) * inv_alpha
+                        upper = 0.5 * math.exp(-abs(z)) * dz
+                out[row, k, col] = upper - lower
+                lower = upper
