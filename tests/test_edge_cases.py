@@ -364,3 +364,16 @@ def test_inputs_are_never_modified(rng):
 def test_bad_input_gets_a_clear_error(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+@pytest.mark.parametrize("gap", [600.0, 640.0, 644.7, 650.0, 700.0, 5000.0])
+def test_inverse_is_continuous_across_the_log_space_switch(gap):
+    """The closed form switches to log space when exp(-gap/alpha) < 1e-280 (gap ~ 644.7 alpha)."""
+    x = np.array([0.0, gap, 2 * gap])
+    # integer targets sit at midpoints; non-integer ones at the analytic tail offsets
+    np.testing.assert_allclose(
+        so.soft_quantile(x, np.array([1 / 3, 2 / 3]), 1.0), [gap / 2, 3 * gap / 2], rtol=1e-14
+    )
+    b = so.soft_quantile(x, 1.25 / 3, 1.0)  # w = 1.25: a quarter above the 2nd point's S
+    # S(b) = 1.25 with b just below x[1]: 1 + 0.5 exp((b - gap)) (other terms < e^-300)
+    np.testing.assert_allclose(b, gap + np.log(0.5), rtol=1e-14)

@@ -28,12 +28,12 @@ def self_sum(E, c, out):
 
 
 @helper
-def spread_to_points(r, inv_alpha, pos, c, shift, order, out):
+def spread_to_points(r, inv_alpha, E, pos, c, shift, order, out):
     """Add ``sum_s c[s] exp(shift[s] - |r[i] - pos[s]| / alpha)`` to ``out[i]`` for every point.
 
-    ``r`` is a sorted row, ``pos`` the sources (targets of the inverse), visited in ascending
-    order ``order``; ``shift[s]`` must not exceed the distance of ``pos[s]`` to the row, which
-    keeps every added factor <= 1.
+    ``r`` is a sorted row with ``E[i] = exp(-(r[i] - r[i-1]) / alpha)``, ``pos`` the sources
+    (targets of the inverse), visited in ascending order ``order``; ``shift[s]`` must not
+    exceed the distance of ``pos[s]`` to the row, which keeps every added factor <= 1.
     """
     n = r.shape[0]
     m = order.shape[0]
@@ -41,7 +41,7 @@ def spread_to_points(r, inv_alpha, pos, c, shift, order, out):
     p = 0
     for i in range(n):
         if i > 0:
-            acc *= math.exp(-gap(r[i], r[i - 1]) * inv_alpha)
+            acc *= E[i]
         while p < m and pos[order[p]] <= r[i]:
             s = order[p]
             if c[s] != 0.0:
@@ -52,7 +52,7 @@ def spread_to_points(r, inv_alpha, pos, c, shift, order, out):
     p = m - 1
     for i in range(n - 1, -1, -1):
         if i < n - 1:
-            acc *= math.exp(-gap(r[i + 1], r[i]) * inv_alpha)
+            acc *= E[i + 1]
         while p >= 0 and pos[order[p]] > r[i]:
             s = order[p]
             if c[s] != 0.0:
@@ -62,7 +62,7 @@ def spread_to_points(r, inv_alpha, pos, c, shift, order, out):
 
 
 @helper
-def gather_at_targets(r, inv_alpha, c, pos, shift, order, out):
+def gather_at_targets(r, inv_alpha, E, c, pos, shift, order, out):
     """Add ``sum_i c[i] exp(shift[t] - |pos[t] - r[i]| / alpha)`` to ``out[t]`` for every target.
 
     The transpose of :func:`spread_to_points`: the accumulator is kept relative to the latest
@@ -76,7 +76,7 @@ def gather_at_targets(r, inv_alpha, c, pos, shift, order, out):
         t = order[q]
         while i < n and r[i] <= pos[t]:
             if i > 0:
-                acc *= math.exp(-gap(r[i], r[i - 1]) * inv_alpha)
+                acc *= E[i]
             acc += c[i]
             i += 1
         if i > 0 and acc != 0.0:
@@ -87,7 +87,7 @@ def gather_at_targets(r, inv_alpha, c, pos, shift, order, out):
         t = order[q]
         while i >= 0 and r[i] > pos[t]:
             if i < n - 1:
-                acc *= math.exp(-gap(r[i + 1], r[i]) * inv_alpha)
+                acc *= E[i + 1]
             acc += c[i]
             i -= 1
         if i < n - 1 and acc != 0.0:

@@ -103,12 +103,20 @@ def count_at_most(S, w, hint):
     return hi
 
 
+#: Below this ``E = exp(-gap / alpha)`` the inverse switches to log space (``A B E`` would lose
+#: precision as a subnormal, or underflow to 0 and give ``log(0)`` for integer targets).
+SMALL_E = 1e-280
+
+
 @helper
-def invert(r, inv_alpha, A, B, w, J):
+def invert(r, inv_alpha, E, A, B, w, J):
     """Closed-form ``S^-1(w)`` as ``(anchor, t)``, given ``J`` = number of ``S(r[i]) <= w``.
 
-    Log-space throughout, so integer ``w`` stay exact when neighbours are thousands of alphas
-    apart (``exp(-gap / alpha)`` is never formed).
+    With ``c = w - J`` and ``D = sqrt(c^2 + A B E)`` (section 4), ``t = log((c + D) / B)`` from the
+    right point for ``c >= 0`` and ``t = log(A / (D - c))`` from the left point for ``c < 0``:
+    sums of positive terms, no cancellation. When the gap is hundreds of alphas wide (``E``
+    tiny or 0, the common case for integer k), the same formulas are evaluated in log space, so
+    the target stays exact (the midpoint for ``c = 0``) instead of becoming ``log(0)``.
     """
     n = r.shape[0]
     if J == 0:
@@ -116,6 +124,11 @@ def invert(r, inv_alpha, A, B, w, J):
     if J == n:
         return n - 1, -math.log(2.0 * (n - w) / A[n - 1])
     c = w - J
+    if E[J] >= SMALL_E:
+        d = math.sqrt(c * c + A[J - 1] * B[J] * E[J])
+        if c >= 0.0:
+            return J, math.log((c + d) / B[J])
+        return J - 1, math.log(A[J - 1] / (d - c))
     log_a = math.log(A[J - 1])
     log_b = math.log(B[J])
     log_abe = log_a + log_b - gap(r[J], r[J - 1]) * inv_alpha
@@ -129,13 +142,13 @@ def invert(r, inv_alpha, A, B, w, J):
 
 
 @helper
-def solve_targets(r, inv_alpha, A, B, S, w, worder, anchor, t):
+def solve_targets(r, inv_alpha, E, A, B, S, w, worder, anchor, t):
     """Invert every target ``w[j]`` of one row, visiting them in ascending order ``worder``."""
     hint = 0
     for q in range(w.shape[0]):
         j = worder[q]
         hint = count_at_most(S, w[j], hint)
-        anchor[j], t[j] = invert(r, inv_alpha, A, B, w[j], hint)
+        anchor[j], t[j] = invert(r, inv_alpha, E, A, B, w[j], hint)
 
 
 @helper
@@ -266,7 +279,7 @@ def inverse_pullback(r, alpha, tables, anchor, offset, worder, u, rbar, wbar, tw
         shift[j] = sh
         wbar[j] = u[j] * 2.0 * alpha * math.exp(sh) / G
         alpha_bar += u[j] * Z / G
-    spread_to_points(r, inv_alpha, pos, c, shift, worder, rbar)
+    spread_to_points(r, inv_alpha, E, pos, c, shift, worder, rbar)
     return alpha_bar
 
 
@@ -298,7 +311,7 @@ def inverse_pushforward(
             out[j] += wdot[j] * 2.0 * alpha * math.exp(sh) / g
     acc = twork[3, :m]
     acc[:] = 0.0
-    gather_at_targets(r, inv_alpha, rdot, pos, shift, worder, acc)
+    gather_at_targets(r, inv_alpha, E, rdot, pos, shift, worder, acc)
     for j in range(m):
         if G[j] > 0.0:
             out[j] += acc[j] / G[j]
@@ -322,6 +335,6 @@ def inverse_kernel(xs, alpha, w, worder, out, anchor, offset, work):
             continue
         a = alpha[row]
         E, A, B, Ad, Bd, S = row_tables(r, 1.0 / a, False, work[row])
-        solve_targets(r, 1.0 / a, A, B, S, w[row], worder[row], anchor[row], offset[row])
+        solve_targets(r, 1.0 / a, E, A, B, S, w[row], worder[row], anchor[row], offset[row])
         for j in range(w.shape[1]):
             out[row, j] = target_position(r, a, anchor[row, j], offset[row, j])

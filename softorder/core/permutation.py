@@ -37,7 +37,7 @@ BOUNDARY_WORK = 6
 def _boundaries(r, inv_alpha, tables, w, worder, anchor, offset):
     """Solve ``S(b_k) = k`` for k = 1..n-1 (``w = 1..n-1``, ``worder = 0..n-2``)."""
     E, A, B, Ad, Bd, S = tables
-    solve_targets(r, inv_alpha, A, B, S, w, worder, anchor, offset)
+    solve_targets(r, inv_alpha, E, A, B, S, w, worder, anchor, offset)
 
 
 @helper

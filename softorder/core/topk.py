@@ -54,7 +54,7 @@ def topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work):
             continue
         inv_alpha = 1.0 / alpha[row]
         E, A, B, Ad, Bd, S = row_tables(r, inv_alpha, False, work[row])
-        solve_targets(r, inv_alpha, A, B, S, w[row], worder[row], anchor[row], offset[row])
+        solve_targets(r, inv_alpha, E, A, B, S, w[row], worder[row], anchor[row], offset[row])
         for j in range(m):
             ra = r[anchor[row, j]]
             t = offset[row, j]

@@ -90,7 +90,7 @@ def topk_loss_forward(xs, order, alpha, labels, log_pk, split, pk1, out, anchor,
         for j in range(K):
             w[j] = j + 1.0
             worder[j] = j
-        solve_targets(r, inv_alpha, A, B, S, w, worder, anchor[row], offset[row])
+        solve_targets(r, inv_alpha, E, A, B, S, w, worder, anchor[row], offset[row])
         iy = _label_position(order[row], labels[row])
         terms = np.empty(K)
         top, total = _mixture_terms(
