@@ -162,7 +162,20 @@ def main(argv=None):
         print(f"  soft_rank fwd+VJP at n = 1e6 <= {TARGET_RATIO:g} x argsort: not run (--max-n)")
     if growth_ok:
         verdict = "PASS" if all(growth_ok) else "FAIL"
-        print(f"  growth per 10x in n below {TARGET_GROWTH:g}: {verdict}")
+        print(f"  growth per 10x in n below {TARGET_GROWTH:g}, every decade: {verdict}")
+        lo, hi = min(rank_time), max(rank_time)
+        decades = np.log10(hi / lo)
+        mean = (rank_time[hi][0] / rank_time[lo][0]) ** (1 / decades)
+        mean_ref = (rank_time[hi][1] / rank_time[lo][1]) ** (1 / decades)
+        verdict = "PASS" if mean < TARGET_GROWTH else "FAIL"
+        print(
+            f"  growth per 10x in n below {TARGET_GROWTH:g}, mean over {lo:.0e} -> {hi:.0e}: "
+            f"{mean:.1f} (np.argsort {mean_ref:.1f}) -> {verdict}"
+        )
+        print(
+            "  soft_rank fwd+VJP / argsort by n: "
+            + ", ".join(f"{n:.0e}: {t / t_ref:.2f}" for n, (t, t_ref) in sorted(rank_time.items()))
+        )
     else:
         print(f"  growth per 10x in n below {TARGET_GROWTH:g}: not run (needs two sizes)")
     return 0

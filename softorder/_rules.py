@@ -55,11 +55,18 @@ class RankRule(Rule):
         return Context(Rows.from_input(x, axis, negate=descending), check_alpha(alpha))
 
     def forward(self, ctx):
-        out = np.empty(ctx.rows.xs.shape)
+        rows = ctx.rows
+        out = np.empty(rows.xs.shape)
+        ctx.saved["decay"] = np.empty(rows.xs.shape)
         core.rank_forward(
-            ctx.rows.xs, ctx.rows.order, ctx.alpha_rows, out, ctx.work(core.rank.FORWARD_WORK)
+            rows.xs,
+            rows.order,
+            ctx.alpha_rows,
+            out,
+            ctx.saved["decay"],
+            ctx.work(core.rank.FORWARD_WORK),
         )
-        return ctx.rows.to_user(out, "row")
+        return rows.to_user(out, "row")
 
     def vjp(self, ctx, cotangent):
         rows = ctx.rows
@@ -70,6 +77,7 @@ class RankRule(Rule):
             rows.xs,
             rows.order,
             ctx.alpha_rows,
+            ctx.saved["decay"],
             v,
             x_bar,
             alpha_bar,
@@ -79,13 +87,13 @@ class RankRule(Rule):
 
     def jvp(self, ctx, tangents):
         rows = ctx.rows
-        x_dot = _x_tangent(tangents, rows)
         out = np.empty(rows.xs.shape)
         core.rank_jvp(
             rows.xs,
             rows.order,
             ctx.alpha_rows,
-            x_dot,
+            ctx.saved["decay"],
+            _x_tangent(tangents, rows),
             _alpha_tangent(tangents, ctx),
             out,
             ctx.work(core.rank.LINEAR_WORK),

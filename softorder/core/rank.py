@@ -26,33 +26,45 @@ LINEAR_WORK = 3
 
 
 @kernel
-def rank_forward(xs, order, alpha, out, work):
-    """``out[row, order[row, i]] = S(xs[row, i]) + 1/2``; ``work``: (rows, FORWARD_WORK, n)."""
+def rank_forward(xs, order, alpha, out, decay, work):
+    """``out[row, order[row, i]] = S(xs[row, i]) + 1/2``.
+
+    Also writes ``decay[row, i] = exp(-(xs[row, i] - xs[row, i-1]) / alpha)``, which the
+    gradients reuse (the exponentials are most of the arithmetic). ``work``: (rows, 1, n).
+    """
     rows, n = xs.shape
     for row in prange(rows):
         r = xs[row]
         if has_nan(r):
             out[row, :] = np.nan
+            decay[row, :] = np.nan
             continue
         inv_alpha = 1.0 / alpha[row]
-        A = work[row, 0]
+        E = decay[row]
+        ranks = work[row, 0]  # A, then the ranks in sorted order
         a = 1.0
-        A[0] = 1.0
+        E[0] = 0.0
+        ranks[0] = 1.0
         for i in range(1, n):
-            a = 1.0 + math.exp(-gap(r[i], r[i - 1]) * inv_alpha) * a
-            A[i] = a
+            e = math.exp(-gap(r[i], r[i - 1]) * inv_alpha)
+            E[i] = e
+            a = 1.0 + e * a
+            ranks[i] = a
         b = 1.0
         for i in range(n - 1, -1, -1):
             if i < n - 1:
-                b = 1.0 + math.exp(-gap(r[i + 1], r[i]) * inv_alpha) * b
-            out[row, order[row, i]] = i + 1.0 + 0.5 * (b - A[i])
+                b = 1.0 + E[i + 1] * b
+            ranks[i] = i + 1.0 + 0.5 * (b - ranks[i])
+        for i in range(n):
+            out[row, order[row, i]] = ranks[i]
 
 
 @helper
-def _rank_linear(r, order, alpha, v, alpha_v, out, work):
+def _rank_linear(r, order, alpha, E, v, alpha_v, out, work):
     """``out = J v + (d rank / d alpha) alpha_v`` for one row; returns ``<v, d rank / d alpha>``.
 
-    ``v`` and ``out`` are in the original element order, ``r`` sorted by ``order``. Entries at
+    ``v`` and ``out`` are in the original element order, ``r`` sorted by ``order``, ``E`` the
+    decays saved by :func:`rank_forward`. Entries at
     +-inf neither receive nor pass on anything. ``v`` is gathered into sorted order first and the
     result scattered last: random access inside the dependent passes was 5x slower.
     """
@@ -70,9 +82,8 @@ def _rank_linear(r, order, alpha, v, alpha_v, out, work):
     partial[0] = vs[0] - lv
     left_moment[0] = 0.0
     for i in range(1, n):
-        d = gap(r[i], r[i - 1]) * inv_alpha
-        e = math.exp(-d)
-        ad = e * (ad + d * a) if e > 0.0 else 0.0
+        e = E[i]
+        ad = e * (ad + gap(r[i], r[i - 1]) * inv_alpha * a) if e > 0.0 else 0.0
         a = 1.0 + e * a
         lv = vs[i] + e * lv
         partial[i] = vs[i] * a - lv
@@ -85,9 +96,8 @@ def _rank_linear(r, order, alpha, v, alpha_v, out, work):
     for i in range(n - 1, -1, -1):
         vi = vs[i]
         if i < n - 1:
-            d = gap(r[i + 1], r[i]) * inv_alpha
-            e = math.exp(-d)
-            bd = e * (bd + d * b) if e > 0.0 else 0.0
+            e = E[i + 1]
+            bd = e * (bd + gap(r[i + 1], r[i]) * inv_alpha * b) if e > 0.0 else 0.0
             b = 1.0 + e * b
             rv = e * (v_next + rv)
         v_next = vi
@@ -100,7 +110,7 @@ def _rank_linear(r, order, alpha, v, alpha_v, out, work):
 
 
 @kernel
-def rank_vjp(xs, order, alpha, v, x_bar, alpha_bar, work):
+def rank_vjp(xs, order, alpha, decay, v, x_bar, alpha_bar, work):
     """Cotangent ``v`` (rows, n) -> ``x_bar`` (rows, n) and ``alpha_bar`` (rows,).
 
     ``work``: (rows, LINEAR_WORK, n).
@@ -112,12 +122,12 @@ def rank_vjp(xs, order, alpha, v, x_bar, alpha_bar, work):
             alpha_bar[row] = np.nan
             continue
         alpha_bar[row] = _rank_linear(
-            xs[row], order[row], alpha[row], v[row], 0.0, x_bar[row], work[row]
+            xs[row], order[row], alpha[row], decay[row], v[row], 0.0, x_bar[row], work[row]
         )
 
 
 @kernel
-def rank_jvp(xs, order, alpha, x_dot, alpha_dot, out, work):
+def rank_jvp(xs, order, alpha, decay, x_dot, alpha_dot, out, work):
     """Tangents ``x_dot`` (rows, n), ``alpha_dot`` (rows,) -> tangent of the ranks (rows, n).
 
     ``work``: (rows, LINEAR_WORK, n).
@@ -128,5 +138,12 @@ def rank_jvp(xs, order, alpha, x_dot, alpha_dot, out, work):
             out[row, :] = np.nan
             continue
         _rank_linear(
-            xs[row], order[row], alpha[row], x_dot[row], alpha_dot[row], out[row], work[row]
+            xs[row],
+            order[row],
+            alpha[row],
+            decay[row],
+            x_dot[row],
+            alpha_dot[row],
+            out[row],
+            work[row],
         )
