@@ -248,6 +248,22 @@ def row_tables(r, inv_alpha, moments, work):
 
 
 @helper
+def gather_finite(r, order, values, out):
+    """``out[i] = values[order[i]]`` (original order -> sorted order), 0 at infinite entries:
+    tangents and cotangents of +-inf entries neither enter nor leave a computation.
+    """
+    for i in range(r.shape[0]):
+        out[i] = values[order[i]] if abs(r[i]) != INF else 0.0
+
+
+@helper
+def scatter_finite(r, order, values, out):
+    """``out[order[i]] = values[i]`` (sorted order -> original order), 0 at infinite entries."""
+    for i in range(r.shape[0]):
+        out[order[i]] = values[i] if abs(r[i]) != INF else 0.0
+
+
+@helper
 def has_nan(r):
     """Sorted rows keep NaN last (NumPy's sort order), so one comparison finds it."""
     return r[r.shape[0] - 1] != r[r.shape[0] - 1]

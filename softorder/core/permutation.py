@@ -20,10 +20,12 @@ from softorder.core.laplace import INF, cdf_diff, log_cdf_diff, log_density, off
 from softorder.core.lapsum import (
     TABLES,
     TABLES_WITH_MOMENTS,
+    gather_finite,
     has_nan,
     inverse_pullback,
     inverse_pushforward,
     row_tables,
+    scatter_finite,
     solve_targets,
 )
 
@@ -122,8 +124,7 @@ def permutation_vjp(xs, order, alpha, anchor, offset, worder, V, x_bar, alpha_ba
             r, a, tables, anchor[row], offset[row], worder, beta, rbar, twork[row]
         )
         alpha_bar[row] = abar
-        for i in range(n):
-            x_bar[row, order[row, i]] = rbar[i] if abs(r[i]) != INF else 0.0
+        scatter_finite(r, order[row], rbar, x_bar[row])
 
 
 @kernel
@@ -192,8 +193,7 @@ def permutation_loss_vjp(
             r, a, tables, anchor[row], offset[row], worder, beta, rbar, twork[row]
         )
         alpha_bar[row] = abar
-        for i in range(n):
-            x_bar[row, order[row, i]] = rbar[i] if abs(r[i]) != INF else 0.0
+        scatter_finite(r, order[row], rbar, x_bar[row])
 
 
 @kernel
@@ -214,8 +214,7 @@ def permutation_jvp(xs, order, alpha, anchor, offset, worder, x_dot, alpha_dot, 
         inv_alpha = 1.0 / a
         tables = row_tables(r, inv_alpha, True, work[row])
         rdot = work[row, TABLES_WITH_MOMENTS]
-        for i in range(n):
-            rdot[i] = x_dot[row, order[row, i]] if abs(r[i]) != INF else 0.0
+        gather_finite(r, order[row], x_dot[row], rdot)
         m = n - 1
         b_dot = twork[row, 0, :m]
         w_dot = twork[row, 1, :m]

@@ -18,8 +18,8 @@ import numpy as np
 from numba import prange
 
 from softorder.core._jit import helper, kernel
-from softorder.core.laplace import INF, gap
-from softorder.core.lapsum import has_nan
+from softorder.core.laplace import gap
+from softorder.core.lapsum import gather_finite, has_nan, scatter_finite
 
 FORWARD_WORK = 1
 LINEAR_WORK = 3
@@ -74,8 +74,7 @@ def _rank_linear(r, order, alpha, E, v, alpha_v, out, work):
     vs = work[0]  # v in sorted order, then the result in sorted order
     partial = work[1]  # v_i A_i - sum_{j <= i} v_j e_ij
     left_moment = work[2]  # Ad_i
-    for i in range(n):
-        vs[i] = v[order[i]] if abs(r[i]) != INF else 0.0
+    gather_finite(r, order, v, vs)
     a = 1.0
     ad = 0.0
     lv = vs[0]
@@ -104,8 +103,7 @@ def _rank_linear(r, order, alpha, E, v, alpha_v, out, work):
         d_alpha = -(left_moment[i] - bd) * scale
         dot += vi * d_alpha
         vs[i] = (partial[i] + vi * (b - 1.0) - rv) * scale + d_alpha * alpha_v  # v_i is used up
-    for i in range(n):
-        out[order[i]] = vs[i] if abs(r[i]) != INF else 0.0
+    scatter_finite(r, order, vs, out)
     return dot
 
 

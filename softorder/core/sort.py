@@ -17,10 +17,12 @@ from numba import prange
 from softorder.core._jit import kernel
 from softorder.core.lapsum import (
     TABLES_WITH_MOMENTS,
+    gather_finite,
     has_nan,
     inverse_pullback,
     inverse_pushforward,
     row_tables,
+    scatter_finite,
 )
 
 VJP_WORK = JVP_WORK = TABLES_WITH_MOMENTS + 1
@@ -56,8 +58,7 @@ def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha
             w_bar[row],
             twork[row],
         )
-        for i in range(n):
-            x_bar[row, order[row, i]] = rbar[i] if abs(r[i]) != np.inf else 0.0
+        scatter_finite(r, order[row], rbar, x_bar[row])
 
 
 @kernel
@@ -77,8 +78,7 @@ def inverse_jvp(
         a = alpha[row]
         tables = row_tables(r, 1.0 / a, True, work[row])
         rdot = work[row, TABLES_WITH_MOMENTS, :n]
-        for i in range(n):
-            rdot[i] = x_dot[row, order[row, i]] if abs(r[i]) != np.inf else 0.0
+        gather_finite(r, order[row], x_dot[row], rdot)
         inverse_pushforward(
             r,
             a,

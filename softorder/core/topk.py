@@ -21,8 +21,10 @@ from softorder.core.laplace import INF, cdf, hazard, log_cdf, offset_z, rel_weig
 from softorder.core.lapsum import (
     TABLES,
     TABLES_WITH_MOMENTS,
+    gather_finite,
     has_nan,
     row_tables,
+    scatter_finite,
     solve_targets,
     target_sums,
 )
@@ -127,8 +129,7 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
             w_bar[row, j] = phi * inv_g_abs if log else rho
             abar += phi * zg - phi_z
         alpha_bar[row] = abar
-        for i in range(n):
-            x_bar[row, order[row, i]] = rbar[i]
+        scatter_finite(r, order[row], rbar, x_bar[row])
 
 
 @kernel
@@ -144,8 +145,7 @@ def topk_jvp(xs, order, alpha, anchor, offset, log, x_dot, w_dot, alpha_dot, out
         a = alpha[row]
         tables = row_tables(r, 1.0 / a, True, work[row])
         z, kappa, omega, rdot = gradient_scratch(work[row], n)
-        for i in range(n):
-            rdot[i] = x_dot[row, order[row, i]] if abs(r[i]) != np.inf else 0.0
+        gather_finite(r, order[row], x_dot[row], rdot)
         for j in range(m):
             zg, inv_g_abs = target_terms(
                 r, a, tables, anchor[row, j], offset[row, j], log, z, kappa, omega

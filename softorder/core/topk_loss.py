@@ -19,7 +19,7 @@ from numba import prange
 
 from softorder.core._jit import helper, kernel
 from softorder.core.laplace import INF, log_cdf, offset_z
-from softorder.core.lapsum import has_nan, row_tables, solve_targets
+from softorder.core.lapsum import has_nan, row_tables, scatter_finite, solve_targets
 from softorder.core.topk import FORWARD_WORK, GRADIENT_WORK, gradient_scratch, target_terms
 
 __all__ = ["FORWARD_WORK", "GRADIENT_WORK", "topk_loss_forward", "topk_loss_vjp"]
@@ -159,5 +159,4 @@ def topk_loss_vjp(
                 rbar[i] -= c * math.exp(-r[i] - top_logit) / s
             rbar[iy] += c
         alpha_bar[row] = abar
-        for i in range(n):
-            x_bar[row, order[row, i]] = rbar[i] if abs(r[i]) != INF else 0.0
+        scatter_finite(r, order[row], rbar, x_bar[row])
