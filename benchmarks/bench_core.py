@@ -30,12 +30,12 @@ from __future__ import annotations
 import argparse
 import platform
 import sys
-import time
 
 import numba
 import numpy as np
 
 import softorder
+from softorder._timing import best_times
 
 ALPHA = 0.1
 SIZES = (10**4, 10**5, 10**6)
@@ -52,20 +52,6 @@ def forward_vjp(op, x, cotangent, *args):
         return pullback(cotangent)
 
     return run
-
-
-def best_times(calls, repeats):
-    """Warm each callable up, then the best (min) time of each over ``repeats`` interleaved
-    rounds."""
-    for call in calls:
-        call()
-    best = [float("inf")] * len(calls)
-    for _ in range(repeats):
-        for j, call in enumerate(calls):
-            start = time.perf_counter()
-            call()
-            best[j] = min(best[j], time.perf_counter() - start)
-    return best
 
 
 def repeats_for(n, repeats):

@@ -26,6 +26,7 @@ import numpy as np
 from scipy.stats import rankdata
 
 import softorder
+from softorder._timing import best_times
 
 _N_TRAIN = 1200
 _K = 3
@@ -129,17 +130,6 @@ def _show_gradient(logits, labels):
     )
 
 
-def _best_of(calls, repeats):
-    """Best (min) time of each callable, interleaved so that machine noise hits all alike."""
-    best = [np.inf] * len(calls)
-    for _ in range(repeats):
-        for j, call in enumerate(calls):
-            start = time.perf_counter()
-            call()
-            best[j] = min(best[j], time.perf_counter() - start)
-    return best
-
-
 def _show_timing(images, sizes):
     alpha = 0.5
     print(
@@ -166,10 +156,8 @@ def _show_timing(images, sizes):
             rank_vjp,
             lambda x=x, k=k: softorder.soft_topk(x, k, alpha=alpha),
         ]
-        for call in calls:  # warm-up: compiles the JIT kernels on first use
-            call()
         repeats = 30 if n <= 10**4 else (5 if n < 10**6 else 3)
-        t_sort, t_rank, t_vjp, t_topk = _best_of(calls, repeats)
+        t_sort, t_rank, t_vjp, t_topk = best_times(calls, repeats)
         print(
             f"  {n:>9.0e} {t_sort * 1e3:>11.2f} {t_rank / t_sort:>9.1f}x "
             f"{t_vjp / t_sort:>9.1f}x {t_topk / t_sort:>9.1f}x"

@@ -43,14 +43,27 @@ def _boundaries(r, inv_alpha, tables, w, worder, anchor, offset):
 
 
 @helper
-def _chain_through_boundaries(r, a, tables, anchor, offset, worder, beta, rbar, twork):
-    """Add the part of ``x_bar`` that flows through the boundaries (cotangent ``beta`` on them)
-    to ``rbar`` and return the part of ``alpha_bar``.
+def _gradient_buffers(r, inv_alpha, work, twork):
+    """Tables with moments, and zeroed ``beta`` (cotangent on the boundaries) and ``rbar``."""
+    tables = row_tables(r, inv_alpha, True, work)
+    beta = twork[0]
+    beta[:] = 0.0
+    rbar = work[TABLES_WITH_MOMENTS]
+    rbar[:] = 0.0
+    return tables, beta, rbar
+
+
+@helper
+def _finish_gradient(r, order, a, tables, anchor, offset, worder, beta, rbar, twork, x_bar):
+    """Chain ``beta`` through the boundaries into ``rbar``, write ``x_bar`` (original order) and
+    return the boundaries' part of ``alpha_bar``.
     """
     m = anchor.shape[0]
-    return inverse_pullback(
+    alpha_part = inverse_pullback(
         r, a, tables, anchor, offset, worder, beta, rbar, twork[1, :m], twork[2:]
     )
+    scatter_finite(r, order, rbar, x_bar)
+    return alpha_part
 
 
 @helper
@@ -102,11 +115,7 @@ def permutation_vjp(xs, order, alpha, anchor, offset, worder, V, x_bar, alpha_ba
             continue
         a = alpha[row]
         inv_alpha = 1.0 / a
-        tables = row_tables(r, inv_alpha, True, work[row])
-        beta = twork[row, 0]
-        beta[:] = 0.0
-        rbar = work[row, TABLES_WITH_MOMENTS]
-        rbar[:] = 0.0
+        tables, beta, rbar = _gradient_buffers(r, inv_alpha, work[row], twork[row])
         abar = 0.0
         for i in range(n):
             if abs(r[i]) == INF:
@@ -120,11 +129,19 @@ def permutation_vjp(xs, order, alpha, anchor, offset, worder, V, x_bar, alpha_ba
                 beta[k - 1] += gamma
                 rbar[i] -= gamma
                 abar -= gamma * z
-        abar += _chain_through_boundaries(
-            r, a, tables, anchor[row], offset[row], worder, beta, rbar, twork[row]
+        alpha_bar[row] = abar + _finish_gradient(
+            r,
+            order[row],
+            a,
+            tables,
+            anchor[row],
+            offset[row],
+            worder,
+            beta,
+            rbar,
+            twork[row],
+            x_bar[row],
         )
-        alpha_bar[row] = abar
-        scatter_finite(r, order[row], rbar, x_bar[row])
 
 
 @kernel
@@ -164,11 +181,7 @@ def permutation_loss_vjp(
             continue
         a = alpha[row]
         inv_alpha = 1.0 / a
-        tables = row_tables(r, inv_alpha, True, work[row])
-        beta = twork[row, 0]
-        beta[:] = 0.0
-        rbar = work[row, TABLES_WITH_MOMENTS]
-        rbar[:] = 0.0
+        tables, beta, rbar = _gradient_buffers(r, inv_alpha, work[row], twork[row])
         abar = 0.0
         c = cot[row]
         for i in range(n):
@@ -189,11 +202,19 @@ def permutation_loss_vjp(
                 beta[k - 1] += gamma
                 rbar[i] -= gamma
                 abar -= gamma * z0
-        abar += _chain_through_boundaries(
-            r, a, tables, anchor[row], offset[row], worder, beta, rbar, twork[row]
+        alpha_bar[row] = abar + _finish_gradient(
+            r,
+            order[row],
+            a,
+            tables,
+            anchor[row],
+            offset[row],
+            worder,
+            beta,
+            rbar,
+            twork[row],
+            x_bar[row],
         )
-        alpha_bar[row] = abar
-        scatter_finite(r, order[row], rbar, x_bar[row])
 
 
 @kernel
