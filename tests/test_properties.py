@@ -96,3 +96,24 @@ def test_hard_limit_as_alpha_goes_to_zero(x):
     hard = np.zeros(x.size)
     hard[np.argsort(-x)[:k]] = 1
     np.testing.assert_allclose(so.soft_topk(x, k, alpha), hard, atol=1e-12)
+
+
+rows32 = st.integers(1, 30).flatmap(
+    lambda n: arrays(np.float32, (n,), elements=st.floats(-1e3, 1e3, width=32))
+)
+
+
+@given(x=rows32, alpha=st.floats(1e-2, 1e2), frac=st.floats(0.01, 0.99))
+def test_float32_properties_hold_to_float32_precision(x, alpha, frac):
+    k = frac * x.size
+    p = so.soft_topk(x, k, alpha)
+    assert p.dtype == np.float32
+    np.testing.assert_allclose(p.astype(np.float64).sum(), k, rtol=1e-6 * x.size)
+    P = so.soft_permutation(x, alpha)
+    assert P.dtype == np.float32
+    np.testing.assert_allclose(P.sum(0), 1.0, atol=1e-6 * x.size)
+    np.testing.assert_allclose(P.sum(1), 1.0, atol=1e-6 * x.size)
+    ranks = so.soft_rank(x, alpha)
+    np.testing.assert_allclose(ranks, so.soft_rank(x.astype(np.float64), alpha).astype(np.float32))
+    s = so.soft_sort(x, alpha)
+    assert np.all(np.diff(s) >= 0)

@@ -149,3 +149,26 @@ def test_integer_input_gives_float64():
     got = so.soft_rank(np.array([3, 1, 2]), 0.01)
     assert got.dtype == np.float64
     np.testing.assert_allclose(got, [3, 1, 2])
+
+
+@pytest.mark.parametrize(
+    ("fn", "args"),
+    [
+        (so.soft_topk, (2.5, 0.3)),
+        (so.log_soft_topk, (2.5, 0.3)),
+        (so.soft_rank, (0.3,)),
+        (so.soft_sort, (0.3,)),
+        (so.soft_quantile, (0.4, 0.3)),
+        (so.soft_permutation, (0.3,)),
+    ],
+)
+def test_float32_gradients_agree_with_float64(rng, fn, args):
+    x32 = rng.normal(size=(3, 20)).astype(np.float32)
+    out32, pullback32 = so.vjp(fn, x32, *args)
+    out64, pullback64 = so.vjp(fn, x32.astype(np.float64), *args)
+    u = rng.normal(size=out64.shape)
+    for g32, g64 in zip(pullback32(u.astype(np.float32)), pullback64(u), strict=True):
+        assert np.asarray(g32).dtype == np.float32
+        np.testing.assert_allclose(
+            g32, np.asarray(g64).astype(np.float32), rtol=1e-6, atol=1e-6 * np.abs(g64).max()
+        )
