@@ -37,15 +37,23 @@ class Context:
         return cast(value, self.rows.dtype)[()]
 
 
-def _alpha_tangent(tangents: dict, ctx: Context) -> np.ndarray:
-    return ctx.rows.per_row(check_tangent_scalar(tangents.get("alpha", 0.0)))
-
-
-def check_tangent_scalar(value) -> float:
-    arr = np.asarray(value)
+def _alpha_tangent_value(tangents: dict) -> float:
+    """The tangent of the scalar ``alpha`` (0 when absent)."""
+    arr = np.asarray(tangents.get("alpha", 0.0))
     if arr.shape != ():
         raise ValueError(f"the tangent of alpha must be a scalar; got shape {arr.shape}")
     return float(arr)
+
+
+def _alpha_tangent(tangents: dict, ctx: Context) -> np.ndarray:
+    """The tangent of ``alpha`` once per row, as the kernels take it."""
+    return ctx.rows.per_row(_alpha_tangent_value(tangents))
+
+
+def _x_tangent(tangents: dict, rows: Rows, name: str = "x") -> np.ndarray:
+    if name in tangents:
+        return rows.tangent_to_core(tangents[name], f"tangent of {name}")
+    return np.zeros(rows.xs.shape)
 
 
 class RankRule(Rule):
@@ -99,12 +107,6 @@ class RankRule(Rule):
             ctx.work(core.rank.LINEAR_WORK),
         )
         return rows.to_user(out, "row")
-
-
-def _x_tangent(tangents: dict, rows: Rows, name: str = "x") -> np.ndarray:
-    if name in tangents:
-        return rows.tangent_to_core(tangents[name], f"tangent of {name}")
-    return np.zeros(rows.xs.shape)
 
 
 class InverseRule(Rule):
@@ -427,7 +429,7 @@ class LossRule(Rule):
         x_bar, alpha_bar = self._row_gradients(ctx, np.ones(rows.rows))
         x_name = self.differentiable[0]
         per_row = (x_bar * _x_tangent(tangents, rows, x_name)).sum(axis=1)
-        per_row += alpha_bar * check_tangent_scalar(tangents.get("alpha", 0.0))
+        per_row += alpha_bar * _alpha_tangent_value(tangents)
         return self._reduce(ctx, per_row)
 
 
