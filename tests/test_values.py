@@ -172,3 +172,15 @@ def test_float32_gradients_agree_with_float64(rng, fn, args):
         np.testing.assert_allclose(
             g32, np.asarray(g64).astype(np.float32), rtol=1e-6, atol=1e-6 * np.abs(g64).max()
         )
+
+
+def test_float16_is_computed_in_float64_and_returned_in_float16(rng):
+    x16 = rng.normal(size=(2, 30)).astype(np.float16)
+    ranks = so.soft_rank(x16, 0.2)
+    assert ranks.dtype == np.float16
+    np.testing.assert_array_equal(
+        ranks, so.soft_rank(x16.astype(np.float64), 0.2).astype(np.float16)
+    )
+    _, pullback = so.vjp(so.soft_topk, x16, 3.0, 0.2)
+    x_bar, k_bar, alpha_bar = pullback(np.ones((2, 30), dtype=np.float16))
+    assert x_bar.dtype == k_bar.dtype == alpha_bar.dtype == np.float16
