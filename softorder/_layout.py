@@ -35,6 +35,9 @@ def float_array(x, name: str) -> tuple[np.ndarray, np.dtype]:
     return arr, out_dtype
 
 
+_SMALLEST_ALPHA = float(np.finfo(np.float64).tiny)
+
+
 def check_alpha(alpha) -> float:
     """``alpha`` as a positive finite float, or ``ValueError`` naming it and its value."""
     if isinstance(alpha, np.ndarray) and alpha.ndim == 0:
@@ -44,6 +47,11 @@ def check_alpha(alpha) -> float:
     value = float(alpha)
     if not (math.isfinite(value) and value > 0.0):
         raise ValueError(f"alpha must be positive and finite; got alpha={alpha!r}")
+    if value < _SMALLEST_ALPHA:
+        raise ValueError(
+            f"alpha must be at least {_SMALLEST_ALPHA:.3g} (1/alpha must be finite); "
+            f"got alpha={alpha!r}"
+        )
     return value
 
 
@@ -194,7 +202,8 @@ class Targets:
             raise ValueError(
                 f"{name} must lie strictly between 0 and {high_text}; got {bad.item()}"
             )
-        values = np.ascontiguousarray(full, dtype=np.float64).reshape(rows.rows, -1)
+        m = arr.shape[-1] if multi else 1
+        values = np.ascontiguousarray(full, dtype=np.float64).reshape(rows.rows, m)
         return cls(values, np.argsort(values, axis=1), multi, arr.shape)
 
     @property

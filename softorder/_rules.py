@@ -403,7 +403,9 @@ class LossRule(Rule):
         if reduction == "none":
             return rows.to_user(per_row, "none")
         total = per_row.sum()
-        return ctx.scalar(total / rows.rows if reduction == "mean" else total)
+        if reduction == "sum":
+            return ctx.scalar(total)
+        return ctx.scalar(total / rows.rows if rows.rows else np.nan)  # mean of nothing: NaN
 
     def _row_cotangent(self, ctx, cotangent):
         rows, reduction = ctx.rows, ctx.saved["reduction"]
@@ -414,7 +416,7 @@ class LossRule(Rule):
             raise ValueError(
                 f"cotangent must be a scalar for reduction={reduction!r}; got shape {arr.shape}"
             )
-        scale = 1.0 / rows.rows if reduction == "mean" else 1.0
+        scale = 1.0 / max(rows.rows, 1) if reduction == "mean" else 1.0
         return np.full(rows.rows, float(arr) * scale)
 
     def _row_gradients(self, ctx, cot):  # pragma: no cover - interface
@@ -500,7 +502,7 @@ class TopKCrossEntropyRule(LossRule):
             per_row,
             s["anchor"],
             s["offset"],
-            ctx.work(core.topk.FORWARD_WORK),
+            ctx.work(core.topk_loss.FORWARD_WORK),
         )
         return self._reduce(ctx, per_row)
 
@@ -521,7 +523,7 @@ class TopKCrossEntropyRule(LossRule):
             cot,
             x_bar,
             alpha_bar,
-            ctx.work(core.topk.GRADIENT_WORK),
+            ctx.work(core.topk_loss.GRADIENT_WORK),
         )
         return x_bar, alpha_bar
 

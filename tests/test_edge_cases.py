@@ -377,3 +377,84 @@ def test_inverse_is_continuous_across_the_log_space_switch(gap):
     b = so.soft_quantile(x, 1.25 / 3, 1.0)  # w = 1.25: a quarter above the 2nd point's S
     # S(b) = 1.25 with b just below x[1]: 1 + 0.5 exp((b - gap)) (other terms < e^-300)
     np.testing.assert_allclose(b, gap + np.log(0.5), rtol=1e-14)
+
+
+def test_log_topk_k_gradient_for_well_separated_values():
+    """d log p / dk is finite for the element below the threshold even when db/dk overflows."""
+    for gap in [1500.0, 5000.0]:
+        x = np.array([0.0, gap])
+        _, pullback = so.vjp(so.log_soft_topk, x, 1.0, 1.0)
+        np.testing.assert_allclose(pullback(np.array([0.0, 1.0]))[1], 0.5)
+        assert pullback(np.zeros(2))[1] == 0.0
+        _, dot = so.jvp(so.log_soft_topk, (x, 1.0, 1.0), (None, 1.0, None))
+        assert dot[0] == np.inf and np.isclose(dot[1], 0.5)
+    # a separated row does not spoil k_bar of the batch when its cotangent is 0
+    _, pullback = so.vjp(so.log_soft_topk, np.array([[0.0, 2000.0], [0.0, 1.0]]), 1.0, 1.0)
+    assert np.isfinite(pullback(np.array([[0.0, 0.0], [1.0, 1.0]]))[1])
+
+
+def test_topk_cross_entropy_of_an_unselectable_label_is_infinite():
+    masked = np.array([[2.0, 1.0, -np.inf, 0.5]])
+    assert so.topk_cross_entropy(masked, [2], [0.5, 0.5], 0.5) == np.inf
+    forced = np.array([[np.inf, np.inf, 1.0, 0.0]])
+    assert so.topk_cross_entropy(forced, [2], [0.5, 0.5], 0.5) == np.inf
+    # ... while a label among forced (+inf) logits costs only its share
+    assert so.topk_cross_entropy(forced, [0], [0.0, 1.0], 0.5) == 0.0
+    # and the softmax part of the split form takes the limit too
+    np.testing.assert_allclose(
+        so.topk_cross_entropy(forced, [0], [1.0], 0.5, split_top1=True), np.log(2)
+    )
+    assert so.topk_cross_entropy(forced, [2], [1.0], 0.5, split_top1=True) == np.inf
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_an_empty_batch(name):
+    x = np.empty((0, 5))
+    out = OPS[name](x)
+    assert out.size == 0
+    out, pullback = so.vjp(lambda_free_ops[name][0], x, *lambda_free_ops[name][1])
+    for grad in pullback(np.zeros(out.shape)):
+        assert np.asarray(grad).size in (0, 1)
+
+
+lambda_free_ops = {
+    "topk": (so.soft_topk, (2.0, 0.5)),
+    "log_topk": (so.log_soft_topk, (2.0, 0.5)),
+    "rank": (so.soft_rank, (0.5,)),
+    "sort": (so.soft_sort, (0.5,)),
+    "quantile": (so.soft_quantile, (0.3, 0.5)),
+    "permutation": (so.soft_permutation, (0.5,)),
+}
+
+
+def test_losses_of_an_empty_batch():
+    logits = np.empty((0, 4))
+    labels = np.empty(0, dtype=int)
+    assert np.isnan(so.topk_cross_entropy(logits, labels, [1.0], 0.5))
+    assert so.topk_cross_entropy(logits, labels, [1.0], 0.5, reduction="sum") == 0.0
+    _, pullback = so.vjp(so.topk_cross_entropy, logits, labels, [1.0], 0.5)
+    assert pullback(1.0)[0].shape == (0, 4)
+    ranks = np.empty((0, 4), dtype=int)
+    _, pullback = so.vjp(so.permutation_cross_entropy, logits, ranks, 0.5)
+    assert pullback(1.0)[0].shape == (0, 4)
+
+
+def test_tied_values_get_bitwise_identical_ranks():
+    x = np.array([1.0, 1.0, 0.0, 1.0, 2.0, 2.0])
+    for alpha in np.linspace(0.05, 3.0, 60):
+        r = so.soft_rank(x, alpha)
+        assert r[0] == r[1] == r[3] and r[4] == r[5]
+
+
+def test_gradients_stay_finite_when_alpha_is_below_the_float_spacing():
+    x = 1e16 + np.arange(10.0)  # spacing 2, alpha 1e-3: targets round onto points
+    for fn, args in [(so.soft_quantile, (0.3,)), (so.soft_sort, ()), (so.soft_topk, (3.0,))]:
+        out, pullback = so.vjp(fn, x, *args, 1e-3)
+        grads = pullback(np.ones_like(out))
+        x_bar, alpha_bar = grads[0], grads[-1]  # (d/dk, d/dq are truly beyond float64 here)
+        assert np.all(np.isfinite(x_bar)) and np.isfinite(alpha_bar), fn.__name__
+
+
+def test_subnormal_alpha_is_rejected():
+    with pytest.raises(ValueError, match="alpha must be at least"):
+        so.soft_rank([1.0, 1.0, 2.0], 1e-310)

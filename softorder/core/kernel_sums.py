@@ -2,7 +2,9 @@
 
 Every recurrence multiplies by factors ``exp(-gap / alpha) <= 1``, so nothing overflows, and
 sums that feed a ratio are taken relative to the nearest point (the ``shift`` of each target)
-so that well-separated points give ``0 * finite`` instead of ``0 / 0``.
+so that well-separated points give ``0 * finite`` instead of ``0 / 0``. Factors are clamped to
+<= 1: a target whose offset is below the float spacing of huge values rounds onto a point, and
+the rounded distance must not turn into ``exp(+shift)``.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def spread_to_points(r, inv_alpha, E, pos, c, shift, order, out):
         while p < m and pos[order[p]] <= r[i]:
             s = order[p]
             if c[s] != 0.0:
-                acc += c[s] * math.exp(shift[s] - gap(r[i], pos[s]) * inv_alpha)
+                acc += c[s] * math.exp(min(0.0, shift[s] - gap(r[i], pos[s]) * inv_alpha))
             p += 1
         out[i] += acc
     acc = 0.0
@@ -56,7 +58,7 @@ def spread_to_points(r, inv_alpha, E, pos, c, shift, order, out):
         while p >= 0 and pos[order[p]] > r[i]:
             s = order[p]
             if c[s] != 0.0:
-                acc += c[s] * math.exp(shift[s] - gap(pos[s], r[i]) * inv_alpha)
+                acc += c[s] * math.exp(min(0.0, shift[s] - gap(pos[s], r[i]) * inv_alpha))
             p -= 1
         out[i] += acc
 
@@ -80,7 +82,7 @@ def gather_at_targets(r, inv_alpha, E, c, pos, shift, order, out):
             acc += c[i]
             i += 1
         if i > 0 and acc != 0.0:
-            out[t] += acc * math.exp(shift[t] - gap(pos[t], r[i - 1]) * inv_alpha)
+            out[t] += acc * math.exp(min(0.0, shift[t] - gap(pos[t], r[i - 1]) * inv_alpha))
     acc = 0.0
     i = n - 1
     for q in range(m - 1, -1, -1):
@@ -91,4 +93,4 @@ def gather_at_targets(r, inv_alpha, E, c, pos, shift, order, out):
             acc += c[i]
             i -= 1
         if i < n - 1 and acc != 0.0:
-            out[t] += acc * math.exp(shift[t] - gap(r[i + 1], pos[t]) * inv_alpha)
+            out[t] += acc * math.exp(min(0.0, shift[t] - gap(r[i + 1], pos[t]) * inv_alpha))

@@ -63,6 +63,16 @@ def hazard(z):
 
 
 @helper
+def shifted_hazard(z, shift):
+    """``hazard(z) * exp(shift)`` for ``shift <= |z|``, folded so that it overflows only when the
+    product itself does (``exp(shift)`` alone overflows for well-separated values).
+    """
+    if z <= 0.0:
+        return math.exp(shift)
+    return 0.5 * math.exp(shift - z) / (1.0 - 0.5 * math.exp(-z))
+
+
+@helper
 def log_density(z):
     """``log f(z) = log(1/2) - |z|``."""
     return LOG_HALF - abs(z)

@@ -55,6 +55,9 @@ def rank_forward(xs, order, alpha, out, decay, work):
             if i < n - 1:
                 b = 1.0 + E[i + 1] * b
             ranks[i] = i + 1.0 + 0.5 * (b - ranks[i])
+        for i in range(1, n):
+            if r[i] == r[i - 1]:
+                ranks[i] = ranks[i - 1]  # equal in exact arithmetic; make it so in floating point
         for i in range(n):
             out[row, order[row, i]] = ranks[i]
 

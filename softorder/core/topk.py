@@ -17,7 +17,7 @@ import numpy as np
 from numba import prange
 
 from softorder.core._jit import helper, kernel
-from softorder.core.laplace import INF, cdf, hazard, log_cdf, offset_z, rel_weight
+from softorder.core.laplace import INF, cdf, hazard, log_cdf, offset_z, rel_weight, shifted_hazard
 from softorder.core.lapsum import (
     TABLES,
     TABLES_WITH_MOMENTS,
@@ -30,14 +30,14 @@ from softorder.core.lapsum import (
 )
 
 FORWARD_WORK = TABLES
-GRADIENT_WORK = TABLES_WITH_MOMENTS + 4
+GRADIENT_WORK = TABLES_WITH_MOMENTS + 5
 
 
 @helper
 def gradient_scratch(work, n):
-    """``z``, ``kappa``, ``omega`` and one more length-n vector after the tables in ``work``."""
+    """``z``, ``kappa``, ``omega``, ``kappa_k`` and one more length-n vector after the tables."""
     k = TABLES_WITH_MOMENTS
-    return work[k, :n], work[k + 1, :n], work[k + 2, :n], work[k + 3, :n]
+    return work[k, :n], work[k + 1, :n], work[k + 2, :n], work[k + 3, :n], work[k + 4, :n]
 
 
 @kernel
@@ -66,10 +66,12 @@ def topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work):
 
 
 @helper
-def target_terms(r, alpha, tables, anchor, t, log, z, kappa, omega):
-    """Per element of one target: ``z``, ``kappa = h'(z) / alpha`` (0 at infinite z) and
-    ``omega / G``; returns ``(Z / G, kappa_i / G_abs factor)`` where the last is
-    ``1 / G_abs`` expressed as ``2 alpha exp(shift) / G``.
+def target_terms(r, alpha, tables, anchor, t, log, z, kappa, omega, kappa_k):
+    """Per element of one target: ``z``, ``kappa = h'(z) / alpha``, ``omega = db/dr_i`` and
+    ``kappa_k = kappa * db/dk`` (all 0 at infinite z); returns ``db/dalpha = Z / G``.
+
+    ``db/dk = 2 alpha exp(shift) / G`` overflows for well-separated values while ``kappa_k`` does
+    not, so ``kappa_k`` is formed per element: ``omega`` for top-k, a shifted hazard for logs.
     """
     E, A, B, Ad, Bd, S = tables
     n = r.shape[0]
@@ -83,14 +85,16 @@ def target_terms(r, alpha, tables, anchor, t, log, z, kappa, omega):
         if abs(zi) == INF or G == 0.0:
             kappa[i] = 0.0
             omega[i] = 0.0
+            kappa_k[i] = 0.0
             continue
         omega[i] = rel_weight(zi, shift) * inv_g
         if log:
             kappa[i] = hazard(zi) * inv_alpha
+            kappa_k[i] = 2.0 * shifted_hazard(zi, shift) * inv_g
         else:
             kappa[i] = 0.5 * math.exp(-abs(zi)) * inv_alpha
-    inv_g_abs = 2.0 * alpha * math.exp(shift) * inv_g if G > 0.0 else 0.0
-    return Z * inv_g, inv_g_abs
+            kappa_k[i] = omega[i]
+    return Z * inv_g
 
 
 @kernel
@@ -107,26 +111,28 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
             continue
         a = alpha[row]
         tables = row_tables(r, 1.0 / a, True, work[row])
-        z, kappa, omega, rbar = gradient_scratch(work[row], n)
+        z, kappa, omega, kappa_k, rbar = gradient_scratch(work[row], n)
         rbar[:] = 0.0
         abar = 0.0
         for j in range(m):
-            zg, inv_g_abs = target_terms(
-                r, a, tables, anchor[row, j], offset[row, j], log, z, kappa, omega
+            zg = target_terms(
+                r, a, tables, anchor[row, j], offset[row, j], log, z, kappa, omega, kappa_k
             )
             phi = 0.0
             phi_z = 0.0
-            rho = 0.0
+            k_bar = 0.0
             for i in range(n):
-                vk = v[row, j, order[row, i]] * kappa[i]
+                vi = v[row, j, order[row, i]]
+                if vi == 0.0:
+                    continue  # also keeps 0 * inf out of k_bar
+                vk = vi * kappa[i]
                 phi += vk
                 phi_z += vk * z[i] if kappa[i] != 0.0 else 0.0
-                rho += v[row, j, order[row, i]] * omega[i]
+                k_bar += vi * kappa_k[i]
                 rbar[i] -= vk
             for i in range(n):
                 rbar[i] += omega[i] * phi
-            # dy/dk: for top-k kappa_i / G_abs equals omega_i / G exactly; use that ratio there.
-            w_bar[row, j] = phi * inv_g_abs if log else rho
+            w_bar[row, j] = k_bar
             abar += phi * zg - phi_z
         alpha_bar[row] = abar
         scatter_finite(r, order[row], rbar, x_bar[row])
@@ -144,11 +150,11 @@ def topk_jvp(xs, order, alpha, anchor, offset, log, x_dot, w_dot, alpha_dot, out
             continue
         a = alpha[row]
         tables = row_tables(r, 1.0 / a, True, work[row])
-        z, kappa, omega, rdot = gradient_scratch(work[row], n)
+        z, kappa, omega, kappa_k, rdot = gradient_scratch(work[row], n)
         gather_finite(r, order[row], x_dot[row], rdot)
         for j in range(m):
-            zg, inv_g_abs = target_terms(
-                r, a, tables, anchor[row, j], offset[row, j], log, z, kappa, omega
+            zg = target_terms(
+                r, a, tables, anchor[row, j], offset[row, j], log, z, kappa, omega, kappa_k
             )
             bdot = 0.0
             for i in range(n):
@@ -161,5 +167,5 @@ def topk_jvp(xs, order, alpha, anchor, offset, log, x_dot, w_dot, alpha_dot, out
                 if k != 0.0:
                     val = k * (bdot - rdot[i] + (zg - z[i]) * ad)
                 if wd != 0.0:
-                    val += wd * (k * inv_g_abs if log else omega[i])
+                    val += wd * kappa_k[i]
                 out[row, j, order[row, i]] = val

@@ -7,7 +7,9 @@ smallest-k membership of ``r``. For the label ``y`` and ``P_K`` over k = 1..K:
     topk(r)  = -log sum_k P_K(k) p^(k)_y       (logsumexp of log P_K(k) + log p^(k)_y)
     split    = P_K(1) * softmax_CE + (1 - P_K(1)) * topk over k >= 2 (eq. 4, as written there)
 
-All K memberships come from one inversion pass; the gradient costs O(K n) per row.
+All K memberships come from one inversion pass. With mixture weights ``pi_k``,
+``d loss / d r_i = -sum_k pi_k kappa_ky (db_k/dr_i - delta_iy)``: the sum over k is one
+:func:`~softorder.core.kernel_sums.spread_to_points` merge, so the gradient is O(n + K) per row.
 """
 
 from __future__ import annotations
@@ -18,11 +20,21 @@ import numpy as np
 from numba import prange
 
 from softorder.core._jit import helper, kernel
-from softorder.core.laplace import INF, log_cdf, offset_z
-from softorder.core.lapsum import has_nan, row_tables, scatter_finite, solve_targets
-from softorder.core.topk import FORWARD_WORK, GRADIENT_WORK, gradient_scratch, target_terms
+from softorder.core.kernel_sums import spread_to_points
+from softorder.core.laplace import INF, hazard, log_cdf, offset_z
+from softorder.core.lapsum import (
+    TABLES,
+    TABLES_WITH_MOMENTS,
+    has_nan,
+    row_tables,
+    scatter_finite,
+    solve_targets,
+    target_position,
+    target_sums,
+)
 
-__all__ = ["FORWARD_WORK", "GRADIENT_WORK", "topk_loss_forward", "topk_loss_vjp"]
+FORWARD_WORK = TABLES
+GRADIENT_WORK = TABLES_WITH_MOMENTS + 1
 
 
 @helper
@@ -35,11 +47,20 @@ def _label_position(order_row, label):
 
 @helper
 def _softmax_ce(r, iy):
-    """``logsumexp(-r) + r_y`` (softmax cross-entropy of the logits ``-r``)."""
+    """``logsumexp(-r) + r_y``: softmax cross-entropy of the logits ``-r``.
+
+    With +inf logits (``r = -inf``, sorted first) this is the limit: ``log(number of +inf)``
+    when the label is one of them, ``inf`` otherwise.
+    """
     n = r.shape[0]
+    if r[0] == -INF:
+        if r[iy] != -INF:
+            return INF
+        count = 0
+        while count < n and r[count] == -INF:
+            count += 1
+        return math.log(count)
     top = -r[0]
-    if top == INF:
-        return np.nan  # a +inf logit has no finite softmax
     s = 0.0
     for i in range(n):
         s += math.exp(-r[i] - top)
@@ -54,13 +75,18 @@ def _first_topk(split):
 
 @helper
 def _mixture_terms(r, inv_alpha, anchor, offset, iy, log_pk, split, terms):
-    """``terms[j] = log P_K(j+1) + log p^(j+1)_y`` (-inf where P_K is 0 or k = 1 is split off);
-    returns ``(top, sum_j exp(terms[j] - top))`` for a stable logsumexp.
+    """``terms[j] = log P_K(j+1) + log p^(j+1)_y`` (-inf where P_K is 0 or k = 1 is split off).
+
+    Returns ``(top, sum_j exp(terms[j] - top), has_mass)`` for a stable logsumexp;
+    ``has_mass`` tells a top-k term with no weight (contributes 0) from a label that no k can
+    select (``top = -inf`` with weight: the loss is +inf).
     """
     top = -INF
+    has_mass = False
     for j in range(terms.shape[0]):
         terms[j] = -INF
         if j >= _first_topk(split) and log_pk[j] != -INF:
+            has_mass = True
             zy = offset_z(r[anchor[j]], r[iy], inv_alpha, offset[j])
             terms[j] = log_pk[j] + log_cdf(zy)
             top = max(top, terms[j])
@@ -68,7 +94,7 @@ def _mixture_terms(r, inv_alpha, anchor, offset, iy, log_pk, split, terms):
     if top > -INF:
         for j in range(terms.shape[0]):
             total += math.exp(terms[j] - top)
-    return top, total
+    return top, total, has_mass
 
 
 @kernel
@@ -85,24 +111,21 @@ def topk_loss_forward(xs, order, alpha, labels, log_pk, split, pk1, out, anchor,
             continue
         inv_alpha = 1.0 / alpha[row]
         E, A, B, Ad, Bd, S = row_tables(r, inv_alpha, False, work[row])
-        w = np.empty(K)
-        worder = np.empty(K, dtype=np.int64)
-        for j in range(K):
-            w[j] = j + 1.0
-            worder[j] = j
-        solve_targets(r, inv_alpha, E, A, B, S, w, worder, anchor[row], offset[row])
+        w = np.arange(1.0, K + 1.0)
+        solve_targets(r, inv_alpha, E, A, B, S, w, np.arange(K), anchor[row], offset[row])
         iy = _label_position(order[row], labels[row])
         terms = np.empty(K)
-        top, total = _mixture_terms(
+        top, total, has_mass = _mixture_terms(
             r, inv_alpha, anchor[row], offset[row], iy, log_pk[row], split, terms
         )
-        loss = -(top + math.log(total)) if top > -INF else 0.0
+        if top > -INF:
+            loss = -(top + math.log(total))
+        else:
+            loss = INF if has_mass else 0.0
         if split:
-            loss = (
-                pk1[row] * _softmax_ce(r, iy) + (1.0 - pk1[row]) * loss
-                if pk1[row] > 0.0
-                else ((1.0 - pk1[row]) * loss)
-            )
+            loss = (1.0 - pk1[row]) * loss if pk1[row] < 1.0 else 0.0
+            if pk1[row] > 0.0:
+                loss += pk1[row] * _softmax_ce(r, iy)
         out[row] = loss
 
 
@@ -110,7 +133,10 @@ def topk_loss_forward(xs, order, alpha, labels, log_pk, split, pk1, out, anchor,
 def topk_loss_vjp(
     xs, order, alpha, labels, log_pk, split, pk1, anchor, offset, cot, x_bar, alpha_bar, work
 ):
-    """Cotangent ``cot`` (rows,) -> ``x_bar`` (rows, n; gradient in ``r``), ``alpha_bar``."""
+    """Cotangent ``cot`` (rows,) -> ``x_bar`` (rows, n; gradient in ``r``), ``alpha_bar``.
+
+    An infinite loss (the label cannot be selected) has zero gradient.
+    """
     rows, n = xs.shape
     K = log_pk.shape[1]
     for row in prange(rows):
@@ -121,42 +147,44 @@ def topk_loss_vjp(
             continue
         a = alpha[row]
         inv_alpha = 1.0 / a
-        tables = row_tables(r, inv_alpha, True, work[row])
-        z, kappa, omega, rbar = gradient_scratch(work[row], n)
+        E, A, B, Ad, Bd, S = row_tables(r, inv_alpha, True, work[row])
+        rbar = work[row, TABLES_WITH_MOMENTS]
+        rbar[:] = 0.0
         iy = _label_position(order[row], labels[row])
-        # Mixture weights pi_k = softmax_k(log P_K(k) + log p^(k)_y).
         terms = np.empty(K)
-        top, s = _mixture_terms(
+        top, total, has_mass = _mixture_terms(
             r, inv_alpha, anchor[row], offset[row], iy, log_pk[row], split, terms
         )
         weight = cot[row] * ((1.0 - pk1[row]) if split else 1.0)
-        rbar[:] = 0.0
         abar = 0.0
         if top > -INF and weight != 0.0:
+            # d(-log p^(k)_y) = -kappa_ky (sum_l db_k/dr_l dr_l - dr_y + (db_k/da - z_ky) da)
+            pos = np.empty(K)
+            c = np.zeros(K)
+            shift = np.zeros(K)
             for j in range(K):
+                pos[j] = target_position(r, a, anchor[row, j], offset[row, j])
                 if terms[j] == -INF:
                     continue
-                pi = math.exp(terms[j] - top) / s * weight
-                zg, inv_g_abs = target_terms(
-                    r, a, tables, anchor[row, j], offset[row, j], True, z, kappa, omega
-                )
-                ky = kappa[iy]
-                if ky == 0.0:
+                sh, G, Z = target_sums(r, inv_alpha, A, B, Ad, Bd, anchor[row, j], offset[row, j])
+                zy = offset_z(r[anchor[row, j]], r[iy], inv_alpha, offset[row, j])
+                if G == 0.0 or abs(zy) == INF or abs(pos[j]) == INF:
                     continue
-                # d(-log p_y) = -kappa_y (sum_l omega_l dr_l - dr_y + (Z/G - z_y) dalpha)
-                for i in range(n):
-                    rbar[i] -= pi * ky * omega[i]
-                rbar[iy] += pi * ky
-                abar -= pi * ky * (zg - z[iy])
-        if split and pk1[row] > 0.0:
-            # d softmax_CE / dr_l = delta_ly - softmax(-r)_l
-            c = cot[row] * pk1[row]
+                pk = math.exp(terms[j] - top) / total * weight * hazard(zy) * inv_alpha
+                c[j] = -pk / G
+                shift[j] = sh
+                rbar[iy] += pk
+                abar -= pk * (Z / G - zy)
+            spread_to_points(r, inv_alpha, E, pos, c, shift, np.arange(K), rbar)
+        if split and pk1[row] > 0.0 and r[0] != -INF:
+            # d softmax_CE / dr_l = delta_ly - softmax(-r)_l (no gradient at a +inf logit)
+            cs = cot[row] * pk1[row]
             top_logit = -r[0]
             s = 0.0
             for i in range(n):
                 s += math.exp(-r[i] - top_logit)
             for i in range(n):
-                rbar[i] -= c * math.exp(-r[i] - top_logit) / s
-            rbar[iy] += c
+                rbar[i] -= cs * math.exp(-r[i] - top_logit) / s
+            rbar[iy] += cs
         alpha_bar[row] = abar
         scatter_finite(r, order[row], rbar, x_bar[row])
