@@ -326,7 +326,8 @@ def permutation_cross_entropy(
         Scores of shape ``(..., n)``, ranked along the last axis.
     target_ranks : array_like of int
         The true 1-based rank of each element (1 = smallest, or the largest with
-        ``descending``), same shape as ``x``; e.g. ``scipy.stats.rankdata(true_scores)``.
+        ``descending``), same shape as ``x``; e.g.
+        ``scipy.stats.rankdata(true_scores, method="ordinal", axis=-1)``.
     alpha : float
         Positive scale, in the units of ``x``.
     reduction : {"mean", "sum", "none"}
