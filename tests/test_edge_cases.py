@@ -458,3 +458,14 @@ def test_gradients_stay_finite_when_alpha_is_below_the_float_spacing():
 def test_subnormal_alpha_is_rejected():
     with pytest.raises(ValueError, match="alpha must be at least"):
         so.soft_rank([1.0, 1.0, 2.0], 1e-310)
+
+
+@pytest.mark.parametrize("name", ["topk", "rank", "sort", "quantile"])
+def test_parallel_batches_equal_rows_computed_alone(rng, name):
+    """64 x 600 runs the kernels in parallel; each row must equal its serial computation."""
+    x = rng.normal(size=(64, 600))
+    x[5, 7] = np.nan
+    batch = OPS[name](x)
+    for i in [0, 5, 31, 63]:
+        alone = OPS[name](x[i : i + 1])[0]
+        np.testing.assert_array_equal(batch[i], alone)
