@@ -469,3 +469,32 @@ def test_parallel_batches_equal_rows_computed_alone(rng, name):
     for i in [0, 5, 31, 63]:
         alone = OPS[name](x[i : i + 1])[0]
         np.testing.assert_array_equal(batch[i], alone)
+
+
+def test_log_topk_k_gradient_cancels_instead_of_inf_minus_inf():
+    x = np.array([0.0, 2000.0, 4000.0])
+    _, pullback = so.vjp(so.log_soft_topk, x, 1.0, 1.0)
+    assert pullback(np.array([1.0, -1.0, 0.0]))[1] == 0.0
+    np.testing.assert_allclose(pullback(np.array([1.0, -1.0, 1.0]))[1], 0.5)
+    assert pullback(np.array([1.0, 1.0, 0.0]))[1] == np.inf  # truly beyond float64
+
+
+def test_gradients_use_exact_offsets_next_to_huge_values(rng):
+    """Shifting x by 1e16 (exactly representable here) must not change the gradients."""
+    base = rng.permutation(2.0 * np.arange(10))
+    for fn, args in [(so.soft_sort, ()), (so.soft_quantile, (0.35,)), (so.soft_permutation, ())]:
+        out, pullback = so.vjp(fn, base + 1e16, *args, 3.0)
+        ref_out, ref_pullback = so.vjp(fn, base, *args, 3.0)
+        u = rng.normal(size=np.shape(out))
+        np.testing.assert_allclose(pullback(u)[0], ref_pullback(u)[0], rtol=1e-9, atol=1e-12)
+    logits = base[None] + 1e16
+    _, pullback = so.vjp(so.topk_cross_entropy, logits, [3], [0.5, 0.5], 3.0)
+    _, ref = so.vjp(so.topk_cross_entropy, base[None], [3], [0.5, 0.5], 3.0)
+    np.testing.assert_allclose(pullback(1.0)[0], ref(1.0)[0], rtol=1e-9, atol=1e-12)
+
+
+def test_an_infinite_split_loss_has_zero_gradient():
+    logits = np.array([[5.0, -np.inf, -np.inf, 1.0]])
+    loss, pullback = so.vjp(so.topk_cross_entropy, logits, [1], [1.0], 1.0, split_top1=True)
+    assert loss == np.inf
+    np.testing.assert_array_equal(pullback(1.0)[0], 0.0)

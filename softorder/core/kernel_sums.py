@@ -2,9 +2,9 @@
 
 Every recurrence multiplies by factors ``exp(-gap / alpha) <= 1``, so nothing overflows, and
 sums that feed a ratio are taken relative to the nearest point (the ``shift`` of each target)
-so that well-separated points give ``0 * finite`` instead of ``0 / 0``. Factors are clamped to
-<= 1: a target whose offset is below the float spacing of huge values rounds onto a point, and
-the rounded distance must not turn into ``exp(+shift)``.
+so that well-separated points give ``0 * finite`` instead of ``0 / 0``. Targets enter with their
+exact offsets from an anchor point (their rounded values only decide the merge order), and
+factors are clamped to <= 1 against rounding.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from softorder.core._jit import helper
-from softorder.core.laplace import gap
+from softorder.core.laplace import offset_z
 
 
 @helper
@@ -30,12 +30,16 @@ def self_sum(E, c, out):
 
 
 @helper
-def spread_to_points(r, inv_alpha, E, pos, c, shift, order, out):
-    """Add ``sum_s c[s] exp(shift[s] - |r[i] - pos[s]| / alpha)`` to ``out[i]`` for every point.
+def spread_to_points(r, inv_alpha, E, anchor, offset, c, shift, order, out):
+    """Add ``sum_s c[s] exp(shift[s] - |r[i] - b_s| / alpha)`` to ``out[i]`` for every point.
 
-    ``r`` is a sorted row with ``E[i] = exp(-(r[i] - r[i-1]) / alpha)``, ``pos`` the sources
-    (targets of the inverse), visited in ascending order ``order``; ``shift[s]`` must not
-    exceed the distance of ``pos[s]`` to the row, which keeps every added factor <= 1.
+    ``r`` is a sorted row with ``E[i] = exp(-(r[i] - r[i-1]) / alpha)``; the sources are targets
+    of the inverse, ``b_s = r[anchor[s]] + alpha offset[s]``, visited in ascending order
+    ``order``. Each source joins the two passes at its neighbouring points with its exact
+    standardized distance (from anchor and offset; never from a rounded ``b_s``, which next to
+    huge values can land on the wrong side of a point), then travels by the factors ``E``.
+    ``shift[s]`` must not exceed the distance of ``b_s`` to the row, which keeps every added
+    factor <= 1.
     """
     n = r.shape[0]
     m = order.shape[0]
@@ -44,10 +48,13 @@ def spread_to_points(r, inv_alpha, E, pos, c, shift, order, out):
     for i in range(n):
         if i > 0:
             acc *= E[i]
-        while p < m and pos[order[p]] <= r[i]:
+        while p < m:
             s = order[p]
+            z = offset_z(r[anchor[s]], r[i], inv_alpha, offset[s])
+            if z > 0.0:  # b_s above r[i]: joins later
+                break
             if c[s] != 0.0:
-                acc += c[s] * math.exp(min(0.0, shift[s] - gap(r[i], pos[s]) * inv_alpha))
+                acc += c[s] * math.exp(min(0.0, shift[s] + z))
             p += 1
         out[i] += acc
     acc = 0.0
@@ -55,20 +62,23 @@ def spread_to_points(r, inv_alpha, E, pos, c, shift, order, out):
     for i in range(n - 1, -1, -1):
         if i < n - 1:
             acc *= E[i + 1]
-        while p >= 0 and pos[order[p]] > r[i]:
+        while p >= 0:
             s = order[p]
+            z = offset_z(r[anchor[s]], r[i], inv_alpha, offset[s])
+            if z <= 0.0:  # b_s at or below r[i]: was taken by the other pass
+                break
             if c[s] != 0.0:
-                acc += c[s] * math.exp(min(0.0, shift[s] - gap(pos[s], r[i]) * inv_alpha))
+                acc += c[s] * math.exp(min(0.0, shift[s] - z))
             p -= 1
         out[i] += acc
 
 
 @helper
-def gather_at_targets(r, inv_alpha, E, c, pos, shift, order, out):
-    """Add ``sum_i c[i] exp(shift[t] - |pos[t] - r[i]| / alpha)`` to ``out[t]`` for every target.
+def gather_at_targets(r, inv_alpha, E, c, anchor, offset, shift, order, out):
+    """Add ``sum_i c[i] exp(shift[t] - |b_t - r[i]| / alpha)`` to ``out[t]`` for every target.
 
     The transpose of :func:`spread_to_points`: the accumulator is kept relative to the latest
-    point of the row, then scaled to the target by a factor <= 1.
+    point of the row, then scaled to the target by its exact distance, a factor <= 1.
     """
     n = r.shape[0]
     m = order.shape[0]
@@ -76,21 +86,23 @@ def gather_at_targets(r, inv_alpha, E, c, pos, shift, order, out):
     i = 0
     for q in range(m):
         t = order[q]
-        while i < n and r[i] <= pos[t]:
+        while i < n and offset_z(r[anchor[t]], r[i], inv_alpha, offset[t]) >= 0.0:
             if i > 0:
                 acc *= E[i]
             acc += c[i]
             i += 1
         if i > 0 and acc != 0.0:
-            out[t] += acc * math.exp(min(0.0, shift[t] - gap(pos[t], r[i - 1]) * inv_alpha))
+            z = offset_z(r[anchor[t]], r[i - 1], inv_alpha, offset[t])
+            out[t] += acc * math.exp(min(0.0, shift[t] - z))
     acc = 0.0
     i = n - 1
     for q in range(m - 1, -1, -1):
         t = order[q]
-        while i >= 0 and r[i] > pos[t]:
+        while i >= 0 and offset_z(r[anchor[t]], r[i], inv_alpha, offset[t]) < 0.0:
             if i < n - 1:
                 acc *= E[i + 1]
             acc += c[i]
             i -= 1
         if i < n - 1 and acc != 0.0:
-            out[t] += acc * math.exp(min(0.0, shift[t] - gap(r[i + 1], pos[t]) * inv_alpha))
+            z = offset_z(r[anchor[t]], r[i + 1], inv_alpha, offset[t])
+            out[t] += acc * math.exp(min(0.0, shift[t] + z))

@@ -295,7 +295,7 @@ def inverse_pullback(r, alpha, tables, anchor, offset, worder, u, rbar, wbar, tw
         shift[j] = sh
         wbar[j] = u[j] * 2.0 * alpha * math.exp(sh) / G
         alpha_bar += u[j] * Z / G
-    spread_to_points(r, inv_alpha, E, pos, c, shift, worder, rbar)
+    spread_to_points(r, inv_alpha, E, anchor, offset, c, shift, worder, rbar)
     return alpha_bar
 
 
@@ -327,7 +327,7 @@ def inverse_pushforward(
             out[j] += wdot[j] * 2.0 * alpha * math.exp(sh) / g
     acc = twork[3, :m]
     acc[:] = 0.0
-    gather_at_targets(r, inv_alpha, E, rdot, pos, shift, worder, acc)
+    gather_at_targets(r, inv_alpha, E, rdot, anchor, offset, shift, worder, acc)
     for j in range(m):
         if G[j] > 0.0:
             out[j] += acc[j] / G[j]

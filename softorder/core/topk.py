@@ -68,10 +68,13 @@ def topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work):
 @helper
 def target_terms(r, alpha, tables, anchor, t, log, z, kappa, omega, kappa_k):
     """Per element of one target: ``z``, ``kappa = h'(z) / alpha``, ``omega = db/dr_i`` and
-    ``kappa_k = kappa * db/dk`` (all 0 at infinite z); returns ``db/dalpha = Z / G``.
+    ``kappa_k = kappa * db/dk`` (all 0 at infinite z); returns ``(db/dalpha, common)``.
 
-    ``db/dk = 2 alpha exp(shift) / G`` overflows for well-separated values while ``kappa_k`` does
-    not, so ``kappa_k`` is formed per element: ``omega`` for top-k, a shifted hazard for logs.
+    ``db/dk = 2 alpha exp(shift) / G`` overflows for well-separated values, so ``kappa_k`` is
+    formed per element: ``omega`` for top-k, a shifted hazard for logs. For logs every element
+    with ``z <= 0`` has the same ``kappa_k = common = 2 exp(shift) / G``, which may be inf:
+    callers that sum over elements sum their cotangents first (so opposite cotangents cancel
+    to 0 instead of giving inf - inf).
     """
     E, A, B, Ad, Bd, S = tables
     n = r.shape[0]
@@ -94,7 +97,8 @@ def target_terms(r, alpha, tables, anchor, t, log, z, kappa, omega, kappa_k):
         else:
             kappa[i] = 0.5 * math.exp(-abs(zi)) * inv_alpha
             kappa_k[i] = omega[i]
-    return Z * inv_g
+    common = 2.0 * math.exp(shift) * inv_g if log and G > 0.0 else 0.0
+    return Z * inv_g, common
 
 
 @kernel
@@ -115,24 +119,28 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
         rbar[:] = 0.0
         abar = 0.0
         for j in range(m):
-            zg = target_terms(
+            zg, common = target_terms(
                 r, a, tables, anchor[row, j], offset[row, j], log, z, kappa, omega, kappa_k
             )
             phi = 0.0
             phi_z = 0.0
             k_bar = 0.0
+            v_common = 0.0  # log: cotangents of the elements whose kappa_k is `common`
             for i in range(n):
                 vi = v[row, j, order[row, i]]
-                if vi == 0.0:
-                    continue  # also keeps 0 * inf out of k_bar
+                if vi == 0.0 or abs(z[i]) == INF:
+                    continue  # (kappa may underflow where kappa_k does not: keep going)
                 vk = vi * kappa[i]
                 phi += vk
-                phi_z += vk * z[i] if kappa[i] != 0.0 else 0.0
-                k_bar += vi * kappa_k[i]
+                phi_z += vk * z[i]
+                if log and z[i] <= 0.0:
+                    v_common += vi
+                else:
+                    k_bar += vi * kappa_k[i]
                 rbar[i] -= vk
             for i in range(n):
                 rbar[i] += omega[i] * phi
-            w_bar[row, j] = k_bar
+            w_bar[row, j] = k_bar + v_common * common if v_common != 0.0 else k_bar
             abar += phi * zg - phi_z
         alpha_bar[row] = abar
         scatter_finite(r, order[row], rbar, x_bar[row])
@@ -153,7 +161,7 @@ def topk_jvp(xs, order, alpha, anchor, offset, log, x_dot, w_dot, alpha_dot, out
         z, kappa, omega, kappa_k, rdot = gradient_scratch(work[row], n)
         gather_finite(r, order[row], x_dot[row], rdot)
         for j in range(m):
-            zg = target_terms(
+            zg, common = target_terms(
                 r, a, tables, anchor[row, j], offset[row, j], log, z, kappa, omega, kappa_k
             )
             bdot = 0.0

@@ -157,7 +157,11 @@ def topk_loss_vjp(
         )
         weight = cot[row] * ((1.0 - pk1[row]) if split else 1.0)
         abar = 0.0
-        if top > -INF and weight != 0.0:
+        softmax_part = split and pk1[row] > 0.0
+        infinite = (top == -INF and has_mass and weight != 0.0) or (
+            softmax_part and _softmax_ce(r, iy) == INF
+        )
+        if top > -INF and weight != 0.0 and not infinite:
             # d(-log p^(k)_y) = -kappa_ky (sum_l db_k/dr_l dr_l - dr_y + (db_k/da - z_ky) da)
             pos = np.empty(K)
             c = np.zeros(K)
@@ -175,8 +179,10 @@ def topk_loss_vjp(
                 shift[j] = sh
                 rbar[iy] += pk
                 abar -= pk * (Z / G - zy)
-            spread_to_points(r, inv_alpha, E, pos, c, shift, np.arange(K), rbar)
-        if split and pk1[row] > 0.0 and r[0] != -INF:
+            spread_to_points(
+                r, inv_alpha, E, anchor[row], offset[row], c, shift, np.arange(K), rbar
+            )
+        if softmax_part and not infinite and r[0] != -INF:
             # d softmax_CE / dr_l = delta_ly - softmax(-r)_l (no gradient at a +inf logit)
             cs = cot[row] * pk1[row]
             top_logit = -r[0]
