@@ -140,7 +140,7 @@ class InverseRule(Rule):
             w_bar,
             alpha_bar,
             ctx.work(core.sort.VJP_WORK),
-            ctx.work(3, u.shape[1]),
+            ctx.work(core.lapsum.PULLBACK_WORK, u.shape[1]),
         )
         return x_bar, w_bar, alpha_bar
 
@@ -159,7 +159,7 @@ class InverseRule(Rule):
             _alpha_tangent(tangents, ctx),
             out,
             ctx.work(core.sort.JVP_WORK),
-            ctx.work(4, w_dot.shape[1]),
+            ctx.work(core.lapsum.PUSHFORWARD_WORK, w_dot.shape[1]),
         )
         return out
 

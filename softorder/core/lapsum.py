@@ -223,6 +223,10 @@ def lapsum_kernel(xs, alpha, points, out, work):
 #: Rows of a kernel's workspace that :func:`row_tables` fills: E, A, B, S, and Ad, Bd.
 TABLES = 4
 TABLES_WITH_MOMENTS = 6
+#: Rows of per-target scratch (``twork``) that :func:`inverse_pullback` and
+#: :func:`inverse_pushforward` use.
+PULLBACK_WORK = 2
+PUSHFORWARD_WORK = 3
 
 
 @helper
@@ -274,19 +278,19 @@ def inverse_pullback(r, alpha, tables, anchor, offset, worder, u, rbar, wbar, tw
     """Pull a cotangent ``u`` on targets ``b_j = S^-1(w_j)`` back to the sorted row.
 
     Adds ``sum_j u_j db_j/dr_i`` to ``rbar`` (sorted order, O(n + m) by one merge), writes
-    ``wbar[j] = u_j db_j/dw_j`` and returns ``sum_j u_j db_j/dalpha``. ``twork``: (3, >= m).
+    ``wbar[j] = u_j db_j/dw_j`` and returns ``sum_j u_j db_j/dalpha``.
+    ``twork``: (PULLBACK_WORK, >= m).
     """
     E, A, B, Ad, Bd, S = tables
     m = anchor.shape[0]
     inv_alpha = 1.0 / alpha
-    pos = twork[0, :m]
-    c = twork[1, :m]
-    shift = twork[2, :m]
+    c = twork[0, :m]
+    shift = twork[1, :m]
     alpha_bar = 0.0
     for j in range(m):
-        pos[j] = target_position(r, alpha, anchor[j], offset[j])
         sh, G, Z = target_sums(r, inv_alpha, A, B, Ad, Bd, anchor[j], offset[j])
-        if G == 0.0 or u[j] == 0.0 or abs(pos[j]) == INF:
+        infinite = abs(target_position(r, alpha, anchor[j], offset[j])) == INF
+        if G == 0.0 or u[j] == 0.0 or infinite:
             c[j] = 0.0
             shift[j] = 0.0
             wbar[j] = 0.0
@@ -304,28 +308,27 @@ def inverse_pushforward(
     r, alpha, tables, anchor, offset, worder, rdot, wdot, alpha_dot, out, twork
 ):
     """Tangent of the targets: ``out[j] = sum_i db_j/dr_i rdot_i + db_j/dw wdot_j + db_j/dalpha
-    alpha_dot`` (``rdot`` in sorted order), O(n + m) by one merge. ``twork``: (4, >= m).
+    alpha_dot`` (``rdot`` in sorted order), O(n + m) by one merge.
+    ``twork``: (PUSHFORWARD_WORK, >= m).
     """
     E, A, B, Ad, Bd, S = tables
     m = anchor.shape[0]
     inv_alpha = 1.0 / alpha
-    pos = twork[0, :m]
-    shift = twork[1, :m]
-    G = twork[2, :m]
+    shift = twork[0, :m]
+    G = twork[1, :m]
     for j in range(m):
-        pos[j] = target_position(r, alpha, anchor[j], offset[j])
         sh, g, Z = target_sums(r, inv_alpha, A, B, Ad, Bd, anchor[j], offset[j])
         out[j] = 0.0
         G[j] = g
         shift[j] = sh
-        if g == 0.0 or abs(pos[j]) == INF:
+        if g == 0.0 or abs(target_position(r, alpha, anchor[j], offset[j])) == INF:
             G[j] = 0.0
             shift[j] = -INF
             continue
         out[j] = Z / g * alpha_dot
         if wdot[j] != 0.0:
             out[j] += wdot[j] * 2.0 * alpha * math.exp(sh) / g
-    acc = twork[3, :m]
+    acc = twork[2, :m]
     acc[:] = 0.0
     gather_at_targets(r, inv_alpha, E, rdot, anchor, offset, shift, worder, acc)
     for j in range(m):

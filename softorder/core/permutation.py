@@ -18,6 +18,8 @@ from numba import prange
 from softorder.core._jit import helper, kernel
 from softorder.core.laplace import INF, cdf_diff, log_cdf_diff, log_density, offset_z
 from softorder.core.lapsum import (
+    PULLBACK_WORK,
+    PUSHFORWARD_WORK,
     TABLES,
     TABLES_WITH_MOMENTS,
     gather_finite,
@@ -31,8 +33,9 @@ from softorder.core.lapsum import (
 
 FORWARD_WORK = TABLES
 GRADIENT_WORK = TABLES_WITH_MOMENTS + 1
-#: rows of the boundary-indexed scratch ``twork`` (rows, BOUNDARY_WORK, n - 1) of the gradients
-BOUNDARY_WORK = 6
+#: rows of the boundary-indexed scratch ``twork`` (rows, BOUNDARY_WORK, n - 1) of the gradients:
+#: two of their own (``beta`` and ``w_bar``, or ``b_dot`` and ``w_dot``), then the inverse's.
+BOUNDARY_WORK = 2 + max(PULLBACK_WORK, PUSHFORWARD_WORK)
 
 
 @helper
