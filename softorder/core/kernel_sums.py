@@ -16,20 +16,6 @@ from softorder.core.laplace import offset_z
 
 
 @helper
-def self_sum(E, c, out):
-    """``out[l] = sum_j c[j] exp(-|r[l] - r[j]| / alpha)`` on a sorted row (``E``: prefix_sums)."""
-    n = c.shape[0]
-    acc = 0.0
-    for i in range(n):
-        acc = c[i] + E[i] * acc if i > 0 else c[i]
-        out[i] = acc
-    acc = 0.0
-    for i in range(n - 2, -1, -1):
-        acc = E[i + 1] * (c[i + 1] + acc)
-        out[i] += acc
-
-
-@helper
 def spread_to_points(r, inv_alpha, E, anchor, offset, c, shift, order, out):
     """Add ``sum_s c[s] exp(shift[s] - |r[i] - b_s| / alpha)`` to ``out[i]`` for every point.
 
