@@ -25,6 +25,14 @@ from softorder.core._jit import helper, kernel
 from softorder.core.kernel_sums import gather_at_targets, spread_to_points
 from softorder.core.laplace import INF, gap, logaddexp, offset_z, rel_weight
 
+#: Rows of a kernel's workspace that :func:`row_tables` fills: E, A, B, S, and Ad, Bd.
+TABLES = 4
+TABLES_WITH_MOMENTS = 6
+#: Rows of per-target scratch (``twork``) that :func:`inverse_pullback` and
+#: :func:`inverse_pushforward` use.
+PULLBACK_WORK = 2
+PUSHFORWARD_WORK = 3
+
 
 @helper
 def prefix_sums(r, inv_alpha, E, A, B):
@@ -204,7 +212,7 @@ def lapsum_kernel(xs, alpha, points, out, work):
     m = points.shape[1]
     for row in prange(rows):
         r = xs[row]
-        if r[n - 1] != r[n - 1]:
+        if has_nan(r):
             out[row, :] = np.nan
             continue
         inv_alpha = 1.0 / alpha[row]
@@ -218,15 +226,6 @@ def lapsum_kernel(xs, alpha, points, out, work):
             if J < n:
                 s += 0.5 * B[J] * math.exp(-gap(r[J], x) * inv_alpha)
             out[row, j] = s
-
-
-#: Rows of a kernel's workspace that :func:`row_tables` fills: E, A, B, S, and Ad, Bd.
-TABLES = 4
-TABLES_WITH_MOMENTS = 6
-#: Rows of per-target scratch (``twork``) that :func:`inverse_pullback` and
-#: :func:`inverse_pushforward` use.
-PULLBACK_WORK = 2
-PUSHFORWARD_WORK = 3
 
 
 @helper
