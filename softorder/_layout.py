@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from softorder import core
+
 #: where the core axes of a result go, by kind: ``row`` (n), ``targets_row`` (m, n),
 #: ``targets`` (m), ``none`` () and ``matrix`` (n, n).
 KINDS = ("row", "targets_row", "targets", "none", "matrix")
@@ -100,8 +102,10 @@ class Rows:
         rows2d = moved.reshape(-1, moved.shape[-1])  # a view when possible; never written
         if negate:
             rows2d = np.negative(rows2d, dtype=np.float64)
+        rows2d = np.ascontiguousarray(rows2d, dtype=np.float64)
         order = np.argsort(rows2d, axis=1)
-        xs = np.take_along_axis(rows2d, order, axis=1).astype(np.float64, copy=False)
+        xs = np.empty(rows2d.shape)
+        core.take_rows(rows2d, order, xs)  # np.take_along_axis was 8x slower at n = 1e6
         return cls(xs, order, batch_shape, axis, arr.ndim, dtype, -1.0 if negate else 1.0)
 
     @property

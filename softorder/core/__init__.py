@@ -18,7 +18,7 @@ Conventions shared by every kernel:
 
 import numpy as np
 
-from softorder.core.lapsum import inverse_kernel, lapsum_kernel
+from softorder.core.lapsum import inverse_kernel, lapsum_kernel, take_rows
 from softorder.core.permutation import (
     permutation_forward,
     permutation_jvp,
@@ -51,6 +51,7 @@ __all__ = [
     "rank_forward",
     "rank_jvp",
     "rank_vjp",
+    "take_rows",
     "topk_forward",
     "topk_jvp",
     "topk_loss_forward",

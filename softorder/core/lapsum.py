@@ -250,6 +250,15 @@ def row_tables(r, inv_alpha, moments, work):
     return E, A, B, Ad, Bd, S
 
 
+@kernel
+def take_rows(values, order, out):
+    """``out[row, i] = values[row, order[row, i]]``: each row in sorted order."""
+    rows, n = values.shape
+    for row in prange(rows):
+        for i in range(n):
+            out[row, i] = values[row, order[row, i]]
+
+
 @helper
 def gather_finite(r, order, values, out):
     """``out[i] = values[order[i]]`` (original order -> sorted order), 0 at infinite entries:
