@@ -26,6 +26,14 @@ def helper(fn):
     return numba.njit(**_OPTIONS)(fn)
 
 
+def inner_helper(fn):
+    """Compile a small helper called once per element with array arguments, inlined into its
+    callers: a call that passes arrays costs their reference counting, which made
+    ``target_sums`` 3x slower called than written in place (63 ns against 20 ns).
+    """
+    return numba.njit(inline="always", **_OPTIONS)(fn)
+
+
 def kernel(fn):
     """Compile a batched kernel whose first argument is the ``(rows, n)`` input.
 

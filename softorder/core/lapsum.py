@@ -21,7 +21,7 @@ import math
 import numpy as np
 from numba import prange
 
-from softorder.core._jit import helper, kernel
+from softorder.core._jit import helper, inner_helper, kernel
 from softorder.core.kernel_sums import gather_at_targets, spread_to_points
 from softorder.core.laplace import INF, gap, logaddexp, offset_z, rel_weight
 
@@ -70,7 +70,7 @@ def lapsum_at_points(A, B, S):
         S[i] = i + 0.5 + 0.5 * (B[i] - A[i])
 
 
-@helper
+@inner_helper
 def count_at_most(S, w, hint):
     """Number of ``S[i] <= w``, by a galloping search from ``hint`` (O(1) amortized for sorted
     targets, O(log n) otherwise). Always terminates: every loop moves a bound strictly.
@@ -116,7 +116,7 @@ def count_at_most(S, w, hint):
 SMALL_E = 1e-280
 
 
-@helper
+@inner_helper
 def invert(r, inv_alpha, E, A, B, w, J):
     """Closed-form ``S^-1(w)`` as ``(anchor, t)``, given ``J`` = number of ``S(r[i]) <= w``.
 
@@ -159,7 +159,7 @@ def solve_targets(r, inv_alpha, E, A, B, S, w, worder, anchor, t):
         anchor[j], t[j] = invert(r, inv_alpha, E, A, B, w[j], hint)
 
 
-@helper
+@inner_helper
 def target_position(r, alpha, anchor, t):
     """The value ``b = r[anchor] + alpha * t`` of a target."""
     ra = r[anchor]
@@ -168,7 +168,7 @@ def target_position(r, alpha, anchor, t):
     return ra + alpha * t
 
 
-@helper
+@inner_helper
 def target_sums(r, inv_alpha, A, B, Ad, Bd, anchor, t):
     """Derivative sums of one target ``b``, relative to its nearest point.
 

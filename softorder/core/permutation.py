@@ -15,7 +15,7 @@ import math
 import numpy as np
 from numba import prange
 
-from softorder.core._jit import helper, kernel
+from softorder.core._jit import helper, inner_helper, kernel
 from softorder.core.laplace import INF, cdf_diff, log_cdf_diff, log_density, offset_z
 from softorder.core.lapsum import (
     PULLBACK_WORK,
@@ -69,7 +69,7 @@ def _finish_gradient(r, order, a, tables, anchor, offset, worder, beta, rbar, tw
     return alpha_part
 
 
-@helper
+@inner_helper
 def _boundary_z(r, inv_alpha, anchor, offset, k, ri):
     """``(b_k - r_i) / alpha`` for boundary ``k`` in 0..n (``b_0 = -inf``, ``b_n = +inf``)."""
     if k == 0:
