@@ -33,6 +33,15 @@ class Context:
         """Scratch for one kernel call: (rows, width, length or n)."""
         return core.workspace(self.rows.rows, width, self.rows.n if length is None else length)
 
+    def target_storage(self, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """Arrays (rows, m) that the forward kernels fill with each target's ``(anchor,
+        offset)``; saved in the context for the gradients.
+        """
+        shape = (self.rows.rows, m)
+        self.saved["anchor"] = np.empty(shape, dtype=np.int64)
+        self.saved["offset"] = np.empty(shape)
+        return self.saved["anchor"], self.saved["offset"]
+
     def scalar(self, value) -> np.floating:
         return cast(value, self.rows.dtype)[()]
 
@@ -115,12 +124,11 @@ class InverseRule(Rule):
     def _forward_targets(self, ctx, w, worder):
         rows = ctx.rows
         out = np.empty(w.shape)
-        anchor = np.empty(w.shape, dtype=np.int64)
-        offset = np.empty(w.shape)
+        anchor, offset = ctx.target_storage(w.shape[1])
         core.inverse_kernel(
             rows.xs, ctx.alpha_rows, w, worder, out, anchor, offset, ctx.work(core.lapsum.TABLES)
         )
-        ctx.saved.update(w=w, worder=worder, anchor=anchor, offset=offset)
+        ctx.saved["worder"] = worder
         return out
 
     def _pullback(self, ctx, u):
@@ -250,10 +258,8 @@ class TopKRule(Rule):
 
     def forward(self, ctx):
         rows, targets = ctx.rows, ctx.saved["targets"]
-        shape = (rows.rows, targets.m)
-        out = np.empty(shape + (rows.n,))
-        anchor = np.empty(shape, dtype=np.int64)
-        offset = np.empty(shape)
+        out = np.empty((rows.rows, targets.m, rows.n))
+        anchor, offset = ctx.target_storage(targets.m)
         core.topk_forward(
             rows.xs,
             rows.order,
@@ -266,7 +272,6 @@ class TopKRule(Rule):
             offset,
             ctx.work(core.topk.FORWARD_WORK),
         )
-        ctx.saved.update(anchor=anchor, offset=offset)
         return self._to_user(ctx, out)
 
     def vjp(self, ctx, cotangent):
@@ -328,8 +333,7 @@ class PermutationRule(Rule):
     def forward(self, ctx):
         rows = ctx.rows
         out = np.empty((rows.rows, rows.n, rows.n))
-        anchor = np.empty((rows.rows, rows.n - 1), dtype=np.int64)
-        offset = np.empty((rows.rows, rows.n - 1))
+        anchor, offset = ctx.target_storage(rows.n - 1)
         core.permutation_forward(
             rows.xs,
             rows.order,
@@ -340,7 +344,6 @@ class PermutationRule(Rule):
             offset,
             ctx.work(core.permutation.FORWARD_WORK),
         )
-        ctx.saved.update(anchor=anchor, offset=offset)
         return rows.to_user(out, "matrix")
 
     def vjp(self, ctx, cotangent):
@@ -487,10 +490,8 @@ class TopKCrossEntropyRule(LossRule):
 
     def forward(self, ctx):
         rows, s = ctx.rows, ctx.saved
-        K = s["log_pk"].shape[1]
         per_row = np.empty(rows.rows)
-        s["anchor"] = np.empty((rows.rows, K), dtype=np.int64)
-        s["offset"] = np.empty((rows.rows, K))
+        ctx.target_storage(s["log_pk"].shape[1])
         core.topk_loss_forward(
             rows.xs,
             rows.order,
@@ -543,8 +544,7 @@ class PermutationCrossEntropyRule(LossRule):
     def forward(self, ctx):
         rows, s = ctx.rows, ctx.saved
         per_row = np.empty(rows.rows)
-        s["anchor"] = np.empty((rows.rows, rows.n - 1), dtype=np.int64)
-        s["offset"] = np.empty((rows.rows, rows.n - 1))
+        ctx.target_storage(rows.n - 1)
         core.permutation_loss_forward(
             rows.xs,
             rows.order,

@@ -18,7 +18,7 @@ Conventions shared by every kernel:
 
 import numpy as np
 
-from softorder.core.lapsum import inverse_kernel, lapsum_kernel, take_rows
+from softorder.core.lapsum import inverse_kernel, lapsum_kernel
 from softorder.core.permutation import (
     permutation_forward,
     permutation_jvp,
@@ -27,6 +27,7 @@ from softorder.core.permutation import (
     permutation_vjp,
 )
 from softorder.core.rank import rank_forward, rank_jvp, rank_vjp
+from softorder.core.rows import take_rows
 from softorder.core.sort import inverse_jvp, inverse_vjp
 from softorder.core.topk import topk_forward, topk_jvp, topk_vjp
 from softorder.core.topk_loss import topk_loss_forward, topk_loss_vjp

@@ -24,6 +24,7 @@ from numba import prange
 from softorder.core._jit import helper, inner_helper, kernel
 from softorder.core.kernel_sums import gather_at_targets, spread_to_points
 from softorder.core.laplace import INF, gap, logaddexp, offset_z, rel_weight
+from softorder.core.rows import has_nan
 
 #: Rows of a kernel's workspace that :func:`row_tables` fills: E, A, B, S, and Ad, Bd.
 TABLES = 4
@@ -248,37 +249,6 @@ def row_tables(r, inv_alpha, moments, work):
     if moments:
         prefix_moments(r, inv_alpha, E, Ad, Bd, A, B)
     return E, A, B, Ad, Bd, S
-
-
-@kernel
-def take_rows(values, order, out):
-    """``out[row, i] = values[row, order[row, i]]``: each row in sorted order."""
-    rows, n = values.shape
-    for row in prange(rows):
-        for i in range(n):
-            out[row, i] = values[row, order[row, i]]
-
-
-@helper
-def gather_finite(r, order, values, out):
-    """``out[i] = values[order[i]]`` (original order -> sorted order), 0 at infinite entries:
-    tangents and cotangents of +-inf entries neither enter nor leave a computation.
-    """
-    for i in range(r.shape[0]):
-        out[i] = values[order[i]] if abs(r[i]) != INF else 0.0
-
-
-@helper
-def scatter_finite(r, order, values, out):
-    """``out[order[i]] = values[i]`` (sorted order -> original order), 0 at infinite entries."""
-    for i in range(r.shape[0]):
-        out[order[i]] = values[i] if abs(r[i]) != INF else 0.0
-
-
-@helper
-def has_nan(r):
-    """Sorted rows keep NaN last (NumPy's sort order), so one comparison finds it."""
-    return r[r.shape[0] - 1] != r[r.shape[0] - 1]
 
 
 @helper

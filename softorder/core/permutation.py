@@ -22,14 +22,12 @@ from softorder.core.lapsum import (
     PUSHFORWARD_WORK,
     TABLES,
     TABLES_WITH_MOMENTS,
-    gather_finite,
-    has_nan,
     inverse_pullback,
     inverse_pushforward,
     row_tables,
-    scatter_finite,
     solve_targets,
 )
+from softorder.core.rows import gather_finite, has_nan, scatter_finite
 
 FORWARD_WORK = TABLES
 GRADIENT_WORK = TABLES_WITH_MOMENTS + 1

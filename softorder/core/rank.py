@@ -6,31 +6,31 @@ On the sorted row ``rank_i = i + 1 + (B_i - A_i) / 2`` (0-based i, prefix sums o
 ``K_il = exp(-|r_i - r_l| / alpha)`` and ``K[1] = A + B - 1``, and
 ``d rank_i / d alpha = -(Ad_i - Bd_i) / (2 alpha)``. So the VJP and the JVP are one formula,
 ``J v = (v K[1] - K v) / (2 alpha)``: one forward and one backward pass over the sorted row that
-carry the prefix sums and the kernel sum of ``v`` together (2 scratch arrays per row; at large n
-fresh memory costs as much as arithmetic, so the passes are fused).
+carry the prefix sums and the kernel sum of ``v`` together (3 scratch arrays per row instead
+of the 6 that separate prefix sums and kernel sums would need; the passes are fused on purpose).
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 from numba import prange
 
 from softorder.core._jit import helper, kernel
 from softorder.core.laplace import gap
-from softorder.core.lapsum import gather_finite, has_nan, scatter_finite
+from softorder.core.lapsum import prefix_sums
+from softorder.core.rows import gather_finite, has_nan, scatter, scatter_finite
 
-FORWARD_WORK = 1
+FORWARD_WORK = 2
 LINEAR_WORK = 3
 
 
 @kernel
 def rank_forward(xs, order, alpha, out, decay, work):
-    """``out[row, order[row, i]] = S(xs[row, i]) + 1/2``.
+    """``out[row, order[row, i]] = S(xs[row, i]) + 1/2 = i + 1 + (B_i - A_i) / 2``.
 
-    Also writes ``decay[row, i] = exp(-(xs[row, i] - xs[row, i-1]) / alpha)``, which the
-    gradients reuse (the exponentials are most of the arithmetic). ``work``: (rows, 1, n).
+    Also writes ``decay[row, i] = exp(-(xs[row, i] - xs[row, i-1]) / alpha)`` (the ``E`` of the
+    prefix sums), which the gradients reuse: the exponentials are most of the arithmetic.
+    ``work``: (rows, FORWARD_WORK, n).
     """
     rows, n = xs.shape
     for row in prange(rows):
@@ -39,27 +39,15 @@ def rank_forward(xs, order, alpha, out, decay, work):
             out[row, :] = np.nan
             decay[row, :] = np.nan
             continue
-        inv_alpha = 1.0 / alpha[row]
-        E = decay[row]
-        ranks = work[row, 0]  # A, then the ranks in sorted order
-        a = 1.0
-        E[0] = 0.0
-        ranks[0] = 1.0
-        for i in range(1, n):
-            e = math.exp(-gap(r[i], r[i - 1]) * inv_alpha)
-            E[i] = e
-            a = 1.0 + e * a
-            ranks[i] = a
-        b = 1.0
-        for i in range(n - 1, -1, -1):
-            if i < n - 1:
-                b = 1.0 + E[i + 1] * b
-            ranks[i] = i + 1.0 + 0.5 * (b - ranks[i])
+        A = work[row, 0]
+        ranks = work[row, 1]  # B, then the ranks in sorted order
+        prefix_sums(r, 1.0 / alpha[row], decay[row], A, ranks)
+        for i in range(n):
+            ranks[i] = i + 1.0 + 0.5 * (ranks[i] - A[i])
         for i in range(1, n):
             if r[i] == r[i - 1]:
                 ranks[i] = ranks[i - 1]  # equal in exact arithmetic; make it so in floating point
-        for i in range(n):
-            out[row, order[row, i]] = ranks[i]
+        scatter(order[row], ranks, out[row])
 
 
 @helper
@@ -67,9 +55,9 @@ def _rank_linear(r, order, alpha, E, v, alpha_v, out, work):
     """``out = J v + (d rank / d alpha) alpha_v`` for one row; returns ``<v, d rank / d alpha>``.
 
     ``v`` and ``out`` are in the original element order, ``r`` sorted by ``order``, ``E`` the
-    decays saved by :func:`rank_forward`. Entries at
-    +-inf neither receive nor pass on anything. ``v`` is gathered into sorted order first and the
-    result scattered last: random access inside the dependent passes was 5x slower.
+    decays saved by :func:`rank_forward`. Entries at +-inf neither receive nor pass on anything.
+    ``v`` is gathered into sorted order first and the result scattered last: random access
+    inside the dependent passes was 5x slower.
     """
     n = r.shape[0]
     inv_alpha = 1.0 / alpha

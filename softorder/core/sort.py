@@ -17,13 +17,11 @@ from numba import prange
 from softorder.core._jit import kernel
 from softorder.core.lapsum import (
     TABLES_WITH_MOMENTS,
-    gather_finite,
-    has_nan,
     inverse_pullback,
     inverse_pushforward,
     row_tables,
-    scatter_finite,
 )
+from softorder.core.rows import gather_finite, has_nan, scatter_finite
 
 VJP_WORK = JVP_WORK = TABLES_WITH_MOMENTS + 1
 
@@ -32,7 +30,7 @@ VJP_WORK = JVP_WORK = TABLES_WITH_MOMENTS + 1
 def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha_bar, work, twork):
     """Cotangent ``u`` (rows, m) on the targets -> ``x_bar`` (rows, n; original element order),
     ``w_bar`` (rows, m) and ``alpha_bar`` (rows,). Scratch: ``work`` (rows, VJP_WORK, n),
-    ``twork`` (rows, 3, m).
+    ``twork`` (rows, PULLBACK_WORK, m).
     """
     rows, n = xs.shape
     for row in prange(rows):
@@ -67,7 +65,7 @@ def inverse_jvp(
 ):
     """Tangents ``x_dot`` (rows, n; original order), ``w_dot`` (rows, m), ``alpha_dot`` (rows,)
     -> tangent of the targets ``out`` (rows, m). Scratch: ``work`` (rows, JVP_WORK, n),
-    ``twork`` (rows, 4, m).
+    ``twork`` (rows, PUSHFORWARD_WORK, m).
     """
     rows, n = xs.shape
     for row in prange(rows):

@@ -21,13 +21,11 @@ from softorder.core.laplace import INF, cdf, hazard, log_cdf, offset_z, rel_weig
 from softorder.core.lapsum import (
     TABLES,
     TABLES_WITH_MOMENTS,
-    gather_finite,
-    has_nan,
     row_tables,
-    scatter_finite,
     solve_targets,
     target_sums,
 )
+from softorder.core.rows import gather_finite, has_nan, scatter_finite
 
 FORWARD_WORK = TABLES
 GRADIENT_WORK = TABLES_WITH_MOMENTS + 5

@@ -25,13 +25,12 @@ from softorder.core.laplace import INF, hazard, log_cdf, offset_z
 from softorder.core.lapsum import (
     TABLES,
     TABLES_WITH_MOMENTS,
-    has_nan,
     row_tables,
-    scatter_finite,
     solve_targets,
     target_position,
     target_sums,
 )
+from softorder.core.rows import has_nan, scatter_finite
 
 FORWARD_WORK = TABLES
 GRADIENT_WORK = TABLES_WITH_MOMENTS + 1
@@ -60,11 +59,20 @@ def _softmax_ce(r, iy):
         while count < n and r[count] == -INF:
             count += 1
         return math.log(count)
+    top, total = _softmax_normaliser(r)
+    return top + math.log(total) + r[iy]
+
+
+@helper
+def _softmax_normaliser(r):
+    """``(top, sum_i exp(-r_i - top))`` with ``top = max(-r) = -r[0]``: the stable softmax
+    denominator of the logits ``-r`` (finite ``top`` only).
+    """
     top = -r[0]
-    s = 0.0
-    for i in range(n):
-        s += math.exp(-r[i] - top)
-    return top + math.log(s) + r[iy]
+    total = 0.0
+    for i in range(r.shape[0]):
+        total += math.exp(-r[i] - top)
+    return top, total
 
 
 @helper
@@ -185,10 +193,7 @@ def topk_loss_vjp(
         if softmax_part and not infinite and r[0] != -INF:
             # d softmax_CE / dr_l = delta_ly - softmax(-r)_l (no gradient at a +inf logit)
             cs = cot[row] * pk1[row]
-            top_logit = -r[0]
-            s = 0.0
-            for i in range(n):
-                s += math.exp(-r[i] - top_logit)
+            top_logit, s = _softmax_normaliser(r)
             for i in range(n):
                 rbar[i] -= cs * math.exp(-r[i] - top_logit) / s
             rbar[iy] += cs
