@@ -70,7 +70,9 @@ def _direction(value, rng):
     return rng.normal(size=value.shape)
 
 
-def _moved(primals, position, direction):
+def _moved(primals, position):
+    """A function of one argument's value that returns all arguments with it replaced."""
+
     def f(value):
         args = list(primals)
         args[position] = value
@@ -90,7 +92,7 @@ def test_vjp_matches_finite_differences(name, fn, primals, kwargs, diff):
         value = np.asarray(primals[position], dtype=np.float64)
         assert np.shape(grad) == value.shape
         d = _direction(value, rng)
-        args = _moved(primals, position, d)
+        args = _moved(primals, position)
         fd = central_difference(lambda v, a=args: np.sum(u * fn(*a(v), **kwargs)), value, d)
         np.testing.assert_allclose(
             np.sum(grad * d), fd, rtol=1e-6, atol=1e-7, err_msg=f"{name}: argument {position}"
@@ -112,7 +114,7 @@ def test_jvp_matches_finite_differences(name, fn, primals, kwargs, diff):
         tangents[position] = d
         out, out_dot = so.jvp(fn, primals, tuple(tangents), **kwargs)
         np.testing.assert_allclose(out, fn(*primals, **kwargs))
-        args = _moved(primals, position, d)
+        args = _moved(primals, position)
         fd = central_difference(lambda v, a=args: fn(*a(v), **kwargs), value, d)
         np.testing.assert_allclose(
             out_dot, fd, rtol=1e-6, atol=1e-7, err_msg=f"{name}: argument {position}"
