@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from softorder._layout import Layout
+
 
 class Rule:
     """How one operation maps onto the core kernels.
@@ -21,11 +23,17 @@ class Rule:
     context; ``forward`` computes the result and keeps in the context what the gradients need
     (O(n) per row); ``vjp`` returns one gradient per name in ``differentiable``; ``jvp`` takes a
     dict of tangents keyed by those names (missing ones are zero).
+
+    For the bridges, a rule also describes its result and residuals from the arguments'
+    shapes alone (:meth:`describe`), hands its residuals out as arrays (:meth:`residuals`) and
+    rebuilds a context from them without sorting again (:meth:`restore`). Residuals have shape
+    ``batch_shape + (width,)``, so extra leading batch axes (``vmap``) pass through them.
     """
 
     differentiable: tuple[str, ...] = ()
+    input_name = "x"  # the argument that is sorted
 
-    def prepare(self, **arguments: Any) -> Any:  # pragma: no cover - interface
+    def prepare(self, order=None, **arguments: Any) -> Any:  # pragma: no cover - interface
         raise NotImplementedError
 
     def forward(self, ctx: Any) -> np.ndarray:  # pragma: no cover - interface
@@ -36,6 +44,53 @@ class Rule:
 
     def jvp(self, ctx: Any, tangents: dict) -> np.ndarray:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def result(self, layout: Layout, arguments: dict) -> tuple[str, tuple]:  # pragma: no cover
+        """The result's kind (see :data:`softorder._layout.KINDS`, or ``"scalar"``) and its
+        core shape.
+        """
+        raise NotImplementedError
+
+    def target_count(self, layout: Layout, arguments: dict) -> int:  # pragma: no cover
+        """How many inversion targets per row the forward pass keeps."""
+        raise NotImplementedError
+
+    def saved_widths(self, layout: Layout, arguments: dict) -> dict:
+        """Name -> (width, dtype) of each array the forward pass saves, per row."""
+        m = self.target_count(layout, arguments)
+        return {"anchor": (m, np.int64), "offset": (m, np.float64)}
+
+    def layout(self, arguments: dict) -> Layout:
+        shape = np.shape(arguments[self.input_name])
+        return Layout.of(shape, arguments.get("axis", -1), self.input_name)
+
+    def describe(self, arguments: dict) -> tuple[tuple, dict]:
+        """The result's shape and ``{name: (shape, dtype)}`` of the residuals, from the
+        arguments' shapes and static values only (no data is read).
+        """
+        layout = self.layout(arguments)
+        kind, core_shape = self.result(layout, arguments)
+        shape = () if kind == "scalar" else layout.user_shape(kind, core_shape)
+        widths = {"order": (layout.n, np.int64), **self.saved_widths(layout, arguments)}
+        batch = layout.batch_shape
+        return shape, {name: (batch + (w,), np.dtype(t)) for name, (w, t) in widths.items()}
+
+    def residuals(self, ctx: Any) -> dict:
+        """What the gradients of ``ctx`` need, as arrays shaped as :meth:`describe` says."""
+        rows = ctx.rows
+        arrays = {"order": rows.order, **ctx.saved}
+        return {name: a.reshape(rows.batch_shape + a.shape[1:]) for name, a in arrays.items()}
+
+    def restore(self, arguments: dict, residuals: dict) -> Any:
+        """A context ready for :meth:`vjp` / :meth:`jvp`, rebuilt from the arguments of a
+        forward call and its :meth:`residuals`.
+        """
+        ctx = self.prepare(**arguments, order=residuals["order"])
+        rows = ctx.rows.rows
+        for name, arr in residuals.items():
+            if name != "order":
+                ctx.saved[name] = np.ascontiguousarray(arr).reshape(rows, arr.shape[-1])
+        return ctx
 
 
 def operation(rule: Rule) -> Callable:

@@ -8,7 +8,6 @@ caller's layout and dtype. The kernels only ever see C-contiguous float64 ``(row
 
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass
 
@@ -40,21 +39,33 @@ def float_array(x, name: str) -> tuple[np.ndarray, np.dtype]:
 _SMALLEST_ALPHA = float(np.finfo(np.float64).tiny)
 
 
-def check_alpha(alpha) -> float:
-    """``alpha`` as a positive finite float, or ``ValueError`` naming it and its value."""
-    if isinstance(alpha, np.ndarray) and alpha.ndim == 0:
-        alpha = alpha.item()
-    if not isinstance(alpha, numbers.Real) or isinstance(alpha, bool):
-        raise TypeError(f"alpha must be a positive real scalar; got {alpha!r}")
-    value = float(alpha)
-    if not (math.isfinite(value) and value > 0.0):
-        raise ValueError(f"alpha must be positive and finite; got alpha={alpha!r}")
-    if value < _SMALLEST_ALPHA:
+def check_alpha(alpha, batch_shape: tuple = ()) -> tuple[np.ndarray, tuple]:
+    """``alpha`` once per row as float64 ``(rows,)``, and the shape the caller gave it.
+
+    ``alpha`` is a positive finite scalar, or an array of them broadcastable to
+    ``batch_shape`` (one temperature per row). Anything else raises ``TypeError`` or
+    ``ValueError`` naming alpha and the offending value.
+    """
+    if isinstance(alpha, bool) or (
+        not isinstance(alpha, numbers.Real) and np.asarray(alpha).dtype.kind not in "iuf"
+    ):
+        raise TypeError(f"alpha must be a positive real scalar or array; got {alpha!r}")
+    arr = np.asarray(alpha, dtype=np.float64)
+    try:
+        full = np.broadcast_to(arr, batch_shape)
+    except ValueError:
+        raise ValueError(
+            f"alpha of shape {arr.shape} does not broadcast to the batch shape {batch_shape}"
+        ) from None
+    bad = ~(np.isfinite(arr) & (arr > 0.0))
+    if bad.any():
+        raise ValueError(f"alpha must be positive and finite; got alpha={arr[bad].flat[0].item()!r}")
+    if (arr < _SMALLEST_ALPHA).any():
         raise ValueError(
             f"alpha must be at least {_SMALLEST_ALPHA:.3g} (1/alpha must be finite); "
-            f"got alpha={alpha!r}"
+            f"got alpha={arr[arr < _SMALLEST_ALPHA].flat[0].item()!r}"
         )
-    return value
+    return np.ascontiguousarray(full).reshape(-1), arr.shape
 
 
 def cast(value, dtype) -> np.ndarray:
@@ -73,52 +84,33 @@ def unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:
     return grad.sum(axis=axes, keepdims=True) if axes else grad
 
 
-@dataclass
-class Rows:
-    """An input viewed as sorted rows: ``xs[r] = sort(sign * x[r])``, ``order[r]`` its argsort."""
+@dataclass(frozen=True)
+class Layout:
+    """Where an operation's axis and batch axes are, from the input's shape alone.
 
-    xs: np.ndarray
-    order: np.ndarray
+    The bridges use it to declare result and residual shapes before any data exists.
+    """
+
     batch_shape: tuple
-    axis: int
+    axis: int  # non-negative
     ndim: int
-    dtype: np.dtype
-    sign: float
+    n: int
 
     @classmethod
-    def from_input(cls, x, axis: int = -1, name: str = "x", negate: bool = False) -> Rows:
-        arr, dtype = float_array(x, name)
-        if arr.ndim == 0:
+    def of(cls, shape: tuple, axis, name: str = "x") -> Layout:
+        shape = tuple(int(s) for s in shape)
+        ndim = len(shape)
+        if ndim == 0:
             raise ValueError(f"{name} must have at least one axis; got a scalar")
         if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
             raise TypeError(f"axis must be an integer; got {axis!r}")
-        if not -arr.ndim <= axis < arr.ndim:
-            raise ValueError(f"axis {axis} is out of range for {name} with {arr.ndim} dimensions")
-        axis = int(axis) % arr.ndim
-        if arr.shape[axis] == 0:
-            raise ValueError(f"{name} has an empty axis {axis} (shape {arr.shape}); need n >= 1")
-        moved = np.moveaxis(arr, axis, -1)
-        batch_shape = moved.shape[:-1]
-        rows2d = moved.reshape(-1, moved.shape[-1])  # a view when possible; never written
-        if negate:
-            rows2d = np.negative(rows2d, dtype=np.float64)
-        rows2d = np.ascontiguousarray(rows2d, dtype=np.float64)
-        order = np.argsort(rows2d, axis=1)
-        xs = np.empty(rows2d.shape)
-        core.take_rows(rows2d, order, xs)  # np.take_along_axis was 8x slower at n = 1e6
-        return cls(xs, order, batch_shape, axis, arr.ndim, dtype, -1.0 if negate else 1.0)
-
-    @property
-    def rows(self) -> int:
-        return self.xs.shape[0]
-
-    @property
-    def n(self) -> int:
-        return self.xs.shape[1]
-
-    def per_row(self, value: float) -> np.ndarray:
-        """A scalar parameter repeated once per row, as the kernels take it."""
-        return np.full(self.rows, value, dtype=np.float64)
+        if not -ndim <= axis < ndim:
+            raise ValueError(f"axis {axis} is out of range for {name} with {ndim} dimensions")
+        axis = int(axis) % ndim
+        if shape[axis] == 0:
+            raise ValueError(f"{name} has an empty axis {axis} (shape {shape}); need n >= 1")
+        batch_shape = tuple(shape[:axis]) + tuple(shape[axis + 1 :])
+        return cls(batch_shape, axis, ndim, int(shape[axis]))
 
     def _positions(self, kind: str) -> tuple[list[int], int]:
         nb = len(self.batch_shape)
@@ -134,9 +126,61 @@ class Rows:
             return [], 0
         raise ValueError(f"unknown result kind {kind!r}; expected one of {KINDS}")
 
+    def user_shape(self, kind: str, core_shape: tuple) -> tuple:
+        """The caller-facing shape of a result of ``kind`` with core axes ``core_shape``."""
+        dst, ncore = self._positions(kind)
+        nb = len(self.batch_shape)
+        placeholder = np.broadcast_to(np.empty(()), self.batch_shape + tuple(core_shape))
+        return np.moveaxis(placeholder, list(range(nb, nb + ncore)), dst).shape
+
+
+@dataclass
+class Rows:
+    """An input viewed as sorted rows: ``xs[r] = sort(sign * x[r])``, ``order[r]`` its argsort."""
+
+    xs: np.ndarray
+    order: np.ndarray
+    layout: Layout
+    dtype: np.dtype
+    sign: float
+
+    @classmethod
+    def from_input(
+        cls, x, axis: int = -1, name: str = "x", negate: bool = False, order=None
+    ) -> Rows:
+        """Validate and sort ``x``; with ``order`` (its saved argsort, from a forward pass)
+        the sort is skipped and the rows are only gathered.
+        """
+        arr, dtype = float_array(x, name)
+        layout = Layout.of(arr.shape, axis, name)
+        moved = np.moveaxis(arr, layout.axis, -1)
+        rows2d = moved.reshape(-1, moved.shape[-1])  # a view when possible; never written
+        if negate:
+            rows2d = np.negative(rows2d, dtype=np.float64)
+        rows2d = np.ascontiguousarray(rows2d, dtype=np.float64)
+        if order is None:
+            order = np.argsort(rows2d, axis=1)
+        else:
+            order = np.ascontiguousarray(order, dtype=np.int64).reshape(rows2d.shape)
+        xs = np.empty(rows2d.shape)
+        core.take_rows(rows2d, order, xs)  # np.take_along_axis was 8x slower at n = 1e6
+        return cls(xs, order, layout, dtype, -1.0 if negate else 1.0)
+
+    @property
+    def batch_shape(self) -> tuple:
+        return self.layout.batch_shape
+
+    @property
+    def rows(self) -> int:
+        return self.xs.shape[0]
+
+    @property
+    def n(self) -> int:
+        return self.xs.shape[1]
+
     def to_user(self, arr: np.ndarray, kind: str, dtype=None) -> np.ndarray:
         """A ``(rows, *core)`` kernel result in the caller's layout and dtype."""
-        dst, ncore = self._positions(kind)
+        dst, ncore = self.layout._positions(kind)
         nb = len(self.batch_shape)
         shaped = arr.reshape(self.batch_shape + arr.shape[1:])
         moved = np.moveaxis(shaped, list(range(nb, nb + ncore)), dst)
@@ -147,11 +191,9 @@ class Rows:
         float64; ``ValueError`` when its shape is not the shape of the result it belongs to.
         """
         arr, _ = float_array(value, name)
-        dst, ncore = self._positions(kind)
+        dst, ncore = self.layout._positions(kind)
         nb = len(self.batch_shape)
-        expected = np.moveaxis(
-            np.empty(self.batch_shape + core_shape), list(range(nb, nb + ncore)), dst
-        ).shape
+        expected = self.layout.user_shape(kind, core_shape)
         if arr.shape != expected:
             raise ValueError(f"{name} must have shape {expected}; got {arr.shape}")
         moved = np.moveaxis(arr, dst, list(range(nb, nb + ncore)))
@@ -213,6 +255,12 @@ class Targets:
     @property
     def m(self) -> int:
         return self.values.shape[1]
+
+    @staticmethod
+    def count(value, layout: Layout) -> int:
+        """How many targets per row ``value`` lists, from its shape alone."""
+        shape = np.shape(value)
+        return int(shape[-1]) if len(shape) == len(layout.batch_shape) + 1 else 1
 
     def grad_to_user(self, w_bar: np.ndarray, rows: Rows, dtype) -> np.ndarray:
         """Gradient per target ``(rows, m)`` -> gradient of the user's argument (its shape)."""

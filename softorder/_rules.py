@@ -12,22 +12,27 @@ import numpy as np
 
 from softorder import core
 from softorder._autodiff import Rule
-from softorder._layout import Rows, Targets, cast, check_alpha, float_array
+from softorder._layout import Rows, Targets, cast, check_alpha, float_array, unbroadcast
 
 REDUCTIONS = ("mean", "sum", "none")
 
 
 @dataclass
 class Context:
-    """The validated arguments of one call and what its forward pass saved."""
+    """The validated arguments of one call (``params``) and what its forward pass saved
+    (``saved``: arrays of shape ``(rows, width)``, the residuals a bridge keeps for the
+    gradients).
+    """
 
     rows: Rows
-    alpha: float
+    alpha: np.ndarray  # (rows,): alpha of each row
+    alpha_shape: tuple  # the shape the caller gave alpha, for its gradient
+    params: dict = field(default_factory=dict)
     saved: dict = field(default_factory=dict)
 
-    @property
-    def alpha_rows(self) -> np.ndarray:
-        return self.rows.per_row(self.alpha)
+    @classmethod
+    def of(cls, rows: Rows, alpha) -> Context:
+        return cls(rows, *check_alpha(alpha, rows.batch_shape))
 
     def work(self, width: int, length: int | None = None) -> np.ndarray:
         """Scratch for one kernel call: (rows, width, length or n)."""
@@ -45,18 +50,23 @@ class Context:
     def scalar(self, value) -> np.floating:
         return cast(value, self.rows.dtype)[()]
 
+    def alpha_grad(self, alpha_bar: np.ndarray) -> np.ndarray:
+        """Per-row gradient of alpha -> gradient of the caller's alpha (its shape)."""
+        shaped = alpha_bar.reshape(self.rows.batch_shape)
+        reduced = unbroadcast(shaped, self.alpha_shape).reshape(self.alpha_shape)
+        return cast(reduced, self.rows.dtype)[()]
 
-def _alpha_tangent_value(tangents: dict) -> float:
-    """The tangent of the scalar ``alpha`` (0 when absent)."""
-    arr = np.asarray(tangents.get("alpha", 0.0))
-    if arr.shape != ():
-        raise ValueError(f"the tangent of alpha must be a scalar; got shape {arr.shape}")
-    return float(arr)
-
-
-def _alpha_tangent(tangents: dict, ctx: Context) -> np.ndarray:
-    """The tangent of ``alpha`` once per row, as the kernels take it."""
-    return ctx.rows.per_row(_alpha_tangent_value(tangents))
+    def alpha_tangent(self, tangents: dict) -> np.ndarray:
+        """The tangent of alpha once per row, as the kernels take it (0 when absent)."""
+        if "alpha" not in tangents:
+            return np.zeros(self.rows.rows)
+        arr, _ = float_array(tangents["alpha"], "tangent of alpha")
+        if arr.shape != self.alpha_shape:
+            raise ValueError(
+                f"the tangent of alpha must have alpha's shape {self.alpha_shape}; got {arr.shape}"
+            )
+        full = np.broadcast_to(arr.astype(np.float64), self.rows.batch_shape)
+        return np.ascontiguousarray(full).reshape(-1)
 
 
 def _x_tangent(tangents: dict, rows: Rows, name: str = "x") -> np.ndarray:
@@ -68,8 +78,14 @@ def _x_tangent(tangents: dict, rows: Rows, name: str = "x") -> np.ndarray:
 class RankRule(Rule):
     differentiable = ("x", "alpha")
 
-    def prepare(self, x, alpha, axis, descending):
-        return Context(Rows.from_input(x, axis, negate=descending), check_alpha(alpha))
+    def prepare(self, x, alpha, axis, descending, order=None):
+        return Context.of(Rows.from_input(x, axis, negate=descending, order=order), alpha)
+
+    def result(self, layout, arguments):
+        return "row", (layout.n,)
+
+    def saved_widths(self, layout, arguments):
+        return {"decay": (layout.n, np.float64)}
 
     def forward(self, ctx):
         rows = ctx.rows
@@ -78,7 +94,7 @@ class RankRule(Rule):
         core.rank_forward(
             rows.xs,
             rows.order,
-            ctx.alpha_rows,
+            ctx.alpha,
             out,
             ctx.saved["decay"],
             ctx.work(core.rank.FORWARD_WORK),
@@ -93,14 +109,14 @@ class RankRule(Rule):
         core.rank_vjp(
             rows.xs,
             rows.order,
-            ctx.alpha_rows,
+            ctx.alpha,
             ctx.saved["decay"],
             v,
             x_bar,
             alpha_bar,
             ctx.work(core.rank.LINEAR_WORK),
         )
-        return rows.grad_to_user(x_bar), ctx.scalar(alpha_bar.sum())
+        return rows.grad_to_user(x_bar), ctx.alpha_grad(alpha_bar)
 
     def jvp(self, ctx, tangents):
         rows = ctx.rows
@@ -108,10 +124,10 @@ class RankRule(Rule):
         core.rank_jvp(
             rows.xs,
             rows.order,
-            ctx.alpha_rows,
+            ctx.alpha,
             ctx.saved["decay"],
             _x_tangent(tangents, rows),
-            _alpha_tangent(tangents, ctx),
+            ctx.alpha_tangent(tangents),
             out,
             ctx.work(core.rank.LINEAR_WORK),
         )
@@ -121,14 +137,17 @@ class RankRule(Rule):
 class InverseRule(Rule):
     """Values of the inverse Lap-sum: soft sort (``w = k - 1/2``), soft quantile (``w = q n``)."""
 
+    def _target_order(self, ctx) -> np.ndarray:  # pragma: no cover - interface
+        """Argsort of each row's targets ``w``, (rows, m)."""
+        raise NotImplementedError
+
     def _forward_targets(self, ctx, w, worder):
         rows = ctx.rows
         out = np.empty(w.shape)
         anchor, offset = ctx.target_storage(w.shape[1])
         core.inverse_kernel(
-            rows.xs, ctx.alpha_rows, w, worder, out, anchor, offset, ctx.work(core.lapsum.TABLES)
+            rows.xs, ctx.alpha, w, worder, out, anchor, offset, ctx.work(core.lapsum.TABLES)
         )
-        ctx.saved["worder"] = worder
         return out
 
     def _pullback(self, ctx, u):
@@ -139,10 +158,10 @@ class InverseRule(Rule):
         core.inverse_vjp(
             rows.xs,
             rows.order,
-            ctx.alpha_rows,
+            ctx.alpha,
             s["anchor"],
             s["offset"],
-            s["worder"],
+            self._target_order(ctx),
             u,
             x_bar,
             w_bar,
@@ -158,13 +177,13 @@ class InverseRule(Rule):
         core.inverse_jvp(
             rows.xs,
             rows.order,
-            ctx.alpha_rows,
+            ctx.alpha,
             s["anchor"],
             s["offset"],
-            s["worder"],
+            self._target_order(ctx),
             _x_tangent(tangents, rows),
             w_dot,
-            _alpha_tangent(tangents, ctx),
+            ctx.alpha_tangent(tangents),
             out,
             ctx.work(core.sort.JVP_WORK),
             ctx.work(core.lapsum.PUSHFORWARD_WORK, w_dot.shape[1]),
@@ -175,21 +194,30 @@ class InverseRule(Rule):
 class SortRule(InverseRule):
     differentiable = ("x", "alpha")
 
-    def prepare(self, x, alpha, axis, descending):
+    def prepare(self, x, alpha, axis, descending, order=None):
         # descending = -(ascending sort of -x): negate on the way in and on the way out.
-        return Context(Rows.from_input(x, axis, negate=descending), check_alpha(alpha))
+        return Context.of(Rows.from_input(x, axis, negate=descending, order=order), alpha)
+
+    def result(self, layout, arguments):
+        return "row", (layout.n,)
+
+    def target_count(self, layout, arguments):
+        return layout.n
+
+    def _target_order(self, ctx):
+        return np.broadcast_to(np.arange(ctx.rows.n), ctx.rows.xs.shape).copy()
 
     def forward(self, ctx):
         rows = ctx.rows
         w = np.broadcast_to(np.arange(rows.n) + 0.5, rows.xs.shape).copy()
-        worder = np.broadcast_to(np.arange(rows.n), rows.xs.shape).copy()
-        return rows.to_user(self._forward_targets(ctx, w, worder) * rows.sign, "row")
+        out = self._forward_targets(ctx, w, self._target_order(ctx))
+        return rows.to_user(out * rows.sign, "row")
 
     def vjp(self, ctx, cotangent):
         rows = ctx.rows
         u = rows.to_core(cotangent, "row", (rows.n,), "cotangent") * rows.sign
         x_bar, _, alpha_bar = self._pullback(ctx, u)
-        return rows.grad_to_user(x_bar), ctx.scalar(alpha_bar.sum())
+        return rows.grad_to_user(x_bar), ctx.alpha_grad(alpha_bar)
 
     def jvp(self, ctx, tangents):
         rows = ctx.rows
@@ -200,34 +228,45 @@ class SortRule(InverseRule):
 class QuantileRule(InverseRule):
     differentiable = ("x", "q", "alpha")
 
-    def prepare(self, x, q, alpha, axis):
-        ctx = Context(Rows.from_input(x, axis), check_alpha(alpha))
-        ctx.saved["targets"] = Targets.parse(q, ctx.rows, "q", 1.0, "1")
+    def prepare(self, x, q, alpha, axis, order=None):
+        ctx = Context.of(Rows.from_input(x, axis, order=order), alpha)
+        ctx.params["targets"] = Targets.parse(q, ctx.rows, "q", 1.0, "1")
         return ctx
 
+    def result(self, layout, arguments):
+        m = Targets.count(arguments["q"], layout)
+        multi = np.ndim(arguments["q"]) == len(layout.batch_shape) + 1
+        return ("targets", (m,)) if multi else ("none", ())
+
+    def target_count(self, layout, arguments):
+        return Targets.count(arguments["q"], layout)
+
+    def _target_order(self, ctx):
+        return ctx.params["targets"].order
+
     def _kind(self, ctx):
-        return "targets" if ctx.saved["targets"].multi else "none"
+        return "targets" if ctx.params["targets"].multi else "none"
 
     def forward(self, ctx):
-        targets = ctx.saved["targets"]
-        out = self._forward_targets(ctx, targets.values * ctx.rows.n, targets.order)
+        targets = ctx.params["targets"]
+        out = self._forward_targets(ctx, targets.values * ctx.rows.n, self._target_order(ctx))
         return ctx.rows.to_user(out if targets.multi else out[:, 0], self._kind(ctx))
 
     def _cotangent(self, ctx, cotangent):
-        rows, targets = ctx.rows, ctx.saved["targets"]
+        rows, targets = ctx.rows, ctx.params["targets"]
         core_shape = (targets.m,) if targets.multi else ()
         return rows.to_core(cotangent, self._kind(ctx), core_shape, "cotangent").reshape(
             rows.rows, targets.m
         )
 
     def vjp(self, ctx, cotangent):
-        rows, targets = ctx.rows, ctx.saved["targets"]
+        rows, targets = ctx.rows, ctx.params["targets"]
         x_bar, w_bar, alpha_bar = self._pullback(ctx, self._cotangent(ctx, cotangent))
         q_bar = targets.grad_to_user(w_bar * rows.n, rows, rows.dtype)
-        return rows.grad_to_user(x_bar), q_bar, ctx.scalar(alpha_bar.sum())
+        return rows.grad_to_user(x_bar), q_bar, ctx.alpha_grad(alpha_bar)
 
     def jvp(self, ctx, tangents):
-        rows, targets = ctx.rows, ctx.saved["targets"]
+        rows, targets = ctx.rows, ctx.params["targets"]
         w_dot = (
             targets.tangent_to_core(tangents["q"], rows, "tangent of q") * rows.n
             if "q" in tangents
@@ -243,27 +282,35 @@ class TopKRule(Rule):
     def __init__(self, log: bool):
         self.log = log
 
-    def prepare(self, x, k, alpha, axis, largest):
+    def prepare(self, x, k, alpha, axis, largest, order=None):
         # The kernels select the k smallest; the k largest of x are the k smallest of -x.
-        ctx = Context(Rows.from_input(x, axis, negate=largest), check_alpha(alpha))
+        ctx = Context.of(Rows.from_input(x, axis, negate=largest, order=order), alpha)
         n = ctx.rows.n
-        ctx.saved["targets"] = Targets.parse(k, ctx.rows, "k", float(n), f"n={n}")
+        ctx.params["targets"] = Targets.parse(k, ctx.rows, "k", float(n), f"n={n}")
         return ctx
 
+    def result(self, layout, arguments):
+        m = Targets.count(arguments["k"], layout)
+        multi = np.ndim(arguments["k"]) == len(layout.batch_shape) + 1
+        return ("targets_row", (m, layout.n)) if multi else ("row", (layout.n,))
+
+    def target_count(self, layout, arguments):
+        return Targets.count(arguments["k"], layout)
+
     def _kind(self, ctx):
-        return "targets_row" if ctx.saved["targets"].multi else "row"
+        return "targets_row" if ctx.params["targets"].multi else "row"
 
     def _to_user(self, ctx, out):
-        return ctx.rows.to_user(out if ctx.saved["targets"].multi else out[:, 0], self._kind(ctx))
+        return ctx.rows.to_user(out if ctx.params["targets"].multi else out[:, 0], self._kind(ctx))
 
     def forward(self, ctx):
-        rows, targets = ctx.rows, ctx.saved["targets"]
+        rows, targets = ctx.rows, ctx.params["targets"]
         out = np.empty((rows.rows, targets.m, rows.n))
         anchor, offset = ctx.target_storage(targets.m)
         core.topk_forward(
             rows.xs,
             rows.order,
-            ctx.alpha_rows,
+            ctx.alpha,
             targets.values,
             targets.order,
             self.log,
@@ -275,7 +322,7 @@ class TopKRule(Rule):
         return self._to_user(ctx, out)
 
     def vjp(self, ctx, cotangent):
-        rows, targets, s = ctx.rows, ctx.saved["targets"], ctx.saved
+        rows, targets, s = ctx.rows, ctx.params["targets"], ctx.saved
         core_shape = (targets.m, rows.n) if targets.multi else (rows.n,)
         v = rows.to_core(cotangent, self._kind(ctx), core_shape, "cotangent").reshape(
             rows.rows, targets.m, rows.n
@@ -286,7 +333,7 @@ class TopKRule(Rule):
         core.topk_vjp(
             rows.xs,
             rows.order,
-            ctx.alpha_rows,
+            ctx.alpha,
             s["anchor"],
             s["offset"],
             self.log,
@@ -297,10 +344,10 @@ class TopKRule(Rule):
             ctx.work(core.topk.GRADIENT_WORK),
         )
         k_bar = targets.grad_to_user(w_bar, rows, rows.dtype)
-        return rows.grad_to_user(x_bar), k_bar, ctx.scalar(alpha_bar.sum())
+        return rows.grad_to_user(x_bar), k_bar, ctx.alpha_grad(alpha_bar)
 
     def jvp(self, ctx, tangents):
-        rows, targets, s = ctx.rows, ctx.saved["targets"], ctx.saved
+        rows, targets, s = ctx.rows, ctx.params["targets"], ctx.saved
         w_dot = (
             targets.tangent_to_core(tangents["k"], rows, "tangent of k")
             if "k" in tangents
@@ -310,13 +357,13 @@ class TopKRule(Rule):
         core.topk_jvp(
             rows.xs,
             rows.order,
-            ctx.alpha_rows,
+            ctx.alpha,
             s["anchor"],
             s["offset"],
             self.log,
             _x_tangent(tangents, rows),
             w_dot,
-            _alpha_tangent(tangents, ctx),
+            ctx.alpha_tangent(tangents),
             out,
             ctx.work(core.topk.GRADIENT_WORK),
         )
@@ -326,9 +373,15 @@ class TopKRule(Rule):
 class PermutationRule(Rule):
     differentiable = ("x", "alpha")
 
-    def prepare(self, x, alpha, axis, descending):
+    def prepare(self, x, alpha, axis, descending, order=None):
         # P computed on -x sorts -x ascending, i.e. P @ x is x sorted descending.
-        return Context(Rows.from_input(x, axis, negate=descending), check_alpha(alpha))
+        return Context.of(Rows.from_input(x, axis, negate=descending, order=order), alpha)
+
+    def result(self, layout, arguments):
+        return "matrix", (layout.n, layout.n)
+
+    def target_count(self, layout, arguments):
+        return layout.n - 1
 
     def forward(self, ctx):
         rows = ctx.rows
@@ -337,7 +390,7 @@ class PermutationRule(Rule):
         core.permutation_forward(
             rows.xs,
             rows.order,
-            ctx.alpha_rows,
+            ctx.alpha,
             *_boundary_targets(rows),
             out,
             anchor,
@@ -354,7 +407,7 @@ class PermutationRule(Rule):
         core.permutation_vjp(
             rows.xs,
             rows.order,
-            ctx.alpha_rows,
+            ctx.alpha,
             s["anchor"],
             s["offset"],
             _boundary_targets(rows)[1],
@@ -364,7 +417,7 @@ class PermutationRule(Rule):
             ctx.work(core.permutation.GRADIENT_WORK),
             ctx.work(core.permutation.BOUNDARY_WORK, rows.n - 1),
         )
-        return rows.grad_to_user(x_bar), ctx.scalar(alpha_bar.sum())
+        return rows.grad_to_user(x_bar), ctx.alpha_grad(alpha_bar)
 
     def jvp(self, ctx, tangents):
         rows, s = ctx.rows, ctx.saved
@@ -372,12 +425,12 @@ class PermutationRule(Rule):
         core.permutation_jvp(
             rows.xs,
             rows.order,
-            ctx.alpha_rows,
+            ctx.alpha,
             s["anchor"],
             s["offset"],
             _boundary_targets(rows)[1],
             _x_tangent(tangents, rows),
-            _alpha_tangent(tangents, ctx),
+            ctx.alpha_tangent(tangents),
             out,
             ctx.work(core.permutation.GRADIENT_WORK),
             ctx.work(core.permutation.BOUNDARY_WORK, rows.n - 1),
@@ -396,13 +449,16 @@ class LossRule(Rule):
     per row is its gradient dotted with the tangents (one VJP with unit cotangents).
     """
 
+    def result(self, layout, arguments):
+        return ("none", ()) if arguments["reduction"] == "none" else ("scalar", ())
+
     def _reduction(self, reduction):
         if reduction not in REDUCTIONS:
             raise ValueError(f"reduction must be one of {REDUCTIONS}; got {reduction!r}")
         return reduction
 
     def _reduce(self, ctx, per_row):
-        rows, reduction = ctx.rows, ctx.saved["reduction"]
+        rows, reduction = ctx.rows, ctx.params["reduction"]
         if reduction == "none":
             return rows.to_user(per_row, "none")
         total = per_row.sum()
@@ -411,7 +467,7 @@ class LossRule(Rule):
         return ctx.scalar(total / rows.rows if rows.rows else np.nan)  # mean of nothing: NaN
 
     def _row_cotangent(self, ctx, cotangent):
-        rows, reduction = ctx.rows, ctx.saved["reduction"]
+        rows, reduction = ctx.rows, ctx.params["reduction"]
         if reduction == "none":
             return rows.to_core(cotangent, "none", (), "cotangent")
         arr, _ = float_array(cotangent, "cotangent")
@@ -427,14 +483,14 @@ class LossRule(Rule):
 
     def vjp(self, ctx, cotangent):
         x_bar, alpha_bar = self._row_gradients(ctx, self._row_cotangent(ctx, cotangent))
-        return ctx.rows.grad_to_user(x_bar), ctx.scalar(alpha_bar.sum())
+        return ctx.rows.grad_to_user(x_bar), ctx.alpha_grad(alpha_bar)
 
     def jvp(self, ctx, tangents):
         rows = ctx.rows
         x_bar, alpha_bar = self._row_gradients(ctx, np.ones(rows.rows))
         x_name = self.differentiable[0]
         per_row = (x_bar * _x_tangent(tangents, rows, x_name)).sum(axis=1)
-        per_row += alpha_bar * _alpha_tangent_value(tangents)
+        per_row += alpha_bar * ctx.alpha_tangent(tangents)
         return self._reduce(ctx, per_row)
 
 
@@ -454,12 +510,14 @@ def _labels_in_rows(labels, rows: Rows, name: str, low: int, high: int, core_sha
 class TopKCrossEntropyRule(LossRule):
     differentiable = ("logits", "alpha")
 
-    def prepare(self, logits, labels, p_k, alpha, reduction, split_top1):
-        rows = Rows.from_input(logits, -1, name="logits", negate=True)
-        ctx = Context(rows, check_alpha(alpha))
+    input_name = "logits"
+
+    def prepare(self, logits, labels, p_k, alpha, reduction, split_top1, order=None):
+        rows = Rows.from_input(logits, -1, name="logits", negate=True, order=order)
+        ctx = Context.of(rows, alpha)
         n = rows.n
-        ctx.saved["reduction"] = self._reduction(reduction)
-        ctx.saved["labels"] = _labels_in_rows(labels, rows, "labels", 0, n - 1, ())
+        ctx.params["reduction"] = self._reduction(reduction)
+        ctx.params["labels"] = _labels_in_rows(labels, rows, "labels", 0, n - 1, ())
         pk, _ = float_array(p_k, "p_k")
         if pk.ndim == 0 or pk.shape[-1] == 0:
             raise ValueError(
@@ -483,42 +541,45 @@ class TopKCrossEntropyRule(LossRule):
                 "p_k must be a probability distribution over k = 1..K (non-negative, summing to 1)"
             )
         with np.errstate(divide="ignore"):
-            ctx.saved["log_pk"] = np.log(pk)
-        ctx.saved["pk1"] = np.ascontiguousarray(pk[:, 0])
-        ctx.saved["split"] = bool(split_top1)
+            ctx.params["log_pk"] = np.log(pk)
+        ctx.params["pk1"] = np.ascontiguousarray(pk[:, 0])
+        ctx.params["split"] = bool(split_top1)
         return ctx
 
     def forward(self, ctx):
-        rows, s = ctx.rows, ctx.saved
+        rows, p = ctx.rows, ctx.params
         per_row = np.empty(rows.rows)
-        ctx.target_storage(s["log_pk"].shape[1])
+        anchor, offset = ctx.target_storage(p["log_pk"].shape[1])
         core.topk_loss_forward(
             rows.xs,
             rows.order,
-            ctx.alpha_rows,
-            s["labels"],
-            s["log_pk"],
-            s["split"],
-            s["pk1"],
+            ctx.alpha,
+            p["labels"],
+            p["log_pk"],
+            p["split"],
+            p["pk1"],
             per_row,
-            s["anchor"],
-            s["offset"],
+            anchor,
+            offset,
             ctx.work(core.topk_loss.FORWARD_WORK),
         )
         return self._reduce(ctx, per_row)
 
+    def target_count(self, layout, arguments):
+        return int(np.shape(arguments["p_k"])[-1])
+
     def _row_gradients(self, ctx, cot):
-        rows, s = ctx.rows, ctx.saved
+        rows, p, s = ctx.rows, ctx.params, ctx.saved
         x_bar = np.empty(rows.xs.shape)
         alpha_bar = np.empty(rows.rows)
         core.topk_loss_vjp(
             rows.xs,
             rows.order,
-            ctx.alpha_rows,
-            s["labels"],
-            s["log_pk"],
-            s["split"],
-            s["pk1"],
+            ctx.alpha,
+            p["labels"],
+            p["log_pk"],
+            p["split"],
+            p["pk1"],
             s["anchor"],
             s["offset"],
             cot,
@@ -532,28 +593,31 @@ class TopKCrossEntropyRule(LossRule):
 class PermutationCrossEntropyRule(LossRule):
     differentiable = ("x", "alpha")
 
-    def prepare(self, x, target_ranks, alpha, reduction, descending):
-        rows = Rows.from_input(x, -1, negate=descending)
-        ctx = Context(rows, check_alpha(alpha))
-        ctx.saved["reduction"] = self._reduction(reduction)
-        ctx.saved["target"] = _labels_in_rows(
+    def prepare(self, x, target_ranks, alpha, reduction, descending, order=None):
+        rows = Rows.from_input(x, -1, negate=descending, order=order)
+        ctx = Context.of(rows, alpha)
+        ctx.params["reduction"] = self._reduction(reduction)
+        ctx.params["target"] = _labels_in_rows(
             target_ranks, rows, "target_ranks", 1, rows.n, (rows.n,)
         )
         return ctx
 
+    def target_count(self, layout, arguments):
+        return layout.n - 1
+
     def forward(self, ctx):
-        rows, s = ctx.rows, ctx.saved
+        rows = ctx.rows
         per_row = np.empty(rows.rows)
-        ctx.target_storage(rows.n - 1)
+        anchor, offset = ctx.target_storage(rows.n - 1)
         core.permutation_loss_forward(
             rows.xs,
             rows.order,
-            ctx.alpha_rows,
-            s["target"],
+            ctx.alpha,
+            ctx.params["target"],
             *_boundary_targets(rows),
             per_row,
-            s["anchor"],
-            s["offset"],
+            anchor,
+            offset,
             ctx.work(core.permutation.FORWARD_WORK),
         )
         return self._reduce(ctx, per_row)
@@ -565,8 +629,8 @@ class PermutationCrossEntropyRule(LossRule):
         core.permutation_loss_vjp(
             rows.xs,
             rows.order,
-            ctx.alpha_rows,
-            s["target"],
+            ctx.alpha,
+            ctx.params["target"],
             s["anchor"],
             s["offset"],
             _boundary_targets(rows)[1],

@@ -45,8 +45,9 @@ def soft_topk(
         k per row. To ask for several k per row in one call, give ``k`` one more trailing axis
         (shape ``batch + (m,)``, or ``(1,) * batch_ndim + (m,)``): the result then gets an axis
         of length m just before ``axis``.
-    alpha : float
-        Positive scale, in the units of ``x``.
+    alpha : float or array_like
+        Positive scale, in the units of ``x``: a scalar, or one per row (an array
+        broadcastable to the batch shape).
     axis : int
         Axis along which to select.
     largest : bool
@@ -126,8 +127,9 @@ def soft_rank(
     ----------
     x : array_like
         Values; any shape, real.
-    alpha : float
-        Positive scale, in the units of ``x``.
+    alpha : float or array_like
+        Positive scale, in the units of ``x``: a scalar, or one per row (an array
+        broadcastable to the batch shape).
     axis : int
         Axis along which to rank.
     descending : bool
@@ -159,8 +161,9 @@ def soft_sort(
     ----------
     x : array_like
         Values; any shape, real.
-    alpha : float
-        Positive scale, in the units of ``x``.
+    alpha : float or array_like
+        Positive scale, in the units of ``x``: a scalar, or one per row (an array
+        broadcastable to the batch shape).
     axis : int
         Axis to sort along.
     descending : bool
@@ -194,8 +197,9 @@ def soft_quantile(x: ArrayLike, q: ArrayLike, alpha: float = 1.0, *, axis: int =
         shape (one q per row); with one more trailing axis (``batch + (m,)``, or
         ``(1,) * batch_ndim + (m,)``) it lists m quantiles per row, and the result has an axis
         of length m in place of ``axis``.
-    alpha : float
-        Positive scale, in the units of ``x``.
+    alpha : float or array_like
+        Positive scale, in the units of ``x``: a scalar, or one per row (an array
+        broadcastable to the batch shape).
     axis : int
         Axis along which to take quantiles; it is removed (or replaced by the q axis).
 
@@ -230,8 +234,9 @@ def soft_permutation(
     ----------
     x : array_like
         Values; any shape, real.
-    alpha : float
-        Positive scale, in the units of ``x``.
+    alpha : float or array_like
+        Positive scale, in the units of ``x``: a scalar, or one per row (an array
+        broadcastable to the batch shape).
     axis : int
         Axis to sort along. The two matrix axes are placed last: the result has shape
         ``batch + (n, n)`` where ``batch`` is ``x``'s shape without ``axis``.
@@ -283,8 +288,9 @@ def topk_cross_entropy(
     p_k : array_like
         ``P_K(k)`` for k = 1..K (K < C) along the last axis, non-negative, summing to 1;
         shape ``(K,)`` or broadcastable to ``(..., K)``.
-    alpha : float
-        Positive scale, in the units of the logits.
+    alpha : float or array_like
+        Positive scale, in the units of the logits: a scalar, or one per row (an array
+        broadcastable to the batch shape).
     reduction : {"mean", "sum", "none"}
         How to combine the per-sample losses.
     split_top1 : bool
@@ -328,8 +334,9 @@ def permutation_cross_entropy(
         The true 1-based rank of each element (1 = smallest, or the largest with
         ``descending``), same shape as ``x``; e.g.
         ``scipy.stats.rankdata(true_scores, method="ordinal", axis=-1)``.
-    alpha : float
-        Positive scale, in the units of ``x``.
+    alpha : float or array_like
+        Positive scale, in the units of ``x``: a scalar, or one per row (an array
+        broadcastable to the batch shape).
     reduction : {"mean", "sum", "none"}
         How to combine the per-row losses.
     descending : bool

@@ -11,6 +11,7 @@ RNG = np.random.default_rng(7)
 X = RNG.normal(size=(3, 7))
 LOGITS = RNG.normal(size=(5, 8)) * 1.5
 LABELS = np.array([0, 3, 7, 2, 5])
+ALPHAS = np.array([0.3, 0.6, 1.1])  # one alpha per row of X
 TARGET_RANKS = np.stack([RNG.permutation(7) + 1 for _ in range(3)])
 
 # (name, fn, primals, kwargs, differentiable positions)
@@ -29,6 +30,11 @@ CASES = [
         (0, 1, 2),
     ),
     ("rank", so.soft_rank, (X, 0.5), {}, (0, 1)),
+    ("rank_alpha_per_row", so.soft_rank, (X, np.array([0.3, 0.5, 0.9])), {}, (0, 1)),
+    ("topk_alpha_per_row", so.soft_topk, (X, np.array([[1.0, 4.0]]), ALPHAS), {}, (0, 1, 2)),
+    ("sort_alpha_shape_1", so.soft_sort, (X, np.array([0.4])), {}, (0, 1)),
+    ("quantile_alpha_per_row", so.soft_quantile, (X, 0.3, ALPHAS), {}, (0, 1, 2)),
+    ("permutation_alpha_per_row", so.soft_permutation, (X, ALPHAS), {}, (0, 1)),
     ("rank_desc_axis0", so.soft_rank, (X, 0.5), {"axis": 0, "descending": True}, (0, 1)),
     ("sort", so.soft_sort, (X, 0.5), {}, (0, 1)),
     ("sort_desc", so.soft_sort, (X, 0.2), {"descending": True}, (0, 1)),
@@ -52,6 +58,14 @@ CASES = [
         (0, 3),
     ),
     ("perm_ce", so.permutation_cross_entropy, (X, TARGET_RANKS, 0.5), {}, (0, 2)),
+    ("perm_ce_alpha_per_row", so.permutation_cross_entropy, (X, TARGET_RANKS, ALPHAS), {}, (0, 2)),
+    (
+        "topk_ce_alpha_per_row",
+        so.topk_cross_entropy,
+        (LOGITS, LABELS, [0.5, 0.5], np.linspace(0.3, 1.0, 5)),
+        {"split_top1": True},
+        (0, 3),
+    ),
     (
         "perm_ce_desc",
         so.permutation_cross_entropy,

@@ -184,3 +184,25 @@ def test_float16_is_computed_in_float64_and_returned_in_float16(rng):
     _, pullback = so.vjp(so.soft_topk, x16, 3.0, 0.2)
     x_bar, k_bar, alpha_bar = pullback(np.ones((2, 30), dtype=np.float16))
     assert x_bar.dtype == k_bar.dtype == alpha_bar.dtype == np.float16
+
+
+@pytest.mark.parametrize(
+    "fn, args",
+    [
+        (so.soft_rank, ()),
+        (so.soft_sort, ()),
+        (so.soft_topk, (2.5,)),
+        (so.soft_quantile, (0.4,)),
+        (so.soft_permutation, ()),
+    ],
+)
+def test_alpha_per_row_equals_each_row_alone(fn, args, rng):
+    x = rng.normal(size=(4, 9))
+    alphas = np.array([1e-3, 0.2, 1.0, 30.0])
+    together = fn(x, *args, alphas)
+    for r in range(4):
+        np.testing.assert_array_equal(together[r], fn(x[r], *args, alphas[r]))
+    # alpha follows the batch axes wherever the operation's axis is
+    moved = fn(x.T, *args, alphas, axis=0)
+    same_layout = fn in (so.soft_quantile, so.soft_permutation)
+    np.testing.assert_array_equal(moved, together if same_layout else together.T)
