@@ -59,7 +59,9 @@ def check_alpha(alpha, batch_shape: tuple = ()) -> tuple[np.ndarray, tuple]:
         ) from None
     bad = ~(np.isfinite(arr) & (arr > 0.0))
     if bad.any():
-        raise ValueError(f"alpha must be positive and finite; got alpha={arr[bad].flat[0].item()!r}")
+        raise ValueError(
+            f"alpha must be positive and finite; got alpha={arr[bad].flat[0].item()!r}"
+        )
     if (arr < _SMALLEST_ALPHA).any():
         raise ValueError(
             f"alpha must be at least {_SMALLEST_ALPHA:.3g} (1/alpha must be finite); "
