@@ -1,0 +1,233 @@
+"""Shared data, parameter grids and base classes of the softorder asv suite.
+
+Everything here starts with an underscore or is a plain function/constant, so asv's
+discovery (which skips names starting with ``_``) never collects the base classes
+themselves, only the subclasses defined in the family modules.
+
+Conventions of the suite
+------------------------
+* ``setup()`` builds seeded data (:func:`make_input`), calls the operation once forward and
+  once forward + backward (numba compiles or loads its kernels, JAX traces and compiles, torch
+  allocates its caches), and raises ``NotImplementedError`` when a framework, bridge or peer
+  is not installed or a size is out of a method's reach: asv reports that benchmark as
+  skipped.
+* The timed bodies only call the operation (and, for ``forward_backward``, its gradient with a
+  fixed random cotangent). JAX results are blocked on.
+* ``peakmem_*`` is asv's peak resident memory of the whole benchmark process, so it includes
+  the imported frameworks and the input; ``asv_bench/plot.py`` measures the extra peak of one
+  call instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import warnings
+
+import numpy as np
+
+#: Row lengths of the scaling benchmarks.
+N_VALUES = (100, 1_000, 10_000, 100_000, 1_000_000)
+#: Input kinds: standard normal, sorted, reversed, ~100 copies of each value, gaps of 1000 alpha.
+KINDS = ("random", "sorted", "reversed", "ties", "separated")
+#: Batch shapes of the batched benchmarks ("1" is one row; "16x16" two batch axes).
+BATCHES = ("1", "256", "16x16")
+#: Row lengths of the batched benchmarks.
+BATCH_N = (1_000, 10_000)
+DTYPES = ("float32", "float64")
+#: The Laplace scale used throughout (data are standard normal).
+ALPHA = 0.1
+#: torchsort's regularization strength and ott-jax's epsilon on the same data.
+PEER_STRENGTH = 0.1
+#: O(n^2) (or worse) peers are skipped above this row length.
+QUADRATIC_MAX_N = 1_000
+#: Iterative (Sinkhorn) peers are skipped above this row length.
+SINKHORN_MAX_N = 100_000
+SEED = 20250713
+
+
+def top_k(n: int) -> int:
+    """The k of the top-k benchmarks: a tenth of the row (at least 1)."""
+    return max(1, n // 10)
+
+
+def batch_shape(batch: str) -> tuple[int, ...]:
+    """``"16x16"`` -> ``(16, 16)``; ``"1"`` -> ``()`` (a single row)."""
+    if batch == "1":
+        return ()
+    return tuple(int(s) for s in batch.split("x"))
+
+
+def make_input(kind: str, shape: tuple[int, ...], dtype="float64", seed: int = SEED) -> np.ndarray:
+    """Seeded input of the given kind; rows along the last axis."""
+    rng = np.random.default_rng(seed)
+    n = shape[-1]
+    if kind == "random":
+        x = rng.standard_normal(shape)
+    elif kind == "sorted":
+        x = np.sort(rng.standard_normal(shape), axis=-1)
+    elif kind == "reversed":
+        x = np.sort(rng.standard_normal(shape), axis=-1)[..., ::-1]
+    elif kind == "ties":
+        x = rng.integers(0, max(2, n // 100), size=shape).astype(np.float64)
+    elif kind == "separated":
+        base = np.broadcast_to(np.arange(n, dtype=np.float64) * (1000 * ALPHA), shape)
+        x = rng.permuted(base, axis=-1)
+    else:
+        raise ValueError(f"unknown input kind {kind!r}")
+    return np.ascontiguousarray(x, dtype=dtype)
+
+
+def cotangent_like(y, seed: int = SEED + 1) -> np.ndarray:
+    """A fixed random cotangent with the shape and dtype of the NumPy array ``y``."""
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal(np.shape(y)).astype(np.asarray(y).dtype)
+
+
+def require(module: str):
+    """Import ``module`` or skip the benchmark (asv's way: ``NotImplementedError``).
+
+    A softorder module is skipped only when it does not exist (the bridges are optional);
+    one that exists and fails to import is an error. A peer that fails to import for any
+    reason (missing, or a broken optional install) is skipped; a peer's import-time warnings
+    (deprecations of its own dependencies) are silenced, they are not ours to fix.
+    """
+    try:
+        if module.startswith("softorder"):
+            return importlib.import_module(module)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if module == missing or module.startswith(missing + "."):
+            raise NotImplementedError(f"{module} is not installed") from exc
+        if module.startswith("softorder"):
+            raise
+        raise NotImplementedError(f"{module} is not available: {exc}") from exc
+    except Exception as exc:
+        if module.startswith("softorder"):
+            raise
+        raise NotImplementedError(f"{module} is not available: {exc}") from exc
+
+
+def torch():
+    """The torch module, or skip."""
+    return require("torch")
+
+
+def jax():
+    """The jax module, or skip."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    return require("jax")
+
+
+class _Forward:
+    """Base class of forward-only benchmarks (the hard floors): ``setup`` calls ``prepare``."""
+
+    #: A single call can take seconds at n = 1e6 (peers); keep asv's repeats few.
+    timeout = 600
+    repeat = (1, 5, 20.0)
+
+    def prepare(self, forward, forward_backward=None):
+        """Keep the callables and run each once (compilation, caches)."""
+        self.forward = forward
+        self.forward_backward = forward_backward
+        forward()
+        if forward_backward is not None:
+            forward_backward()
+
+    def time_forward(self, *params):
+        self.forward()
+
+    def peakmem_forward(self, *params):
+        self.forward()
+
+
+class _Benchmark(_Forward):
+    """Base class of differentiable operations: forward, and forward + backward."""
+
+    def time_forward_backward(self, *params):
+        self.forward_backward()
+
+    def peakmem_forward_backward(self, *params):
+        self.forward_backward()
+
+
+class _NumpyOp(_Benchmark):
+    """A softorder NumPy operation: forward, and forward + VJP with ``softorder.vjp``."""
+
+    def prepare_op(self, fn, args, kwargs):
+        import softorder
+
+        out = fn(*args, **kwargs)
+        cotangent = cotangent_like(out)
+
+        def forward():
+            return fn(*args, **kwargs)
+
+        def forward_backward():
+            _, pullback = softorder.vjp(fn, *args, **kwargs)
+            return pullback(cotangent)
+
+        self.prepare(forward, forward_backward)
+
+
+class _TorchOp(_Benchmark):
+    """A torch function of one tensor ``x`` (plus fixed extra arguments).
+
+    ``forward`` runs under ``torch.no_grad()``; ``forward_backward`` computes the gradient of
+    ``<cotangent, f(x)>`` in ``x`` with ``torch.autograd.grad`` (nothing accumulates).
+    """
+
+    def prepare_torch(self, fn, x: np.ndarray):
+        torch_ = torch()
+        xt = torch_.from_numpy(np.ascontiguousarray(x))
+        xg = xt.clone().requires_grad_(True)
+        with torch_.no_grad():
+            out = fn(xt)
+        cotangent = torch_.from_numpy(cotangent_like(out.numpy()))
+
+        def forward():
+            with torch_.no_grad():
+                return fn(xt)
+
+        def forward_backward():
+            y = fn(xg)
+            return torch_.autograd.grad(y, xg, cotangent)
+
+        self.prepare(forward, forward_backward)
+
+
+class _JaxOp(_Benchmark):
+    """A JAX function of one array ``x``: ``jax.jit`` of the function and of its VJP."""
+
+    def prepare_jax(self, fn, x: np.ndarray):
+        jax_ = jax()
+        if x.dtype == np.float64 and not jax_.config.jax_enable_x64:
+            # Switching x64 on here would change every later JAX computation of the process
+            # (the test suite's too): float64 JAX benchmarks need JAX_ENABLE_X64=1.
+            raise NotImplementedError("float64 JAX benchmarks need JAX_ENABLE_X64=1")
+        xj = jax_.numpy.asarray(x)
+        fwd = jax_.jit(fn)
+        out = fwd(xj)
+        cotangent = jax_.numpy.asarray(cotangent_like(np.asarray(out)))
+
+        @jax_.jit
+        def fwd_bwd(x, v):
+            _, pullback = jax_.vjp(fn, x)
+            return pullback(v)
+
+        def forward():
+            return jax_.block_until_ready(fwd(xj))
+
+        def forward_backward():
+            return jax_.block_until_ready(fwd_bwd(xj, cotangent))
+
+        self.prepare(forward, forward_backward)
+
+
+def skip_above(n: int, limit: int, why: str):
+    """Skip sizes a method cannot reach in reasonable time or memory."""
+    if n > limit:
+        raise NotImplementedError(f"n = {n} > {limit}: {why}")

@@ -1,0 +1,122 @@
+"""Soft permutation matrix and the permutation cross-entropy: softorder (NumPy, PyTorch, JAX)
+and the n x n relaxations NeuralSort and SoftSort (from difftopk).
+"""
+
+import numpy as np
+
+from ._common import (
+    ALPHA,
+    DTYPES,
+    N_VALUES,
+    QUADRATIC_MAX_N,
+    _JaxOp,
+    _NumpyOp,
+    _TorchOp,
+    make_input,
+    require,
+    skip_above,
+)
+
+#: The matrix is the output: n x n doubles (8 MB at n = 1e3, 800 MB at n = 1e4).
+MATRIX_N = (100, 1_000, 3_000)
+
+
+def target_ranks(n: int, batch: tuple[int, ...] = ()) -> np.ndarray:
+    """Seeded 1-based target ranks: a random permutation of 1..n per row."""
+    rng = np.random.default_rng(7)
+    return rng.permuted(np.broadcast_to(np.arange(1, n + 1), batch + (n,)), axis=-1)
+
+
+class SoftPermutation(_NumpyOp):
+    """``softorder.soft_permutation`` (the n x n output) of one row."""
+
+    params = (MATRIX_N, DTYPES)
+    param_names = ("n", "dtype")
+
+    def setup(self, n, dtype):
+        softorder = require("softorder")
+        x = make_input("random", (n,), dtype)
+        self.prepare_op(softorder.soft_permutation, (x,), {"alpha": ALPHA})
+
+
+class PermutationCrossEntropy(_NumpyOp):
+    """``softorder.permutation_cross_entropy`` of a batch of 8 rows (no n x n matrix)."""
+
+    params = (N_VALUES, DTYPES)
+    param_names = ("n", "dtype")
+
+    def setup(self, n, dtype):
+        softorder = require("softorder")
+        x = make_input("random", (8, n), dtype)
+        args = (x, target_ranks(n, (8,)))
+        self.prepare_op(softorder.permutation_cross_entropy, args, {"alpha": ALPHA})
+
+
+class TorchPermutationCrossEntropy(_TorchOp):
+    """The PyTorch bridge: ``softorder.bridges.torch.permutation_cross_entropy``."""
+
+    params = (N_VALUES, DTYPES)
+    param_names = ("n", "dtype")
+
+    def setup(self, n, dtype):
+        sot = require("softorder.bridges.torch")
+        torch = require("torch")
+        t = torch.from_numpy(target_ranks(n, (8,)))
+        self.prepare_torch(
+            lambda x: sot.permutation_cross_entropy(x, t, ALPHA),
+            make_input("random", (8, n), dtype),
+        )
+
+
+class JaxPermutationCrossEntropy(_JaxOp):
+    """The JAX bridge: ``softorder.bridges.jax.permutation_cross_entropy`` under ``jax.jit``."""
+
+    params = (N_VALUES, DTYPES)
+    param_names = ("n", "dtype")
+
+    def setup(self, n, dtype):
+        soj = require("softorder.bridges.jax")
+        t = target_ranks(n, (8,))
+        self.prepare_jax(
+            lambda x: soj.permutation_cross_entropy(x, t, ALPHA),
+            make_input("random", (8, n), dtype),
+        )
+
+
+class TorchSoftPermutation(_TorchOp):
+    """The PyTorch bridge: ``softorder.bridges.torch.soft_permutation``."""
+
+    params = (MATRIX_N, DTYPES)
+    param_names = ("n", "dtype")
+
+    def setup(self, n, dtype):
+        sot = require("softorder.bridges.torch")
+        self.prepare_torch(
+            lambda t: sot.soft_permutation(t, ALPHA), make_input("random", (n,), dtype)
+        )
+
+
+class NeuralSortPermutation(_TorchOp):
+    """Peer: ``difftopk.NeuralSort`` (Grover et al. 2019): n x n, float32 only."""
+
+    params = (MATRIX_N,)
+    param_names = ("n",)
+
+    def setup(self, n):
+        skip_above(n, 3 * QUADRATIC_MAX_N, "n x n matrices")
+        difftopk = require("difftopk")
+        net = difftopk.NeuralSort(tau=ALPHA)
+        self.prepare_torch(net, make_input("random", (1, n), "float32"))
+
+
+class SoftSortPermutation(_TorchOp):
+    """Peer: ``difftopk.SoftSort`` (Prillo et al. 2020), an n x n relaxed permutation."""
+
+    params = (MATRIX_N, DTYPES)
+    param_names = ("n", "dtype")
+
+    def setup(self, n, dtype):
+        skip_above(n, 3 * QUADRATIC_MAX_N, "n x n matrices")
+        difftopk = require("difftopk")
+        net = difftopk.SoftSort(tau=ALPHA)
+        self.prepare_torch(net, make_input("random", (1, n), dtype))
