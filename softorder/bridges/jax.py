@@ -1,0 +1,681 @@
+"""JAX bridge: every softorder operation as a ``jit``-, ``vmap``- and ``grad``-compatible function.
+
+Usage::
+
+    import softorder.bridges.jax as soj
+
+    ranks = soj.soft_rank(x, alpha=0.1)  # x: a jax.Array; axis=-1 by default
+
+The functions take the same arguments as the NumPy API (:mod:`softorder.operations`) with
+JAX conventions, and compute the same values through the same rules: the bridge holds no
+mathematics. Each operation is a :func:`jax.custom_vjp` function whose forward and backward
+passes are :func:`jax.pure_callback` calls into the numba core; the forward pass keeps the
+O(n)-per-row residuals of the rule (the argsort of each row and the inversion targets), so the
+backward pass never sorts again.
+
+Transformations
+    ``jax.jit``, ``jax.grad`` / ``jax.vjp`` (with respect to the input, ``alpha`` and ``k`` /
+    ``q``, which may all be traced) and ``jax.vmap`` (nested too). A vmapped call reaches the
+    kernels as one batched call (``vmap_method="broadcast_all"``: the vmapped axes become
+    leading batch axes), not as a loop over rows. Forward mode (``jax.jvp``, ``jax.jacfwd``)
+    is not available: ``custom_vjp`` functions only have reverse-mode derivatives.
+dtypes
+    Results are float32 by default and float64 when ``jax_enable_x64`` is on: floating inputs
+    keep their dtype, integer inputs give the default float dtype. float16 and bfloat16 inputs
+    are computed in float32 and returned in their own dtype. The kernels always run in
+    float64; residuals pass between the forward and backward callbacks bit for bit, also
+    without x64.
+Devices
+    The callbacks run on the host CPU. On a GPU or TPU backend every call copies its inputs
+    to the host and its results back, which is correct but adds a transfer per call.
+Bad input
+    Shapes, ``axis``, flags and every concrete (non-traced) value are checked when the
+    function is traced, raising the same ``ValueError`` / ``TypeError`` as the NumPy API.
+    Values that are traced (e.g. an ``alpha`` that is an argument of a jitted function) can
+    only be checked when the callback runs: a bad value then raises
+    :class:`jax.errors.JaxRuntimeError` whose message contains the NumPy API's error (e.g.
+    ``ValueError: alpha must be positive and finite; got alpha=-1.0``), and JAX logs the
+    callback's traceback. NaN in the input is not an error: it gives NaN for its row, as in
+    the NumPy API.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from numpy.typing import ArrayLike
+
+from softorder import operations as _ops
+from softorder._autodiff import _bind
+from softorder._layout import Layout, Targets, check_alpha, float_array
+from softorder._rules import _labels_in_rows
+
+__all__ = [
+    "log_soft_topk",
+    "permutation_cross_entropy",
+    "soft_permutation",
+    "soft_quantile",
+    "soft_rank",
+    "soft_sort",
+    "soft_topk",
+    "topk_cross_entropy",
+]
+
+#: How JAX batches the callbacks under ``vmap``: every argument gets the vmapped axes in
+#: front (tiled when it is not batched), so one callback serves the whole batch.
+VMAP_METHOD = "broadcast_all"
+
+_INPUTS = ("x", "logits")  # the argument that is sorted
+_FLOAT_ARGUMENTS = ("alpha", "k", "q", "p_k")  # converted to the compute dtype
+_INTEGER_ARGUMENTS = ("labels", "target_ranks")
+
+
+# --------------------------------------------------------------------------------------------
+# The callbacks: one frozen (hashable, comparable) object per call signature, so that JAX
+# caches the compiled callback across calls with the same shapes and static arguments.
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """Everything static about one call: the operation, its static arguments, and how the
+    array arguments line up with the batch axes when ``vmap`` adds leading axes.
+    """
+
+    op: str  # name of the NumPy operation in softorder.operations
+    statics: tuple  # ((name, value), ...): the keyword-only arguments
+    names: tuple  # names of the array arguments, in signature order
+    x_ndim: int  # ndim of the unbatched input
+    inserts: tuple  # per array argument: unit axes to insert after the vmapped axes
+    result: tuple  # (shape, dtype name) of the unbatched result
+    residuals: tuple  # ((name, shape, dtype name, stored dtype name), ...), unbatched
+    differentiable: tuple  # positions of the arguments that get gradients
+
+    @property
+    def rule(self):
+        return getattr(_ops, self.op).rule
+
+    def arguments(self, arrays: tuple) -> dict:
+        """The rule's arguments from the arrays a callback received (maybe with vmap axes)."""
+        lead = np.ndim(arrays[0]) - self.x_ndim
+        arguments = dict(self.statics)
+        for name, arr, insert in zip(self.names, arrays, self.inserts, strict=True):
+            arr = np.asarray(arr)
+            if insert:
+                arr = arr.reshape(arr.shape[:lead] + (1,) * insert + arr.shape[lead:])
+            arguments[name] = arr
+        return arguments
+
+    def pack(self, residuals: dict) -> list:
+        """Residuals as JAX can hold them: 64-bit arrays viewed as pairs of 32-bit words
+        when x64 is off (bit-exact, along the last axis).
+        """
+        out = []
+        for name, _, dtype, stored in self.residuals:
+            arr = np.ascontiguousarray(residuals[name], dtype=dtype)
+            out.append(arr if stored == dtype else arr.view(stored))
+        return out
+
+    def unpack(self, stored: tuple) -> dict:
+        return {
+            name: np.ascontiguousarray(arr).view(dtype)
+            for (name, _, dtype, _), arr in zip(self.residuals, stored, strict=True)
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class _Forward:
+    call: _Call
+
+    def __call__(self, *arrays):
+        rule, call = self.call.rule, self.call
+        ctx = rule.prepare(**call.arguments(arrays))
+        out = rule.forward(ctx)
+        return (np.asarray(out, dtype=call.result[1]), *call.pack(rule.residuals(ctx)))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Backward:
+    call: _Call
+
+    def __call__(self, *flat):
+        rule, call = self.call.rule, self.call
+        count = len(call.names)
+        arrays, stored, cotangent = flat[:count], flat[count:-1], flat[-1]
+        arguments = call.arguments(arrays)
+        ctx = rule.restore(arguments, call.unpack(stored))
+        grads = dict(zip(rule.differentiable, rule.vjp(ctx, np.asarray(cotangent)), strict=True))
+        return tuple(
+            np.asarray(grads[call.names[i]], dtype=arrays[i].dtype).reshape(np.shape(arrays[i]))
+            for i in call.differentiable
+        )
+
+
+def _struct(shape, dtype) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))
+
+
+def _forward(call: _Call, arrays: tuple) -> tuple:
+    residuals = [
+        _struct(_stored_shape(shape, dtype, stored), stored)
+        for _, shape, dtype, stored in call.residuals
+    ]
+    shapes = (_struct(*call.result), *residuals)
+    return jax.pure_callback(_Forward(call), shapes, *arrays, vmap_method=VMAP_METHOD)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _apply(call: _Call, *arrays):
+    return _forward(call, arrays)[0]
+
+
+def _apply_fwd(call: _Call, *arrays):
+    out, *residuals = _forward(call, arrays)
+    return out, (arrays, tuple(residuals))
+
+
+def _apply_bwd(call: _Call, saved, cotangent):
+    arrays, residuals = saved
+    shapes = tuple(_struct(arrays[i].shape, arrays[i].dtype) for i in call.differentiable)
+    grads = jax.pure_callback(
+        _Backward(call), shapes, *arrays, *residuals, cotangent, vmap_method=VMAP_METHOD
+    )
+    out: list = [None] * len(arrays)  # None: no gradient (labels, p_k, target_ranks)
+    for i, grad in zip(call.differentiable, grads, strict=True):
+        out[i] = grad
+    return tuple(out)
+
+
+_apply.defvjp(_apply_fwd, _apply_bwd)
+
+
+def _stored_dtype(dtype) -> np.dtype:
+    dtype = np.dtype(dtype)
+    return dtype if jax.dtypes.canonicalize_dtype(dtype) == dtype else np.dtype(np.uint32)
+
+
+def _stored_shape(shape: tuple, dtype, stored) -> tuple:
+    words = np.dtype(dtype).itemsize // np.dtype(stored).itemsize
+    return tuple(shape[:-1]) + (shape[-1] * words,)
+
+
+# --------------------------------------------------------------------------------------------
+# Trace-time checks: the NumPy API's own validation, on concrete values where there are any
+# and on placeholders of the right shape and dtype kind for traced ones.
+
+
+def _is_traced(value) -> bool:
+    return isinstance(value, jax.core.Tracer)
+
+
+def _host_value(value):
+    """A concrete argument as NumPy sees it (JAX's narrow floats widened to float32)."""
+    if isinstance(value, (int, float, bool, complex)):
+        return value
+    arr = np.asarray(value)
+    if jnp.issubdtype(arr.dtype, jnp.floating) and arr.dtype not in (np.float32, np.float64):
+        arr = arr.astype(np.float32)
+    return arr
+
+
+def _placeholder(value, fill) -> np.ndarray:
+    """A valid stand-in for a traced argument: its shape, ``fill`` as the value, and a dtype
+    of the same kind (floating stands in as float64), so that dtype checks still apply.
+    """
+    dtype = np.dtype(value.dtype)
+    if jnp.issubdtype(dtype, jnp.floating):
+        dtype = np.dtype(np.float64)
+    return np.broadcast_to(np.asarray(fill).astype(dtype), value.shape)
+
+
+def _check(name: str, value, layout: Layout, arguments: dict, op: Callable) -> None:
+    """Raise the NumPy API's error for a bad array argument other than the input."""
+    n, batch_shape = layout.n, layout.batch_shape
+    rows = types.SimpleNamespace(batch_shape=batch_shape, rows=int(np.prod(batch_shape)))
+    fills = {
+        "alpha": 1.0,
+        "k": n / 2.0,
+        "q": 0.5,
+        "labels": 0,
+        "target_ranks": 1,
+        "p_k": 1.0 / max(np.shape(value)[-1], 1) if np.ndim(value) else 1.0,
+    }
+    host = _placeholder(value, fills[name]) if _is_traced(value) else _host_value(value)
+    if name == "alpha":
+        check_alpha(host, batch_shape)
+    elif name == "k":
+        Targets.parse(host, rows, "k", float(n), f"n={n}")
+    elif name == "q":
+        Targets.parse(host, rows, "q", 1.0, "1")
+    elif name == "labels":
+        _labels_in_rows(host, rows, "labels", 0, n - 1, ())
+    elif name == "target_ranks":
+        _labels_in_rows(host, rows, "target_ranks", 1, n, (n,))
+    elif name == "p_k":
+        # the loss's own checks, on a zero problem of the same shape (no data of the caller's)
+        op.rule.prepare(
+            logits=np.zeros(batch_shape + (n,)),
+            labels=np.zeros(batch_shape, dtype=np.int64),
+            p_k=host,
+            alpha=1.0,
+            reduction="none",
+            split_top1=arguments["split_top1"],
+        )
+
+
+def _compute_dtype(dtype) -> tuple[np.dtype, np.dtype]:
+    """(dtype the kernels' results are computed in, dtype returned) for an input dtype."""
+    dtype = np.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.floating):
+        if dtype in (np.float32, np.float64):
+            return dtype, dtype
+        return np.dtype(np.float32), dtype  # float16, bfloat16
+    float_array(np.empty(0, dtype=dtype), "x")  # TypeError for complex
+    default = jax.dtypes.canonicalize_dtype(np.float64)
+    return default, default
+
+
+def _run(op: Callable, **kwargs: Any) -> jax.Array:
+    """Call the NumPy operation ``op``'s rule through the callbacks, from JAX."""
+    signature = op.signature
+    arguments = _bind(signature, (), kwargs)
+    rule = op.rule
+    names = tuple(p.name for p in signature.parameters.values() if p.kind is not p.KEYWORD_ONLY)
+    statics = {p: arguments[p] for p in signature.parameters if p not in names}
+    is_loss = "reduction" in statics
+    if is_loss:
+        rule._reduction(statics["reduction"])  # ValueError naming the choices
+        statics["reduction"] = "none"  # reduced below, in JAX, per vmapped element
+    for flag in ("largest", "descending", "split_top1"):
+        if flag in statics:
+            statics[flag] = bool(statics[flag])
+
+    input_name = names[0]
+    x = jnp.asarray(arguments[input_name])
+    compute, out_dtype = _compute_dtype(x.dtype)
+    x = x.astype(compute)
+    layout = Layout.of(x.shape, statics.get("axis", -1), input_name)  # axis, scalar, empty
+    if "axis" in statics:
+        statics["axis"] = layout.axis - layout.ndim  # negative: counts from the end under vmap
+
+    arrays = {input_name: x}
+    for name in names[1:]:
+        value = arguments[name]
+        _check(name, value, layout, arguments, op)
+        if name in _FLOAT_ARGUMENTS:
+            value = jnp.asarray(value).astype(compute)
+        else:
+            value = jnp.asarray(value)
+        arrays[name] = value
+
+    nb = len(layout.batch_shape)
+    extra = {"alpha": 0, "labels": 0, "p_k": 1, "target_ranks": 1}
+    inserts = tuple(
+        0
+        if name == input_name
+        else nb + extra.get(name, 1 if arrays[name].ndim == nb + 1 else 0) - arrays[name].ndim
+        for name in names
+    )
+    described = {**statics, **arrays}
+    result_shape, residuals = rule.describe(described)
+    call = _Call(
+        op=op.__name__,
+        statics=tuple(sorted(statics.items())),
+        names=names,
+        x_ndim=x.ndim,
+        inserts=inserts,
+        result=(tuple(result_shape), np.dtype(compute).name),
+        residuals=tuple(
+            (name, tuple(shape), np.dtype(dtype).name, _stored_dtype(dtype).name)
+            for name, (shape, dtype) in residuals.items()
+        ),
+        differentiable=tuple(names.index(name) for name in rule.differentiable),
+    )
+    out = _apply(call, *(arrays[name] for name in names))
+    if is_loss and arguments["reduction"] != "none":
+        out = jnp.sum(out) if arguments["reduction"] == "sum" else jnp.mean(out)
+    return out.astype(out_dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# The public functions.
+
+
+def soft_topk(
+    x: ArrayLike,
+    k: ArrayLike,
+    alpha: ArrayLike = 1.0,
+    *,
+    axis: int = -1,
+    largest: bool = True,
+) -> jax.Array:
+    """Soft top-k memberships: how much each element belongs to the k largest (or smallest).
+
+    JAX version of :func:`softorder.soft_topk` (same values); differentiable with respect to
+    ``x``, ``k`` and ``alpha``, any of which may be traced.
+
+    Parameters
+    ----------
+    x : array_like
+        Scores; any shape, real.
+    k : float or array_like
+        Number of elements to select, strictly between 0 and n; a scalar, one per row, or
+        several per row with one more trailing axis (see :func:`softorder.soft_topk`).
+    alpha : float or array_like
+        Positive scale, in the units of ``x``: a scalar or one per row.
+    axis : int
+        Axis along which to select.
+    largest : bool
+        Select the largest (default) or the smallest k.
+
+    Returns
+    -------
+    jax.Array
+        Memberships in (0, 1) summing to k, shaped like ``x`` (with an extra k axis for
+        several k per row).
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> import softorder.bridges.jax as soj
+    >>> x = jnp.array([3.0, 1.0, 2.0, -5.0])
+    >>> soj.soft_topk(x, 2, alpha=0.01).round(3)
+    Array([1., 0., 1., 0.], dtype=float32)
+    >>> g = jax.grad(lambda k: soj.soft_topk(x, k, alpha=0.5)[1])(2.0)
+    >>> bool(g > 0)  # a larger k takes in more of the third-largest element
+    True
+    """
+    return _run(_ops.soft_topk, x=x, k=k, alpha=alpha, axis=axis, largest=largest)
+
+
+def log_soft_topk(
+    x: ArrayLike,
+    k: ArrayLike,
+    alpha: ArrayLike = 1.0,
+    *,
+    axis: int = -1,
+    largest: bool = True,
+) -> jax.Array:
+    """Logarithm of :func:`soft_topk`, computed without underflow.
+
+    JAX version of :func:`softorder.log_soft_topk`.
+
+    Parameters
+    ----------
+    x, k, alpha, axis, largest
+        As for :func:`soft_topk`.
+
+    Returns
+    -------
+    jax.Array
+        Log-memberships, shaped like :func:`soft_topk`'s result.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import softorder.bridges.jax as soj
+    >>> soj.log_soft_topk(jnp.array([0.0, 2000.0]), 1, alpha=1.0).round(2)
+    Array([-1000.69,    -0.  ], dtype=float32)
+    """
+    return _run(_ops.log_soft_topk, x=x, k=k, alpha=alpha, axis=axis, largest=largest)
+
+
+def soft_rank(
+    x: ArrayLike, alpha: ArrayLike = 1.0, *, axis: int = -1, descending: bool = False
+) -> jax.Array:
+    """Soft ranks, 1-based like ``scipy.stats.rankdata``.
+
+    JAX version of :func:`softorder.soft_rank`; differentiable with respect to ``x`` and
+    ``alpha``.
+
+    Parameters
+    ----------
+    x : array_like
+        Values; any shape, real.
+    alpha : float or array_like
+        Positive scale, in the units of ``x``: a scalar or one per row.
+    axis : int
+        Axis along which to rank.
+    descending : bool
+        Rank 1 for the largest instead of the smallest value.
+
+    Returns
+    -------
+    jax.Array
+        Ranks in (1/2, n + 1/2), shaped like ``x``.
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> import softorder.bridges.jax as soj
+    >>> x = jnp.array([0.5, -1.0, 3.0])
+    >>> soj.soft_rank(x, alpha=0.01)
+    Array([2., 1., 3.], dtype=float32)
+    >>> jax.jit(jax.grad(lambda x: soj.soft_rank(x, 1.0)[0]))(x).shape
+    (3,)
+    >>> jax.vmap(soj.soft_rank)(jnp.stack([x, -x])).shape  # one batched kernel call
+    (2, 3)
+    """
+    return _run(_ops.soft_rank, x=x, alpha=alpha, axis=axis, descending=descending)
+
+
+def soft_sort(
+    x: ArrayLike, alpha: ArrayLike = 1.0, *, axis: int = -1, descending: bool = False
+) -> jax.Array:
+    """Soft sort: the points where the soft rank would be 1, 2, ..., n.
+
+    JAX version of :func:`softorder.soft_sort`; differentiable with respect to ``x`` and
+    ``alpha``.
+
+    Parameters
+    ----------
+    x : array_like
+        Values; any shape, real.
+    alpha : float or array_like
+        Positive scale, in the units of ``x``: a scalar or one per row.
+    axis : int
+        Axis to sort along.
+    descending : bool
+        Largest first.
+
+    Returns
+    -------
+    jax.Array
+        Soft-sorted values, shaped like ``x``.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import softorder.bridges.jax as soj
+    >>> soj.soft_sort(jnp.array([2.0, -1.0, 0.5]), alpha=0.001)
+    Array([-1. ,  0.5,  2. ], dtype=float32)
+    """
+    return _run(_ops.soft_sort, x=x, alpha=alpha, axis=axis, descending=descending)
+
+
+def soft_quantile(
+    x: ArrayLike, q: ArrayLike, alpha: ArrayLike = 1.0, *, axis: int = -1
+) -> jax.Array:
+    """Soft quantile: the point below which a soft fraction q of ``x`` lies.
+
+    JAX version of :func:`softorder.soft_quantile`; differentiable with respect to ``x``,
+    ``q`` and ``alpha``.
+
+    Parameters
+    ----------
+    x : array_like
+        Values; any shape, real.
+    q : float or array_like
+        Probability strictly between 0 and 1: a scalar, one per row, or several per row with
+        one more trailing axis (see :func:`softorder.soft_quantile`).
+    alpha : float or array_like
+        Positive scale, in the units of ``x``: a scalar or one per row.
+    axis : int
+        Axis along which to take quantiles; it is removed (or replaced by the q axis).
+
+    Returns
+    -------
+    jax.Array
+        Quantiles, with ``axis`` removed (or replaced by the q axis).
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import softorder.bridges.jax as soj
+    >>> x = jnp.array([4.0, 1.0, 3.0, 2.0])
+    >>> soj.soft_quantile(x, jnp.array([0.25, 0.5, 0.75]), alpha=1e-3)
+    Array([1.5, 2.5, 3.5], dtype=float32)
+    """
+    return _run(_ops.soft_quantile, x=x, q=q, alpha=alpha, axis=axis)
+
+
+def soft_permutation(
+    x: ArrayLike, alpha: ArrayLike = 1.0, *, axis: int = -1, descending: bool = False
+) -> jax.Array:
+    """Soft permutation matrix ``P`` with ``P @ x`` the (soft) sorted ``x``.
+
+    JAX version of :func:`softorder.soft_permutation`; differentiable with respect to ``x``
+    and ``alpha``.
+
+    Parameters
+    ----------
+    x : array_like
+        Values; any shape, real.
+    alpha : float or array_like
+        Positive scale, in the units of ``x``: a scalar or one per row.
+    axis : int
+        Axis to sort along; the two matrix axes are placed last.
+    descending : bool
+        Rows of ``P`` from the largest element to the smallest.
+
+    Returns
+    -------
+    jax.Array
+        ``P`` of shape ``batch + (n, n)``, doubly stochastic.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import softorder.bridges.jax as soj
+    >>> x = jnp.array([0.2, -3.0, 1.0])
+    >>> P = soj.soft_permutation(x, alpha=0.01)
+    >>> P @ x
+    Array([-3. ,  0.2,  1. ], dtype=float32)
+    """
+    return _run(_ops.soft_permutation, x=x, alpha=alpha, axis=axis, descending=descending)
+
+
+def topk_cross_entropy(
+    logits: ArrayLike,
+    labels: ArrayLike,
+    p_k: ArrayLike,
+    alpha: ArrayLike = 1.0,
+    *,
+    reduction: str = "mean",
+    split_top1: bool = False,
+) -> jax.Array:
+    """Top-k cross-entropy ``-log sum_k P_K(k) p^(k)_y`` on LapSum memberships.
+
+    JAX version of :func:`softorder.topk_cross_entropy`; differentiable with respect to
+    ``logits`` and ``alpha`` (``labels`` and ``p_k`` get no gradient). Under ``vmap`` the
+    reduction applies to each vmapped element separately.
+
+    Parameters
+    ----------
+    logits : array_like
+        Scores of shape ``(..., C)``; classes along the last axis.
+    labels : array_like of int
+        True classes in ``[0, C)``, shape ``(...)``.
+    p_k : array_like
+        ``P_K(k)`` for k = 1..K (K < C) along the last axis, non-negative, summing to 1.
+    alpha : float or array_like
+        Positive scale, in the units of the logits: a scalar or one per row.
+    reduction : {"mean", "sum", "none"}
+        How to combine the per-sample losses.
+    split_top1 : bool
+        Use the softmax for the k = 1 share.
+
+    Returns
+    -------
+    jax.Array
+        The loss: a scalar, or shape ``(...)`` for ``reduction="none"``.
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> import softorder.bridges.jax as soj
+    >>> logits = jnp.array([[2.0, 1.0, 0.1, -1.0], [0.0, 3.0, 1.0, 2.0]])
+    >>> labels = jnp.array([1, 0])
+    >>> loss = soj.topk_cross_entropy(logits, labels, [0.5, 0.5], alpha=0.5, reduction="none")
+    >>> [round(float(v), 4) for v in loss]
+    [0.7257, 4.2676]
+    >>> jax.grad(soj.topk_cross_entropy)(logits, labels, [0.5, 0.5], 0.5).shape
+    (2, 4)
+    """
+    return _run(
+        _ops.topk_cross_entropy,
+        logits=logits,
+        labels=labels,
+        p_k=p_k,
+        alpha=alpha,
+        reduction=reduction,
+        split_top1=split_top1,
+    )
+
+
+def permutation_cross_entropy(
+    x: ArrayLike,
+    target_ranks: ArrayLike,
+    alpha: ArrayLike = 1.0,
+    *,
+    reduction: str = "mean",
+    descending: bool = False,
+) -> jax.Array:
+    """Permutation cross-entropy ``-sum_i log P[t_i - 1, i]`` of :func:`soft_permutation`.
+
+    JAX version of :func:`softorder.permutation_cross_entropy` (O(n log n), no n x n matrix);
+    differentiable with respect to ``x`` and ``alpha``. Under ``vmap`` the reduction applies to
+    each vmapped element separately.
+
+    Parameters
+    ----------
+    x : array_like
+        Scores of shape ``(..., n)``, ranked along the last axis.
+    target_ranks : array_like of int
+        The true 1-based rank of each element, same shape as ``x``.
+    alpha : float or array_like
+        Positive scale, in the units of ``x``: a scalar or one per row.
+    reduction : {"mean", "sum", "none"}
+        How to combine the per-row losses.
+    descending : bool
+        Rank 1 is the largest score.
+
+    Returns
+    -------
+    jax.Array
+        The loss: a scalar, or shape ``(...)`` for ``reduction="none"``.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import softorder.bridges.jax as soj
+    >>> x = jnp.array([[0.1, 2.0, -1.0]])
+    >>> good = soj.permutation_cross_entropy(x, jnp.array([[2, 3, 1]]), alpha=0.1)
+    >>> bad = soj.permutation_cross_entropy(x, jnp.array([[1, 2, 3]]), alpha=0.1)
+    >>> bool(good < bad)
+    True
+    """
+    return _run(
+        _ops.permutation_cross_entropy,
+        x=x,
+        target_ranks=target_ranks,
+        alpha=alpha,
+        reduction=reduction,
+        descending=descending,
+    )
