@@ -81,7 +81,7 @@ def make_input(kind: str, shape: tuple[int, ...], dtype="float64", seed: int = S
 def cotangent_like(y, seed: int = SEED + 1) -> np.ndarray:
     """A fixed random cotangent with the shape and dtype of the NumPy array ``y``."""
     rng = np.random.default_rng(seed)
-    return rng.standard_normal(np.shape(y)).astype(np.asarray(y).dtype)
+    return np.asarray(rng.standard_normal(np.shape(y)), dtype=np.asarray(y).dtype)
 
 
 def require(module: str):
@@ -199,32 +199,45 @@ class _TorchOp(_Benchmark):
         self.prepare(forward, forward_backward)
 
 
+def _jax_callables(fn, x: np.ndarray):
+    """``jax.jit`` of ``fn`` and of its VJP with a fixed random cotangent, blocking."""
+    jax_ = jax()
+    if x.dtype == np.float64 and not jax_.config.jax_enable_x64:
+        # Switching x64 on here would change every later JAX computation of the process
+        # (the test suite's too): float64 JAX benchmarks need JAX_ENABLE_X64=1.
+        raise NotImplementedError("float64 JAX benchmarks need JAX_ENABLE_X64=1")
+    xj = jax_.numpy.asarray(x)
+    fwd = jax_.jit(fn)
+    out = fwd(xj)
+    cotangent = jax_.numpy.asarray(cotangent_like(np.asarray(out)))
+
+    @jax_.jit
+    def fwd_bwd(x, v):
+        _, pullback = jax_.vjp(fn, x)
+        return pullback(v)
+
+    def forward():
+        return jax_.block_until_ready(fwd(xj))
+
+    def forward_backward():
+        return jax_.block_until_ready(fwd_bwd(xj, cotangent))
+
+    return forward, forward_backward
+
+
 class _JaxOp(_Benchmark):
     """A JAX function of one array ``x``: ``jax.jit`` of the function and of its VJP."""
 
     def prepare_jax(self, fn, x: np.ndarray):
-        jax_ = jax()
-        if x.dtype == np.float64 and not jax_.config.jax_enable_x64:
-            # Switching x64 on here would change every later JAX computation of the process
-            # (the test suite's too): float64 JAX benchmarks need JAX_ENABLE_X64=1.
-            raise NotImplementedError("float64 JAX benchmarks need JAX_ENABLE_X64=1")
-        xj = jax_.numpy.asarray(x)
-        fwd = jax_.jit(fn)
-        out = fwd(xj)
-        cotangent = jax_.numpy.asarray(cotangent_like(np.asarray(out)))
+        self.prepare(*_jax_callables(fn, x))
 
-        @jax_.jit
-        def fwd_bwd(x, v):
-            _, pullback = jax_.vjp(fn, x)
-            return pullback(v)
 
-        def forward():
-            return jax_.block_until_ready(fwd(xj))
+class _JaxForwardOp(_Forward):
+    """A JAX function of one array ``x`` that is only timed forward (``jax.jit``)."""
 
-        def forward_backward():
-            return jax_.block_until_ready(fwd_bwd(xj, cotangent))
-
-        self.prepare(forward, forward_backward)
+    def prepare_jax(self, fn, x: np.ndarray):
+        forward, _ = _jax_callables(fn, x)
+        self.prepare(forward)
 
 
 def skip_above(n: int, limit: int, why: str):

@@ -40,15 +40,15 @@ class SoftPermutation(_NumpyOp):
 
 
 class PermutationCrossEntropy(_NumpyOp):
-    """``softorder.permutation_cross_entropy`` of a batch of 8 rows (no n x n matrix)."""
+    """``softorder.permutation_cross_entropy`` of one row (no n x n matrix)."""
 
     params = (N_VALUES, DTYPES)
     param_names = ("n", "dtype")
 
     def setup(self, n, dtype):
         softorder = require("softorder")
-        x = make_input("random", (8, n), dtype)
-        args = (x, target_ranks(n, (8,)))
+        x = make_input("random", (n,), dtype)
+        args = (x, target_ranks(n))
         self.prepare_op(softorder.permutation_cross_entropy, args, {"alpha": ALPHA})
 
 
@@ -61,10 +61,10 @@ class TorchPermutationCrossEntropy(_TorchOp):
     def setup(self, n, dtype):
         sot = require("softorder.bridges.torch")
         torch = require("torch")
-        t = torch.from_numpy(target_ranks(n, (8,)))
+        t = torch.from_numpy(target_ranks(n))
         self.prepare_torch(
             lambda x: sot.permutation_cross_entropy(x, t, ALPHA),
-            make_input("random", (8, n), dtype),
+            make_input("random", (n,), dtype),
         )
 
 
@@ -76,10 +76,10 @@ class JaxPermutationCrossEntropy(_JaxOp):
 
     def setup(self, n, dtype):
         soj = require("softorder.bridges.jax")
-        t = target_ranks(n, (8,))
+        t = target_ranks(n)
         self.prepare_jax(
             lambda x: soj.permutation_cross_entropy(x, t, ALPHA),
-            make_input("random", (8, n), dtype),
+            make_input("random", (n,), dtype),
         )
 
 
