@@ -32,6 +32,9 @@ class Rule:
 
     differentiable: tuple[str, ...] = ()
     input_name = "x"  # the argument that is sorted
+    #: the residuals :meth:`residuals` hands out, in order: the sort order, then what the
+    #: forward pass saves (each target's anchor and offset, for most rules)
+    residual_names: tuple[str, ...] = ("order", "anchor", "offset")
 
     def prepare(self, order=None, **arguments: Any) -> Any:  # pragma: no cover - interface
         raise NotImplementedError
@@ -72,6 +75,7 @@ class Rule:
         kind, core_shape = self.result(layout, arguments)
         shape = () if kind == "scalar" else layout.user_shape(kind, core_shape)
         widths = {"order": (layout.n, np.int64), **self.saved_widths(layout, arguments)}
+        assert tuple(widths) == self.residual_names
         batch = layout.batch_shape
         return shape, {name: (batch + (w,), np.dtype(t)) for name, (w, t) in widths.items()}
 
@@ -79,6 +83,7 @@ class Rule:
         """What the gradients of ``ctx`` need, as arrays shaped as :meth:`describe` says."""
         rows = ctx.rows
         arrays = {"order": rows.order, **ctx.saved}
+        assert tuple(arrays) == self.residual_names
         return {name: a.reshape(rows.batch_shape + a.shape[1:]) for name, a in arrays.items()}
 
     def restore(self, arguments: dict, residuals: dict) -> Any:

@@ -8,6 +8,7 @@ caller's layout and dtype. The kernels only ever see C-contiguous float64 ``(row
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass
 
@@ -46,6 +47,10 @@ def check_alpha(alpha, batch_shape: tuple = ()) -> tuple[np.ndarray, tuple]:
     ``batch_shape`` (one temperature per row). Anything else raises ``TypeError`` or
     ``ValueError`` naming alpha and the offending value.
     """
+    if isinstance(alpha, float):  # the common case, fast
+        rows = math.prod(batch_shape)
+        if math.isfinite(alpha) and alpha >= _SMALLEST_ALPHA and rows:
+            return np.full(rows, float(alpha)), ()
     if isinstance(alpha, bool) or (
         not isinstance(alpha, numbers.Real) and np.asarray(alpha).dtype.kind not in "iuf"
     ):

@@ -77,6 +77,7 @@ def _x_tangent(tangents: dict, rows: Rows, name: str = "x") -> np.ndarray:
 
 class RankRule(Rule):
     differentiable = ("x", "alpha")
+    residual_names = ("order", "decay")
 
     def prepare(self, x, alpha, axis, descending, order=None):
         return Context.of(Rows.from_input(x, axis, negate=descending, order=order), alpha)

@@ -1,0 +1,831 @@
+"""PyTorch bridge: every softorder operation as a differentiable PyTorch operation.
+
+>>> import torch
+>>> import softorder.bridges.torch as sot
+>>> x = torch.tensor([[0.3, -1.2, 2.0, 0.7]], requires_grad=True)
+>>> p = sot.soft_topk(x, 2, alpha=0.1)          # membership in the top 2
+>>> p.detach().round(decimals=3)
+tensor([[0.0680, 0.0000, 1.0000, 0.9320]])
+>>> p[0, 0].backward()
+>>> x.grad.shape
+torch.Size([1, 4])
+
+The bridge converts and routes, nothing else: CPU tensors reach the numba kernels as NumPy
+views (no copy for contiguous input) through the same rules as the NumPy API
+(:mod:`softorder._rules`), results come back with :func:`torch.from_numpy`.
+
+How it plugs into PyTorch:
+
+- Three custom operators (``softorder::forward``, ``softorder::backward``,
+  ``softorder::pushforward``, made with :func:`torch.library.custom_op`, with fake
+  implementations that give result shapes from the input shapes alone), so that
+  ``torch.compile(fullgraph=True)`` traces through them without graph breaks. The forward
+  operator also returns the O(n) per-row residuals the gradients need (the sort order and a
+  few arrays), so the backward never sorts again.
+- In eager mode an :class:`torch.autograd.Function` with ``backward`` and ``jvp`` routes to
+  these operators: reverse mode, forward mode (:func:`torch.func.jvp`,
+  :mod:`torch.autograd.forward_ad`) and :func:`torch.func.grad` / :func:`torch.func.vjp` all
+  work. Under ``torch.compile`` the forward operator's registered autograd formula is used
+  instead (dynamo cannot trace a custom ``jvp``), so compiled code has reverse mode only.
+- dtypes: float32 and float64 natively; float16 and bfloat16 are computed in float32 and
+  returned in the input's dtype. Integer or complex input raises ``TypeError``.
+- Devices: CPU. CUDA tensors raise :class:`NotImplementedError` until the GPU kernels exist;
+  there is no silent copy to the host (see :func:`_backend_for`).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import numbers
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from softorder import operations
+from softorder._autodiff import Rule
+
+__all__ = [
+    "PermutationCrossEntropyLoss",
+    "TopKCrossEntropyLoss",
+    "log_soft_topk",
+    "permutation_cross_entropy",
+    "soft_permutation",
+    "soft_quantile",
+    "soft_rank",
+    "soft_sort",
+    "soft_topk",
+    "topk_cross_entropy",
+]
+
+_OPERATIONS = {
+    fn.__name__: fn
+    for fn in (
+        operations.soft_topk,
+        operations.log_soft_topk,
+        operations.soft_rank,
+        operations.soft_sort,
+        operations.soft_quantile,
+        operations.soft_permutation,
+        operations.topk_cross_entropy,
+        operations.permutation_cross_entropy,
+    )
+}
+_functorch = torch._C._functorch
+_COMPUTE_DTYPE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+
+
+# --- what a call is: an operation name, which arguments are tensors, and the static rest ---
+# A call is encoded as one string (custom operators take strings, and torch.compile treats
+# them as constants): repr((name, tensor_names, statics)).
+
+
+@functools.lru_cache(maxsize=1024)
+def _decode(spec: str) -> tuple[Rule, tuple, dict]:
+    name, tensor_names, statics = ast.literal_eval(spec)
+    return _OPERATIONS[name].rule, tuple(tensor_names), dict(statics)
+
+
+def _arguments(spec: str, tensors) -> tuple[Rule, tuple, dict]:
+    """The rule, the tensor argument names and the arguments dict for the rule, with the
+    tensors as they are (real tensors become NumPy views, fake ones stay for their shapes).
+    """
+    rule, names, statics = _decode(spec)
+    values = [_as_numpy(t) if _is_real(t) else t for t in tensors]
+    return rule, names, {**statics, **dict(zip(names, values, strict=True))}
+
+
+def _is_real(t: Tensor) -> bool:
+    return not isinstance(t, torch._subclasses.FakeTensor) and t.device.type != "meta"
+
+
+def _as_numpy(t: Tensor) -> np.ndarray:
+    """A NumPy view of CPU memory (read only by the rules). Under torch.func transforms the
+    tensors that reach backward/jvp are wrapped once per transform level; a copy through a
+    custom operator gives the plain values.
+    """
+    if _functorch.is_functorch_wrapped_tensor(t):
+        t = _plain_copy(t)  # the dispatcher unwraps every level on the way in
+    return t.detach().numpy()
+
+
+def _as_tensor(arr, dtype: torch.dtype | None = None) -> Tensor:
+    arr = np.asarray(arr)  # (not ascontiguousarray: it makes 0-d results 1-d)
+    out = torch.from_numpy(arr if arr.flags.c_contiguous else arr.copy())
+    return out if dtype is None else out.to(dtype)
+
+
+# --- the three custom operators -------------------------------------------------------------
+
+
+@torch.library.custom_op("softorder::forward", mutates_args=())
+def _forward_op(spec: str, tensors: list[Tensor]) -> list[Tensor]:
+    rule, _, arguments = _arguments(spec, tensors)
+    ctx = rule.prepare(**arguments)
+    out = rule.forward(ctx)
+    return [_as_tensor(out), *(_as_tensor(a) for a in rule.residuals(ctx).values())]
+
+
+@_forward_op.register_fake
+def _(spec, tensors):
+    rule, names, arguments = _arguments(spec, tensors)
+    shape, residuals = rule.describe(arguments)
+    x = tensors[names.index(rule.input_name)]
+    return [
+        x.new_empty(shape),
+        *(x.new_empty(s, dtype=_TORCH_DTYPE[np.dtype(d)]) for s, d in residuals.values()),
+    ]
+
+
+_TORCH_DTYPE = {np.dtype(np.int64): torch.int64, np.dtype(np.float64): torch.float64}
+
+
+def _restore(spec: str, tensors, residuals):
+    rule, names, arguments = _arguments(spec, tensors)
+    saved = dict(zip(rule.residual_names, map(_as_numpy, residuals), strict=True))
+    return rule, names, rule.restore(arguments, saved)
+
+
+def _differentiable(rule: Rule, names: tuple) -> list[str]:
+    """The tensor arguments the operation has gradients for, in signature order."""
+    return [name for name in rule.differentiable if name in names]
+
+
+@torch.library.custom_op("softorder::backward", mutates_args=())
+def _backward_op(
+    spec: str, tensors: list[Tensor], residuals: list[Tensor], cotangent: Tensor
+) -> list[Tensor]:
+    rule, names, ctx = _restore(spec, tensors, residuals)
+    grads = dict(zip(rule.differentiable, rule.vjp(ctx, _as_numpy(cotangent)), strict=True))
+    return [
+        _as_tensor(grads[name], tensors[names.index(name)].dtype)
+        for name in _differentiable(rule, names)
+    ]
+
+
+@_backward_op.register_fake
+def _(spec, tensors, residuals, cotangent):
+    rule, names, _ = _decode(spec)
+    return [torch.empty_like(tensors[names.index(n)]) for n in _differentiable(rule, names)]
+
+
+@torch.library.custom_op("softorder::pushforward", mutates_args=())
+def _pushforward_op(
+    spec: str,
+    tensors: list[Tensor],
+    residuals: list[Tensor],
+    tangent_names: str,
+    tangents: list[Tensor],
+    like: Tensor,
+) -> Tensor:
+    rule, _, ctx = _restore(spec, tensors, residuals)
+    tangent_of = dict(zip(ast.literal_eval(tangent_names), map(_as_numpy, tangents), strict=True))
+    return _as_tensor(rule.jvp(ctx, tangent_of), like.dtype)
+
+
+@_pushforward_op.register_fake
+def _(spec, tensors, residuals, tangent_names, tangents, like):
+    return torch.empty_like(like)
+
+
+@torch.library.custom_op("softorder::plain_copy", mutates_args=())
+def _plain_copy(t: Tensor) -> Tensor:
+    return t.clone()
+
+
+@_plain_copy.register_fake
+def _(t):
+    return torch.empty_like(t)
+
+
+def _no_second_derivative(ctx, *grads):
+    raise NotImplementedError("softorder operations have first derivatives only")
+
+
+def _save_nothing(ctx, inputs, output):
+    pass
+
+
+for _op in (_backward_op, _pushforward_op, _plain_copy):
+    _op.register_autograd(_no_second_derivative, setup_context=_save_nothing)
+
+
+def _detached(tensors) -> list[Tensor]:
+    return [t.detach() for t in tensors]
+
+
+def _select(spec: str, needs_grad, gradients) -> list:
+    """Gradients for the call's tensors: ``gradients()`` lists them for the differentiable
+    ones; ``None`` where no gradient is needed or defined (and nothing computed if none is).
+    """
+    rule, names, _ = _decode(spec)
+    wanted = _differentiable(rule, names)
+    out = [None] * len(names)
+    if not any(needs_grad[names.index(n)] for n in wanted):
+        return out
+    for name, grad in zip(wanted, gradients(), strict=True):
+        i = names.index(name)
+        out[i] = grad if needs_grad[i] else None
+    return out
+
+
+# --- autograd: the compiled path (custom operator autograd) and the eager path (Function) ---
+
+
+def _setup_compiled(ctx, inputs, output):
+    spec, tensors = inputs
+    ctx.spec, ctx.count = spec, len(tensors)
+    ctx.save_for_backward(*tensors, *output[1:])
+
+
+def _backward_compiled(ctx, grads):
+    saved = ctx.saved_tensors
+    tensors, residuals = saved[: ctx.count], saved[ctx.count :]
+    needs = [t.is_floating_point() for t in tensors]
+
+    def gradients():
+        return _backward_op(ctx.spec, _detached(tensors), _detached(residuals), grads[0])
+
+    if grads[0] is None:  # the result was not used
+        return None, [None] * len(tensors)
+    return None, _select(ctx.spec, needs, gradients)
+
+
+_forward_op.register_autograd(_backward_compiled, setup_context=_setup_compiled)
+
+
+_unwrap_dead_wrappers = getattr(
+    getattr(torch._functorch, "utils", None), "unwrap_dead_wrappers", lambda args: args
+)
+
+
+class _Call:
+    """One eager call: the rule, the call's constant spec, and (after the forward pass) the
+    rule's context, which holds the residuals; the backward and the forward-mode pass use it
+    directly, without the custom operators' residual round trip.
+    """
+
+    __slots__ = ("ctx", "names", "rule", "spec", "statics")
+
+    def __init__(self, spec: str):
+        self.spec = spec
+        self.rule, self.names, self.statics = _decode(spec)
+        self.ctx = None
+
+    def residual_tensors(self) -> list[Tensor]:
+        return [_as_tensor(a) for a in self.rule.residuals(self.ctx).values()]
+
+    def arguments(self, tensors) -> dict:
+        return {**self.statics, **dict(zip(self.names, map(_as_numpy, tensors), strict=True))}
+
+
+def _refuse_batched(*tensors) -> None:
+    """Refuse vmap (also used by jacrev / jacfwd) clearly: there is no batching rule."""
+    if any(t is not None and _functorch.is_batchedtensor(t) for t in tensors):
+        raise NotImplementedError(
+            "torch.func.vmap (also inside jacrev/jacfwd) is not supported by softorder "
+            "operations; they are batched already: give the input a batch dimension instead"
+        )
+
+
+class _Operation(torch.autograd.Function):
+    """Eager autograd for one call: reverse mode and forward mode."""
+
+    @classmethod
+    def apply(cls, *args):
+        # Function.apply binds the arguments to forward's signature with inspect on every
+        # call (about 20 us, a third of the bridge's fixed cost); the arguments here are
+        # always positional, so outside functorch transforms go straight to the C apply.
+        if torch._C._are_functorch_transforms_active():
+            return super().apply(*args)
+        return super(torch.autograd.Function, cls).apply(*_unwrap_dead_wrappers(args))
+
+    @staticmethod
+    def forward(call: _Call, *tensors: Tensor) -> Tensor:
+        call.ctx = call.rule.prepare(**call.arguments(tensors))
+        return _as_tensor(call.rule.forward(call.ctx))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.call = inputs[0]
+        ctx.save_for_backward(*inputs[1:])
+        ctx.save_for_forward(*inputs[1:])
+        ctx.like = output.new_empty(())  # the result's dtype, for tangents
+
+    @staticmethod
+    def backward(ctx, cotangent):
+        _refuse_batched(cotangent)
+        call, tensors = ctx.call, ctx.saved_tensors
+        if _functorch.is_functorch_wrapped_tensor(cotangent):
+            # under torch.func the values reach NumPy only through a custom operator
+            def gradients():
+                return _backward_op(
+                    call.spec, _detached(tensors), call.residual_tensors(), cotangent.detach()
+                )
+        else:
+
+            def gradients():
+                values = call.rule.vjp(call.ctx, _as_numpy(cotangent))
+                grads = dict(zip(call.rule.differentiable, values, strict=True))
+                wanted = _differentiable(call.rule, call.names)
+                return [_as_tensor(grads[n], tensors[call.names.index(n)].dtype) for n in wanted]
+
+        return None, *_select(call.spec, ctx.needs_input_grad[1:], gradients)
+
+    @staticmethod
+    def jvp(ctx, _call_tangent, *tangents):
+        _refuse_batched(*tangents)
+        call = ctx.call
+        given = [
+            (name, t)
+            for name, t in zip(call.names, tangents, strict=True)
+            if t is not None and name in call.rule.differentiable
+        ]
+        if any(_functorch.is_functorch_wrapped_tensor(t) for _, t in given):
+            return _pushforward_op(
+                call.spec,
+                _detached(ctx.saved_tensors),
+                call.residual_tensors(),
+                repr([name for name, _ in given]),
+                _detached(t for _, t in given),
+                ctx.like,
+            )
+        tangent_of = {name: _as_numpy(t) for name, t in given}
+        return _as_tensor(call.rule.jvp(call.ctx, tangent_of), ctx.like.dtype)
+
+
+# --- the public functions -------------------------------------------------------------------
+
+
+def _backend_for(device: torch.device) -> None:
+    """The seam for device kernels: CPU tensors run the numba CPU kernels; other devices raise
+    until their kernels exist (no silent copy to the host).
+    """
+    if device.type != "cpu":
+        raise NotImplementedError(
+            f"softorder has no kernels for {device.type} tensors yet (GPU kernels are planned); "
+            "move the input to the CPU explicitly, e.g. x.cpu(), if a host round trip is "
+            "acceptable"
+        )
+
+
+def _check_input(x, name: str) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor; got {type(x).__name__}")
+    if not (x.is_floating_point()):
+        raise TypeError(f"{name} must be a floating point tensor; got dtype {x.dtype}")
+    return x
+
+
+def _check_dim(x: Tensor, dim) -> None:
+    """``dim`` checked as PyTorch checks it (``IndexError``), and a non-empty dimension."""
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise TypeError(f"dim must be an integer; got {dim!r}")
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension; got a 0-d tensor")
+    if not -x.dim() <= dim < x.dim():
+        raise IndexError(
+            f"Dimension out of range (expected to be in range of [{-x.dim()}, {x.dim() - 1}], "
+            f"but got {dim})"
+        )
+    if x.shape[dim] == 0:
+        raise ValueError(f"dim {dim} of the input is empty (shape {tuple(x.shape)}); need n >= 1")
+
+
+def _run(fn, input_name: str, **arguments) -> Tensor:
+    """Call the operation ``fn`` with ``arguments`` (named as in the NumPy API)."""
+    x = _check_input(arguments[input_name], input_name)
+    _check_dim(x, arguments.get("axis", -1))
+    dtype = x.dtype
+    tensor_names, tensors, statics = [], [], {}
+    for name, value in arguments.items():
+        if isinstance(value, Tensor):
+            _backend_for(value.device)
+            if value.dtype in _COMPUTE_DTYPE:
+                value = value.to(_COMPUTE_DTYPE[value.dtype])
+            tensor_names.append(name)
+            tensors.append(value)
+        else:
+            statics[name] = _static(value, name)
+    spec = repr((fn.__name__, tuple(tensor_names), tuple(sorted(statics.items()))))
+    if not torch.compiler.is_compiling():
+        out = _Operation.apply(_Call(spec), *tensors)
+    else:
+        out = _forward_op(spec, tensors)[0]
+    return out.to(dtype) if out.dtype != dtype else out
+
+
+def _static(value, name: str):
+    """A non-tensor argument as a literal (it becomes part of the call's constant spec).
+
+    Plain Python only, so that ``torch.compile`` folds it to a constant.
+    """
+    if isinstance(value, (bool, str, type(None))):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, (list, tuple)):
+        return [_static(v, name) for v in value]
+    raise TypeError(f"{name} must be a real number, a sequence of them or a tensor; got {value!r}")
+
+
+def soft_topk(
+    x: Tensor, k: float | Tensor, alpha: float | Tensor = 1.0, *, dim: int = -1, largest=True
+) -> Tensor:
+    """Soft top-k memberships along ``dim``: :func:`softorder.soft_topk` for tensors.
+
+    Parameters
+    ----------
+    x : Tensor
+        Scores, floating point, any shape.
+    k : float or Tensor
+        How many to select, in (0, n); a tensor broadcastable to the batch shape for one k per
+        row, or with one extra trailing axis for several k per row (the result then gets a k
+        axis just before ``dim``). Differentiable when it is a tensor that requires grad.
+    alpha : float or Tensor
+        Positive scale in the units of ``x``; a tensor (0-d, or one per row) may require grad.
+    dim : int
+        Dimension to select along.
+    largest : bool
+        Select the largest (default) or the smallest.
+
+    Returns
+    -------
+    Tensor
+        Memberships in (0, 1) summing to k along ``dim``; ``x``'s dtype and device.
+
+    Examples
+    --------
+    >>> import torch, softorder.bridges.torch as sot
+    >>> p = sot.soft_topk(torch.tensor([3.0, 1.0, 2.0, -5.0]), 2, alpha=0.01)
+    >>> p.round(decimals=3), float(p.sum())
+    (tensor([1., 0., 1., 0.]), 2.0)
+    """
+    return _run(operations.soft_topk, "x", x=x, k=k, alpha=alpha, axis=dim, largest=largest)
+
+
+def log_soft_topk(
+    x: Tensor, k: float | Tensor, alpha: float | Tensor = 1.0, *, dim: int = -1, largest=True
+) -> Tensor:
+    """Logarithm of :func:`soft_topk`, without underflow: :func:`softorder.log_soft_topk`.
+
+    Parameters
+    ----------
+    x, k, alpha, dim, largest
+        As for :func:`soft_topk`.
+
+    Returns
+    -------
+    Tensor
+        Log-memberships.
+
+    Examples
+    --------
+    >>> import torch, softorder.bridges.torch as sot
+    >>> sot.log_soft_topk(torch.tensor([0.0, 2000.0], dtype=torch.float64), 1, alpha=1.0)
+    tensor([-1000.6931,    -0.0000], dtype=torch.float64)
+    """
+    return _run(operations.log_soft_topk, "x", x=x, k=k, alpha=alpha, axis=dim, largest=largest)
+
+
+def soft_rank(
+    x: Tensor, alpha: float | Tensor = 1.0, *, dim: int = -1, descending: bool = False
+) -> Tensor:
+    """Soft ranks along ``dim``, 1-based: :func:`softorder.soft_rank` for tensors.
+
+    Parameters
+    ----------
+    x : Tensor
+        Values, floating point, any shape.
+    alpha : float or Tensor
+        Positive scale in the units of ``x``; a tensor (0-d, or one per row) may require grad.
+    dim : int
+        Dimension to rank along.
+    descending : bool
+        Rank 1 for the largest value.
+
+    Returns
+    -------
+    Tensor
+        Ranks in (1/2, n + 1/2), shaped like ``x``.
+
+    Examples
+    --------
+    >>> import torch, softorder.bridges.torch as sot
+    >>> sot.soft_rank(torch.tensor([0.5, -1.0, 3.0]), alpha=0.01)
+    tensor([2., 1., 3.])
+    """
+    return _run(operations.soft_rank, "x", x=x, alpha=alpha, axis=dim, descending=descending)
+
+
+def soft_sort(
+    x: Tensor, alpha: float | Tensor = 1.0, *, dim: int = -1, descending: bool = False
+) -> Tensor:
+    """Soft sort along ``dim``: :func:`softorder.soft_sort` for tensors.
+
+    Parameters
+    ----------
+    x : Tensor
+        Values, floating point, any shape.
+    alpha : float or Tensor
+        Positive scale in the units of ``x``; a tensor (0-d, or one per row) may require grad.
+    dim : int
+        Dimension to sort along.
+    descending : bool
+        Largest first.
+
+    Returns
+    -------
+    Tensor
+        Soft-sorted values, shaped like ``x``.
+
+    Examples
+    --------
+    >>> import torch, softorder.bridges.torch as sot
+    >>> sot.soft_sort(torch.tensor([2.0, -1.0, 0.5]), alpha=0.001)
+    tensor([-1.0000,  0.5000,  2.0000])
+    """
+    return _run(operations.soft_sort, "x", x=x, alpha=alpha, axis=dim, descending=descending)
+
+
+def soft_quantile(
+    x: Tensor, q: float | Tensor, alpha: float | Tensor = 1.0, *, dim: int = -1
+) -> Tensor:
+    """Soft quantiles along ``dim`` (which is removed): :func:`softorder.soft_quantile`.
+
+    Parameters
+    ----------
+    x : Tensor
+        Values, floating point, any shape.
+    q : float or Tensor
+        Probabilities in (0, 1); one per row, or several per row with a trailing axis (it then
+        replaces ``dim``). Differentiable when a tensor that requires grad.
+    alpha : float or Tensor
+        Positive scale in the units of ``x``; a tensor (0-d, or one per row) may require grad.
+    dim : int
+        Dimension to take quantiles along.
+
+    Returns
+    -------
+    Tensor
+        Quantiles.
+
+    Examples
+    --------
+    >>> import torch, softorder.bridges.torch as sot
+    >>> x = torch.tensor([4.0, 1.0, 3.0, 2.0], dtype=torch.float64)
+    >>> sot.soft_quantile(x, torch.tensor([0.25, 0.75]), alpha=1e-3)
+    tensor([1.5000, 3.5000], dtype=torch.float64)
+    """
+    return _run(operations.soft_quantile, "x", x=x, q=q, alpha=alpha, axis=dim)
+
+
+def soft_permutation(
+    x: Tensor, alpha: float | Tensor = 1.0, *, dim: int = -1, descending: bool = False
+) -> Tensor:
+    """Soft permutation matrices: :func:`softorder.soft_permutation` for tensors.
+
+    Parameters
+    ----------
+    x : Tensor
+        Values, floating point, any shape.
+    alpha : float or Tensor
+        Positive scale in the units of ``x``; a tensor (0-d, or one per row) may require grad.
+    dim : int
+        Dimension to sort along; the result has shape ``batch + (n, n)``.
+    descending : bool
+        Rows of P from the largest element to the smallest.
+
+    Returns
+    -------
+    Tensor
+        Doubly stochastic ``P`` with ``P @ x`` the soft-sorted ``x``.
+
+    Examples
+    --------
+    >>> import torch, softorder.bridges.torch as sot
+    >>> x = torch.tensor([0.2, -3.0, 1.0])
+    >>> P = sot.soft_permutation(x, alpha=0.01)
+    >>> P @ x
+    tensor([-3.0000,  0.2000,  1.0000])
+    """
+    return _run(operations.soft_permutation, "x", x=x, alpha=alpha, axis=dim, descending=descending)
+
+
+def topk_cross_entropy(
+    logits: Tensor,
+    labels: Tensor,
+    p_k,
+    alpha: float | Tensor = 1.0,
+    *,
+    reduction: str = "mean",
+    split_top1: bool = False,
+) -> Tensor:
+    """Top-k cross-entropy on LapSum memberships: :func:`softorder.topk_cross_entropy`.
+
+    Parameters
+    ----------
+    logits : Tensor
+        Scores of shape ``(..., C)``.
+    labels : Tensor
+        Integer classes in ``[0, C)``, shape ``(...)``.
+    p_k : sequence or Tensor
+        ``P_K(k)`` for k = 1..K (K < C), summing to 1.
+    alpha : float or Tensor
+        Positive scale in the units of the logits; a tensor may require grad.
+    reduction : {"mean", "sum", "none"}
+        How to combine the per-sample losses.
+    split_top1 : bool
+        Softmax cross-entropy for the k = 1 share (eq. 4 of Petersen et al. 2022).
+
+    Returns
+    -------
+    Tensor
+        The loss.
+
+    Examples
+    --------
+    >>> import torch, softorder.bridges.torch as sot
+    >>> logits = torch.tensor([[2.0, 1.0, 0.1, -1.0], [0.0, 3.0, 1.0, 2.0]], requires_grad=True)
+    >>> loss = sot.topk_cross_entropy(logits, torch.tensor([1, 0]), [0.5, 0.5], alpha=0.5)
+    >>> loss.backward()
+    >>> round(loss.item(), 4), logits.grad.shape
+    (2.4966, torch.Size([2, 4]))
+    """
+    return _run(
+        operations.topk_cross_entropy,
+        "logits",
+        logits=logits,
+        labels=labels,
+        p_k=p_k,
+        alpha=alpha,
+        reduction=reduction,
+        split_top1=split_top1,
+    )
+
+
+def permutation_cross_entropy(
+    x: Tensor,
+    target_ranks: Tensor,
+    alpha: float | Tensor = 1.0,
+    *,
+    reduction: str = "mean",
+    descending: bool = False,
+) -> Tensor:
+    """Permutation cross-entropy without the n x n matrix: see
+    :func:`softorder.permutation_cross_entropy`.
+
+    Parameters
+    ----------
+    x : Tensor
+        Scores of shape ``(..., n)``.
+    target_ranks : Tensor
+        The true 1-based rank of each element, integer, same shape as ``x``.
+    alpha : float or Tensor
+        Positive scale in the units of ``x``; a tensor may require grad.
+    reduction : {"mean", "sum", "none"}
+        How to combine the per-row losses.
+    descending : bool
+        Rank 1 is the largest score.
+
+    Returns
+    -------
+    Tensor
+        The loss.
+
+    Examples
+    --------
+    >>> import torch, softorder.bridges.torch as sot
+    >>> x = torch.tensor([[0.1, 2.0, -1.0]])
+    >>> good = sot.permutation_cross_entropy(x, torch.tensor([[2, 3, 1]]), alpha=0.1)
+    >>> bad = sot.permutation_cross_entropy(x, torch.tensor([[1, 2, 3]]), alpha=0.1)
+    >>> bool(good < bad)
+    True
+    """
+    return _run(
+        operations.permutation_cross_entropy,
+        "x",
+        x=x,
+        target_ranks=target_ranks,
+        alpha=alpha,
+        reduction=reduction,
+        descending=descending,
+    )
+
+
+class TopKCrossEntropyLoss(nn.Module):
+    """Top-k cross-entropy as a module (Petersen et al. 2022, eqs. 2 and 4).
+
+    Parameters
+    ----------
+    p_k : sequence or Tensor
+        ``P_K(k)`` for k = 1..K, summing to 1, e.g. ``[0, 0, 0, 0, 1]`` for top-5.
+    alpha : float or Tensor
+        LapSum scale; pass an :class:`torch.nn.Parameter` to learn it.
+    reduction : {"mean", "sum", "none"}
+        How to combine the per-sample losses.
+    split_top1 : bool
+        Softmax cross-entropy for the k = 1 share (eq. 4).
+    method : str
+        ``"lapsum"`` (this library's kernels), or one of ``softorder.baselines.METHODS`` to
+        compute the same loss with another relaxation for comparison.
+    temperature : float, optional
+        The temperature of a baseline method (ignored for ``"lapsum"``, which uses alpha).
+
+    Examples
+    --------
+    >>> import torch, softorder.bridges.torch as sot
+    >>> loss_fn = sot.TopKCrossEntropyLoss([0.0, 0.0, 1.0], alpha=0.5)
+    >>> logits = torch.randn(8, 10, requires_grad=True)
+    >>> loss = loss_fn(logits, torch.randint(0, 10, (8,)))
+    >>> loss.backward(); loss.shape
+    torch.Size([])
+    """
+
+    def __init__(
+        self,
+        p_k,
+        alpha: float | Tensor = 1.0,
+        *,
+        reduction: str = "mean",
+        split_top1: bool = False,
+        method: str = "lapsum",
+        temperature: float | None = None,
+    ):
+        super().__init__()
+        self.register_buffer("p_k", torch.as_tensor(p_k, dtype=torch.float64))
+        self.alpha = alpha
+        self.reduction = reduction
+        self.split_top1 = split_top1
+        self.method = method
+        self.temperature = temperature
+        if method != "lapsum":
+            from softorder import baselines
+
+            if method not in baselines.METHODS:
+                raise ValueError(
+                    f"method must be 'lapsum' or one of {baselines.METHODS}; got {method!r}"
+                )
+
+    def forward(self, logits: Tensor, labels: Tensor) -> Tensor:
+        """The loss of ``logits`` (``(..., C)``) against integer ``labels`` (``(...)``)."""
+        if self.method == "lapsum":
+            return topk_cross_entropy(
+                logits,
+                labels,
+                self.p_k,
+                self.alpha,
+                reduction=self.reduction,
+                split_top1=self.split_top1,
+            )
+        from softorder import baselines
+
+        return baselines.topk_cross_entropy(
+            logits,
+            labels,
+            self.p_k,
+            method=self.method,
+            temperature=self.temperature,
+            reduction=self.reduction,
+            split_top1=self.split_top1,
+        )
+
+
+class PermutationCrossEntropyLoss(nn.Module):
+    """Permutation cross-entropy as a module: see :func:`permutation_cross_entropy`.
+
+    Parameters
+    ----------
+    alpha : float or Tensor
+        LapSum scale; pass an :class:`torch.nn.Parameter` to learn it.
+    reduction : {"mean", "sum", "none"}
+        How to combine the per-row losses.
+    descending : bool
+        Rank 1 is the largest score.
+
+    Examples
+    --------
+    >>> import torch, softorder.bridges.torch as sot
+    >>> loss_fn = sot.PermutationCrossEntropyLoss(alpha=0.1)
+    >>> scores = torch.tensor([[0.1, 2.0, -1.0]], requires_grad=True)
+    >>> loss = loss_fn(scores, torch.tensor([[2, 3, 1]]))
+    >>> loss.backward(); bool(loss < 0.1)
+    True
+    """
+
+    def __init__(
+        self, alpha: float | Tensor = 1.0, *, reduction: str = "mean", descending: bool = False
+    ):
+        super().__init__()
+        self.alpha = alpha
+        self.reduction = reduction
+        self.descending = descending
+
+    def forward(self, x: Tensor, target_ranks: Tensor) -> Tensor:
+        """The loss of scores ``x`` (``(..., n)``) against 1-based ``target_ranks``."""
+        return permutation_cross_entropy(
+            x, target_ranks, self.alpha, reduction=self.reduction, descending=self.descending
+        )

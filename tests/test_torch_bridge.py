@@ -1,0 +1,330 @@
+"""The PyTorch bridge: gradients (reverse and forward mode) by gradcheck, values against the
+NumPy API, dtypes, torch.compile, torch.func, errors, and a small training run on real data."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import softorder as so  # noqa: E402
+import softorder.bridges.torch as sot  # noqa: E402
+
+GEN = torch.Generator().manual_seed(3)
+
+
+def _randn(*shape, dtype=torch.float64):
+    return torch.randn(*shape, generator=GEN, dtype=dtype)
+
+
+def _f64(value, requires_grad=True):
+    return torch.tensor(value, dtype=torch.float64, requires_grad=requires_grad)
+
+
+X = _randn(3, 6)
+LOGITS = _randn(4, 7) * 1.5
+LABELS = torch.tensor([0, 3, 6, 2])
+RANKS = torch.stack([torch.randperm(6, generator=GEN) + 1 for _ in range(3)])
+
+# (id, function of the differentiable tensors, their values)
+GRADCHECK_CASES = [
+    ("topk", lambda x, k, a: sot.soft_topk(x, k, a), (X, _f64(2.5), _f64(0.6))),
+    (
+        "topk_many_k_dim0_smallest",
+        lambda x, k, a: sot.soft_topk(x, k, a, dim=0, largest=False),
+        (X, _f64([[1.0, 2.0]] * 6), _f64(0.4)),
+    ),
+    ("log_topk", lambda x, k, a: sot.log_soft_topk(x, k, a), (X, _f64([1.5, 2.0, 4.0]), _f64(0.5))),
+    ("rank", lambda x, a: sot.soft_rank(x, a), (X, _f64(0.5))),
+    ("rank_desc_dim0", lambda x, a: sot.soft_rank(x, a, dim=0, descending=True), (X, _f64(0.5))),
+    ("rank_alpha_per_row", lambda x, a: sot.soft_rank(x, a), (X, _f64([0.3, 0.5, 1.0]))),
+    ("sort", lambda x, a: sot.soft_sort(x, a), (X, _f64(0.3))),
+    ("sort_desc", lambda x, a: sot.soft_sort(x, a, descending=True), (X, _f64(0.3))),
+    ("quantile", lambda x, q, a: sot.soft_quantile(x, q, a), (X, _f64(0.3), _f64(0.5))),
+    (
+        "quantile_many",
+        lambda x, q, a: sot.soft_quantile(x, q, a),
+        (X, _f64([[0.2, 0.7]]), _f64(0.5)),
+    ),
+    ("permutation", lambda x, a: sot.soft_permutation(x, a), (X, _f64(0.4))),
+    (
+        "topk_ce",
+        lambda z, a: sot.topk_cross_entropy(z, LABELS, [0.2, 0.3, 0.5], a),
+        (LOGITS, _f64(0.5)),
+    ),
+    (
+        "topk_ce_split_none",
+        lambda z, a: sot.topk_cross_entropy(
+            z, LABELS, torch.tensor([0.4, 0.6]), a, reduction="none", split_top1=True
+        ),
+        (LOGITS, _f64(0.7)),
+    ),
+    ("perm_ce", lambda x, a: sot.permutation_cross_entropy(x, RANKS, a), (X, _f64(0.5))),
+    (
+        "perm_ce_desc_sum",
+        lambda x, a: sot.permutation_cross_entropy(x, RANKS, a, reduction="sum", descending=True),
+        (X, _f64(0.5)),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "fn, inputs", [c[1:] for c in GRADCHECK_CASES], ids=[c[0] for c in GRADCHECK_CASES]
+)
+def test_gradcheck_reverse_and_forward_mode(fn, inputs):
+    inputs = tuple(t.detach().clone().requires_grad_() for t in inputs)
+    assert torch.autograd.gradcheck(fn, inputs, check_forward_ad=True, atol=1e-6, rtol=1e-5)
+
+
+# (torch function, NumPy function, extra positional args, torch kwargs, numpy kwargs)
+VALUE_CASES = [
+    (sot.soft_topk, so.soft_topk, (3.0, 0.4), {"dim": 1}, {"axis": 1}),
+    (sot.log_soft_topk, so.log_soft_topk, (2.0, 0.4), {"largest": False}, {"largest": False}),
+    (sot.soft_rank, so.soft_rank, (0.3,), {"dim": 0}, {"axis": 0}),
+    (
+        sot.soft_sort,
+        so.soft_sort,
+        (0.3,),
+        {"dim": 2, "descending": True},
+        {"axis": 2, "descending": True},
+    ),
+    (sot.soft_quantile, so.soft_quantile, (0.25, 0.3), {"dim": -2}, {"axis": -2}),
+    (sot.soft_permutation, so.soft_permutation, (0.3,), {"dim": 1}, {"axis": 1}),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    "tfn, nfn, args, tkw, nkw", VALUE_CASES, ids=lambda c: getattr(c, "__name__", "")
+)
+def test_values_equal_the_numpy_api(tfn, nfn, args, tkw, nkw, dtype):
+    x = _randn(2, 5, 4, dtype=dtype)
+    got = tfn(x, *args, **tkw)
+    expected = nfn(x.numpy(), *args, **nkw)
+    assert got.dtype == dtype and got.shape == expected.shape
+    np.testing.assert_array_equal(got.numpy(), expected)
+
+
+def test_losses_equal_the_numpy_api():
+    got = sot.topk_cross_entropy(LOGITS, LABELS, [0.5, 0.5], 0.3, reduction="none")
+    expected = so.topk_cross_entropy(
+        LOGITS.numpy(), LABELS.numpy(), [0.5, 0.5], 0.3, reduction="none"
+    )
+    np.testing.assert_array_equal(got.numpy(), expected)
+    got = sot.permutation_cross_entropy(X, RANKS, 0.3, descending=True)
+    expected = so.permutation_cross_entropy(X.numpy(), RANKS.numpy(), 0.3, descending=True)
+    np.testing.assert_array_equal(got.numpy(), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_is_computed_in_float32(dtype):
+    x = _randn(4, 9, dtype=torch.float32).to(dtype).requires_grad_()
+    alpha = torch.tensor(0.5, dtype=dtype, requires_grad=True)
+    p = sot.soft_topk(x, 3, alpha)
+    assert p.dtype == dtype
+    expected = sot.soft_topk(x.detach().float(), 3, 0.5)
+    torch.testing.assert_close(p.float(), expected.to(dtype).float())
+    (p * torch.arange(9.0)).sum().backward()
+    assert x.grad.dtype == dtype and alpha.grad.dtype == dtype
+    assert torch.isfinite(x.grad.float()).all() and alpha.grad != 0
+
+
+def test_gradients_reach_alpha_and_k_only_when_they_require_grad():
+    x = X.clone().requires_grad_()
+    k = _f64(2.0, requires_grad=False)
+    alpha = _f64(0.5)
+    sot.soft_topk(x, k, alpha)[:, 0].sum().backward()
+    assert x.grad is not None and alpha.grad is not None and k.grad is None
+    assert float(alpha.grad) != 0.0
+
+
+def test_numpy_pullback_equals_torch_backward():
+    x = X.clone().requires_grad_()
+    alpha = _f64(0.4)
+    v = _randn(3, 6)
+    (sot.soft_sort(x, alpha) * v).sum().backward()
+    _, pullback = so.vjp(so.soft_sort, X.numpy(), 0.4)
+    x_bar, alpha_bar = pullback(v.numpy())
+    np.testing.assert_allclose(x.grad.numpy(), x_bar, rtol=1e-13)
+    np.testing.assert_allclose(alpha.grad.numpy(), alpha_bar, rtol=1e-13)
+
+
+def test_inputs_are_never_modified_and_non_contiguous_input_works():
+    base = _randn(6, 4)
+    x = base.t()  # non-contiguous view
+    before = base.clone()
+    r = sot.soft_rank(x, 0.5)
+    np.testing.assert_array_equal(r.numpy(), so.soft_rank(x.contiguous().numpy(), 0.5))
+    torch.testing.assert_close(base, before, rtol=0, atol=0)
+
+
+def test_backward_can_run_twice_with_retain_graph():
+    x = X.clone().requires_grad_()
+    out = sot.soft_rank(x, 0.5).sum(dim=0)[2]
+    out.backward(retain_graph=True)
+    first = x.grad.clone()
+    out.backward()
+    torch.testing.assert_close(x.grad, 2 * first)
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    def model(x, alpha):
+        ranks = sot.soft_rank(x, alpha)
+        top = sot.soft_topk(x, 2, alpha)
+        loss = sot.topk_cross_entropy(x, torch.tensor([0, 1, 2]), [0.5, 0.5], alpha)
+        return (ranks * top).sum() + loss
+
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    x1, x2 = X.clone().requires_grad_(), X.clone().requires_grad_()
+    a1, a2 = _f64(0.5), _f64(0.5)
+    eager = model(x1, a1)
+    comp = compiled(x2, a2)
+    eager.backward()
+    comp.backward()
+    torch.testing.assert_close(comp, eager)
+    torch.testing.assert_close(x2.grad, x1.grad)
+    torch.testing.assert_close(a2.grad, a1.grad)
+
+
+def test_torch_compile_with_inductor_runs():
+    compiled = torch.compile(lambda x: sot.soft_rank(x, 0.3).square().sum(), fullgraph=True)
+    x = X.clone().requires_grad_()
+    value = compiled(x)
+    value.backward()
+    torch.testing.assert_close(value, sot.soft_rank(X, 0.3).square().sum())
+    assert x.grad.abs().sum() > 0
+
+
+def test_torch_func_transforms():
+    from torch.func import grad, jacrev, jvp, vjp
+
+    def f(x, a):
+        return (sot.soft_sort(x, a) * torch.arange(6.0, dtype=x.dtype)).sum()
+
+    g = grad(f)(X, _f64(0.5, False))
+    x = X.clone().requires_grad_()
+    f(x, 0.5).backward()
+    torch.testing.assert_close(g, x.grad)
+
+    tangent = _randn(3, 6)
+    _, out_dot = jvp(lambda x: sot.soft_rank(x, 0.5), (X,), (tangent,))
+    out, pullback = vjp(lambda x: sot.soft_rank(x, 0.5), X)
+    cot = _randn(3, 6)
+    (x_bar,) = pullback(cot)
+    # forward and reverse mode agree: <cot, J t> = <J^T cot, t>
+    torch.testing.assert_close((cot * out_dot).sum(), (x_bar * tangent).sum())
+    # vmap has no batching rule (the operations are batched already): a clear refusal
+    with pytest.raises(NotImplementedError, match="vmap"):
+        jacrev(lambda x: sot.soft_rank(x, 0.5))(X[0])
+    with pytest.raises(RuntimeError, match="vmap"):
+        torch.func.vmap(lambda x: sot.soft_rank(x, 0.5))(X)
+
+
+def test_forward_ad_dual_tensors_in_alpha():
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level():
+        alpha = fwAD.make_dual(_f64(0.5, False), _f64(1.0, False))
+        p = sot.soft_topk(X, 2.0, alpha)
+        tangent = fwAD.unpack_dual(p).tangent
+    _, expected = so.jvp(so.soft_topk, (X.numpy(), 2.0, 0.5), (None, None, 1.0))
+    np.testing.assert_allclose(tangent.numpy(), expected, rtol=1e-12, atol=1e-15)
+
+
+def test_second_derivatives_are_refused_clearly():
+    x = X.clone().requires_grad_()
+    (g,) = torch.autograd.grad(sot.soft_rank(x, 0.5).square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError):
+        g.sum().backward()
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda: sot.soft_rank(X, 0.5, dim=2), IndexError, "Dimension out of range"),
+        (lambda: sot.soft_rank(X, 0.5, dim=1.0), TypeError, "dim must be an integer"),
+        (lambda: sot.soft_rank(torch.ones(3, 0), 0.5), ValueError, "empty"),
+        (lambda: sot.soft_rank(torch.tensor(1.0), 0.5), ValueError, "at least one dimension"),
+        (lambda: sot.soft_rank(torch.arange(4), 0.5), TypeError, "floating point"),
+        (lambda: sot.soft_rank(X.numpy(), 0.5), TypeError, "torch.Tensor"),
+        (lambda: sot.soft_rank(X, -1.0), ValueError, "alpha must be positive"),
+        (lambda: sot.soft_rank(X, torch.tensor(0.0)), ValueError, "alpha must be positive"),
+        (lambda: sot.soft_topk(X, 6, 0.5), ValueError, "k must lie strictly between 0 and n=6"),
+        (lambda: sot.soft_quantile(X, torch.tensor(1.5), 0.5), ValueError, "q must lie"),
+        (lambda: sot.topk_cross_entropy(LOGITS, LABELS.float(), [1.0], 0.5), TypeError, "labels"),
+        (lambda: sot.topk_cross_entropy(LOGITS, LABELS, [0.5, 0.6], 0.5), ValueError, "p_k"),
+        (lambda: sot.permutation_cross_entropy(X, RANKS[:2], 0.5), ValueError, "target_ranks"),
+        (lambda: sot.soft_rank(X.to("meta"), 0.5), NotImplementedError, "no kernels for meta"),
+    ],
+)
+def test_bad_input_gets_a_clear_error(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_a_cuda_tensor_is_refused_not_copied():
+    if not torch.cuda.is_available():
+        with pytest.raises(NotImplementedError, match="no kernels for cuda"):
+            sot._backend_for(torch.device("cuda"))
+    else:  # pragma: no cover - no GPU on the CI machine
+        with pytest.raises(NotImplementedError, match="no kernels for cuda"):
+            sot.soft_rank(X.cuda(), 0.5)
+
+
+def test_nan_row_stays_in_its_row():
+    x = X.clone()
+    x[1, 2] = float("nan")
+    x.requires_grad_()
+    r = sot.soft_rank(x, 0.5)
+    (r * torch.arange(6.0, dtype=x.dtype)).sum().backward()
+    assert torch.isnan(r[1]).all() and torch.isfinite(r[[0, 2]]).all()
+    assert torch.isnan(x.grad[1]).all() and torch.isfinite(x.grad[[0, 2]]).all()
+
+
+def test_modules_train_a_linear_model_on_digits():
+    datasets = pytest.importorskip("sklearn.datasets")
+    digits = datasets.load_digits()
+    images = torch.tensor(digits.data / 16.0, dtype=torch.float32)
+    labels = torch.tensor(digits.target)
+    train, test = slice(0, 1400), slice(1400, None)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 10)
+    alpha = torch.nn.Parameter(torch.tensor(1.0))
+    loss_fn = sot.TopKCrossEntropyLoss([0.0, 0.0, 0.0, 0.0, 1.0], alpha=alpha)
+    assert any(p is alpha for p in loss_fn.parameters())
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+
+    def top5_accuracy():
+        with torch.no_grad():
+            top5 = model(images[test]).topk(5, dim=1).indices
+        return (top5 == labels[test, None]).any(dim=1).float().mean().item()
+
+    with torch.no_grad():
+        start = loss_fn(model(images[train]), labels[train]).item()
+    for _ in range(60):
+        optimizer.zero_grad()
+        loss = loss_fn(model(images[train]), labels[train])
+        loss.backward()
+        optimizer.step()
+    assert alpha.grad is not None and float(alpha.grad) != 0.0
+    assert loss.item() < 0.5 * start
+    assert top5_accuracy() > 0.9  # chance is 0.5
+
+
+def test_permutation_loss_module_learns_to_order():
+    torch.manual_seed(1)
+    features = torch.randn(64, 5, 3)
+    truth = features @ torch.tensor([1.0, -2.0, 0.5])
+    target = torch.argsort(torch.argsort(truth, dim=1), dim=1) + 1
+    weights = torch.zeros(3, requires_grad=True)
+    loss_fn = sot.PermutationCrossEntropyLoss(alpha=0.1)
+    optimizer = torch.optim.SGD([weights], lr=0.5)
+    first = None
+    for _ in range(40):
+        optimizer.zero_grad()
+        loss = loss_fn(features @ weights, target)
+        first = loss.item() if first is None else first
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 0.3 * first
+    predicted = torch.argsort(torch.argsort(features @ weights, dim=1), dim=1) + 1
+    assert (predicted == target).float().mean() > 0.9
