@@ -1,0 +1,123 @@
+"""Sphinx configuration of the softorder documentation.
+
+Build (warnings are errors, as in CI)::
+
+    python -m sphinx -W --keep-going -b html docs docs/_build/html
+
+Generated at build time (into ``docs/_generated/``, not committed): the figure of soft top-k
+memberships for several alpha (``docs/figures.py``) and the API pages of the bridges that can
+be imported here (a bridge whose framework is missing gets a short note instead, so the build
+never fails on an optional dependency).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pathlib
+import sys
+
+DOCS = pathlib.Path(__file__).resolve().parent
+ROOT = DOCS.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(DOCS))
+
+import softorder  # noqa: E402
+
+project = "softorder"
+author = "softorder developers"
+copyright = "softorder developers"  # noqa: A001
+release = softorder.__version__
+version = ".".join(release.split(".")[:2])
+
+extensions = [
+    "sphinx.ext.autodoc",
+    "sphinx.ext.napoleon",
+]
+exclude_patterns = ["_build", "_generated/*.inc", "**/.ipynb_checkpoints"]
+templates_path: list = []
+source_suffix = {".rst": "restructuredtext"}
+root_doc = "index"
+
+autodoc_member_order = "bysource"
+autodoc_typehints = "none"  # the signatures show them; the docstrings describe them
+autodoc_default_options = {"members": False}
+napoleon_google_docstring = False
+napoleon_numpy_docstring = True
+napoleon_use_rtype = False
+
+try:
+    import furo  # noqa: F401
+
+    html_theme = "furo"
+except ImportError:  # the docs still build with Sphinx's bundled theme
+    html_theme = "alabaster"
+html_title = f"softorder {release}"
+html_static_path = ["_static"]
+
+
+BRIDGES = {
+    "torch": (
+        "PyTorch bridge",
+        "softorder.bridges.torch",
+        [
+            "soft_topk",
+            "log_soft_topk",
+            "soft_rank",
+            "soft_sort",
+            "soft_quantile",
+            "soft_permutation",
+            "topk_cross_entropy",
+            "permutation_cross_entropy",
+        ],
+        ["TopKCrossEntropyLoss", "PermutationCrossEntropyLoss"],
+    ),
+    "jax": (
+        "JAX bridge",
+        "softorder.bridges.jax",
+        [
+            "soft_topk",
+            "log_soft_topk",
+            "soft_rank",
+            "soft_sort",
+            "soft_quantile",
+            "soft_permutation",
+            "topk_cross_entropy",
+            "permutation_cross_entropy",
+        ],
+        [],
+    ),
+}
+
+
+def _bridge_page(key: str) -> str:
+    title, module, functions, classes = BRIDGES[key]
+    lines = [title, "-" * len(title), ""]
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        return "\n".join(lines + [f"``{module}`` cannot be imported here ({exc}).", ""])
+    lines += [f".. automodule:: {module}", "   :no-members:", ""]
+    for name in functions:
+        if hasattr(mod, name):
+            lines += [f".. autofunction:: {module}.{name}", ""]
+    for name in classes:
+        if hasattr(mod, name):
+            lines += [f".. autoclass:: {module}.{name}", "   :members: forward", ""]
+    return "\n".join(lines)
+
+
+def _generate(app) -> None:
+    out = DOCS / "_generated"
+    out.mkdir(exist_ok=True)
+    for key in BRIDGES:
+        text = _bridge_page(key)
+        path = out / f"api_{key}.inc"
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+    import figures
+
+    figures.alpha_figure(out / "alpha.png")
+
+
+def setup(app):
+    app.connect("builder-inited", _generate)
