@@ -310,10 +310,11 @@ def topk_cross_entropy(
     ):
         raise ValueError("p_k must be non-negative and sum to 1 over its last axis")
     _check_labels(labels, logits.shape[:-1], c, "labels")
-    if method == "lapsum":
-        return _bridge().topk_cross_entropy(
-            logits, labels, p_k, temperature, reduction=reduction, split_top1=split_top1
+    if method == "lapsum":  # per-sample losses from the bridge, reduced here like the others
+        loss = _bridge().topk_cross_entropy(
+            logits, labels, p_k, temperature, reduction="none", split_top1=split_top1
         )
+        return _reduce(loss, reduction)
     big_k = p_k.shape[-1]
     _, log_m = _memberships(logits, big_k, method, temperature, options)
     index = labels[..., None, None].expand(*labels.shape, big_k, 1)
@@ -392,10 +393,11 @@ def permutation_cross_entropy(
     temperature = _temperature(temperature)
     n = check_scores(x)
     _check_labels(target_ranks - 1, x.shape, n, "target_ranks - 1")
-    if method == "lapsum":
-        return _bridge().permutation_cross_entropy(
-            x, target_ranks, temperature, reduction=reduction, descending=descending
+    if method == "lapsum":  # per-row losses from the bridge, reduced here like the others
+        loss = _bridge().permutation_cross_entropy(
+            x, target_ranks, temperature, reduction="none", descending=descending
         )
+        return _reduce(loss, reduction)
     log_p, p = _permutation(x, method, temperature, descending, None, options)
     if log_p is None:
         log_p = _tiny_log(p)
