@@ -29,6 +29,9 @@ How it plugs into PyTorch:
   instead (dynamo cannot trace a custom ``jvp``), so compiled code has reverse mode only.
 - dtypes: float32 and float64 natively; float16 and bfloat16 are computed in float32 and
   returned in the input's dtype. Integer or complex input raises ``TypeError``.
+- Threads: importing this module makes the numba kernels run on the calling thread
+  (:func:`softorder.core.set_parallel`), because PyTorch's and numba's OpenMP thread pools
+  slowed each other several-fold when both were active; ``core.set_parallel(True)`` undoes it.
 - Devices: CPU. CUDA tensors raise :class:`NotImplementedError` until the GPU kernels exist;
   there is no silent copy to the host (see :func:`_backend_for`).
 """
@@ -43,7 +46,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from softorder import operations
+from softorder import core, operations
 from softorder._autodiff import Rule
 
 __all__ = [
@@ -72,13 +75,24 @@ _OPERATIONS = {
         operations.permutation_cross_entropy,
     )
 }
+# PyTorch's OpenMP threads and numba's spin against each other (numbers in
+# core.set_parallel): next to PyTorch, the kernels run on the calling thread.
+core.set_parallel(False)
+
 _functorch = torch._C._functorch
+#: arguments that choose what is computed; all others are data
+_SETTINGS = ("axis", "largest", "descending", "reduction", "split_top1")
 _COMPUTE_DTYPE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
 
 # --- what a call is: an operation name, which arguments are tensors, and the static rest ---
 # A call is encoded as one string (custom operators take strings, and torch.compile treats
 # them as constants): repr((name, tensor_names, statics)).
+
+
+@torch.compiler.assume_constant_result  # run, not traced, by torch.compile: a constant
+def _encode(name: str, tensor_names: tuple, statics: tuple) -> str:
+    return repr((name, tensor_names, statics))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -398,8 +412,13 @@ def _run(fn, input_name: str, **arguments) -> Tensor:
     x = _check_input(arguments[input_name], input_name)
     _check_dim(x, arguments.get("axis", -1))
     dtype = x.dtype
+    compiling = torch.compiler.is_compiling()
     tensor_names, tensors, statics = [], [], {}
     for name, value in arguments.items():
+        if compiling and name not in _SETTINGS and isinstance(value, (float, int)):
+            # torch.compile may turn a number that changes between calls into a symbol,
+            # which cannot be part of the constant spec: pass it as a tensor instead.
+            value = torch.tensor(value, dtype=torch.float64)
         if isinstance(value, Tensor):
             _backend_for(value.device)
             if value.dtype in _COMPUTE_DTYPE:
@@ -408,11 +427,11 @@ def _run(fn, input_name: str, **arguments) -> Tensor:
             tensors.append(value)
         else:
             statics[name] = _static(value, name)
-    spec = repr((fn.__name__, tuple(tensor_names), tuple(sorted(statics.items()))))
-    if not torch.compiler.is_compiling():
-        out = _Operation.apply(_Call(spec), *tensors)
-    else:
+    spec = _encode(fn.__name__, tuple(tensor_names), tuple(statics.items()))
+    if compiling:
         out = _forward_op(spec, tensors)[0]
+    else:
+        out = _Operation.apply(_Call(spec), *tensors)
     return out.to(dtype) if out.dtype != dtype else out
 
 

@@ -18,6 +18,7 @@ Conventions shared by every kernel:
 
 import numpy as np
 
+from softorder.core._jit import set_parallel
 from softorder.core.lapsum import inverse_kernel, lapsum_kernel
 from softorder.core.permutation import (
     permutation_forward,
@@ -52,6 +53,7 @@ __all__ = [
     "rank_forward",
     "rank_jvp",
     "rank_vjp",
+    "set_parallel",
     "take_rows",
     "topk_forward",
     "topk_jvp",
