@@ -53,14 +53,21 @@ def lapsum_available() -> bool:
 
 
 def memberships(x: torch.Tensor, k: int, method: str, temperature: float) -> torch.Tensor:
-    """Memberships in the top ``k`` only, the cheapest way each method offers."""
+    """Memberships in the top ``k`` only, the cheapest way each method offers.
+
+    ``"<method> (N it.)"`` runs a Sinkhorn method with N iterations instead of its default.
+    """
+    options = {}
+    if " (" in method:
+        method, iterations = method.split(" (")
+        options["n_iter"] = int(iterations.split()[0])
     if method == "lapsum":
         import softorder.bridges.torch as sot
 
         return sot.soft_topk(x, float(k), temperature)
     if method == "soft_topk_ot":
-        return baselines.soft_topk_ot(x, k, temperature)
-    return baselines.topk_memberships(x, k, method, temperature)[..., k - 1, :]
+        return baselines.soft_topk_ot(x, k, temperature, **options)
+    return baselines.topk_memberships(x, k, method, temperature, **options)[..., k - 1, :]
 
 
 def two_element_slope(method: str, temperature: float) -> float:
@@ -88,12 +95,12 @@ def estimated_bytes(method: str, n: int) -> float:
     wires = 1 << (n - 1).bit_length()
     return {
         "lapsum": 40 * rows * n,
-        "neuralsort": 8 * rows * n * n,
+        "neuralsort": 3 * rows * n * n,
         "softsort": 12 * rows * K * n,
         "sinkhorn": 2 * 100 * 3 * rows * n * n,
-        "soft_topk_ot": 100 * 12 * rows * K * n,
+        "soft_topk_ot": 100 * 6 * rows * K * n,
         "odd_even_network": n * 6 * rows * K * n,
-        "bitonic_network": 6 * rows * K * wires * (wires.bit_length() ** 2) / 2,
+        "bitonic_network": 12 * rows * K * wires * (wires.bit_length() ** 2) / 2,
     }[method]
 
 
@@ -122,10 +129,10 @@ def peak_rss() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def worker(methods: list[str], sizes: list[int]) -> None:
-    """Peak memory of each method at increasing sizes; print one JSON line per size."""
+def worker(spec: dict[str, list[int]]) -> None:
+    """Peak memory of each method at its sizes; print one JSON line per size."""
     torch.set_num_threads(1)
-    for method in methods:
+    for method, sizes in spec.items():
         for result in measure(method, sizes, repeats=1, memory=True):
             print(json.dumps(result), flush=True)
 
@@ -152,7 +159,7 @@ def measure(method: str, sizes: list[int], repeats: int, memory: bool) -> Iterat
             peaks.append(peak_rss() - before if memory else 0)
         result = {"method": method, "n": n, "seconds": min(times)}
         yield result | ({"bytes": max(max(peaks), 0)} if memory else {})
-        if min(times) > 5:  # the next size would take too long
+        if min(times) > 5 and not memory:  # the next size would take too long
             return
 
 
@@ -161,12 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a reduced run (seconds)")
     parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", type=json.loads, help=argparse.SUPPRESS)
     parser.add_argument("--sizes", type=int, nargs="+",
                         default=[64, 256, 1024, 4096, 16384, 65536])
     args = parser.parse_args(argv)
     if args.worker:
-        worker(args.worker.split(","), args.sizes)
+        worker(args.worker)
         return 0
     torch.set_num_threads(1)
     methods = (["lapsum"] if lapsum_available() else []) + list(baselines.METHODS)
@@ -179,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         temps, n_acc, rows_acc, n_grid, args.sizes = [0.03, 0.3], 40, 8, [16, 32], [32, 64]
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(rows_acc, n_acc, dtype=torch.float64, generator=gen)
-    total = len(methods) * (2 + len(temps) + len(n_grid)) + 1
+    converged = ["sinkhorn (1000 it.)", "soft_topk_ot (1000 it.)"]
+    total = len(methods) * (2 + len(temps) + len(n_grid)) + len(converged) * len(temps) + 1
     slopes, err_tau, err_n, cost = {}, {}, {}, {}
     with tqdm(total=total, desc="measuring", file=sys.stdout) as bar:
         for method in methods:
@@ -200,18 +208,20 @@ def main(argv: list[str] | None = None) -> int:
                 skip = method == "sinkhorn" and n > 512  # O(n^2) per iteration
                 err_n[method].append(None if skip else topk_error(xn, n // 10, method, tau_n))
                 bar.update(1)
+        for method in converged:  # the Sinkhorn methods nearer convergence
+            err_tau[method] = [topk_error(x, k_acc, method, t) for t in temps]
+            bar.update(len(temps))
         # Times above (normal allocator); memory in one other process: the peak resident
         # memory is reset before each call (Linux), and with this glibc setting every block of
         # 1 MB or more is its own mapping, returned to the system when freed (smaller ones are
         # trimmed before the reset), so a call's peak is the memory it needed. The setting
         # slows allocations, hence not used for the times.
-        command = [sys.executable, __file__, "--worker", ",".join(methods), "--sizes",
-                   *map(str, args.sizes)] + (["--quick"] if args.quick else [])
+        spec = {m: [n for n, r in cost[m].items() if not r.get("skipped")] for m in methods}
+        command = [sys.executable, __file__, "--worker", json.dumps(spec)]
         env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="1048576")
         result = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
         for r in map(json.loads, result.stdout.split("\n")[:-1]):
-            if not r.get("skipped") and r["n"] in cost[r["method"]]:
-                cost[r["method"]][r["n"]]["bytes"] = r["bytes"]
+            cost[r["method"]][r["n"]]["bytes"] = r["bytes"]
         bar.update(1)
 
     lines = [
@@ -224,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         "| method | " + " | ".join(f"tau = {t:g}" for t in temps) + " |",
         "|---|" + "---:|" * len(temps),
     ]
-    for method in methods:
+    for method in err_tau:
         lines.append(f"| {method} | " + " | ".join(f"{e:.4f}" for e in err_tau[method]) + " |")
     lines += [
         "",
@@ -239,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     lines += [
         "",
         f"**Cost**: forward + backward of the memberships for k = 1..{K}, {BATCH} rows, "
-        "float32, one thread; time in ms (best of 3) / peak extra resident memory in MB "
+        f"float32, one thread; time in ms (best of {1 if args.quick else 3}) / peak extra "
+        "resident memory in MB "
         "(skipped: estimated memory above 1.5 GB, or the previous size took over 5 s):",
         "",
         "| method | " + " | ".join(f"n = {n}" for n in args.sizes) + " |",
@@ -271,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
             axes[2].loglog([n for n, _ in done], [r["seconds"] for _, r in done], **style)
             mem = [(n, max(r["bytes"], 1e5) / 1e6) for n, r in done if "bytes" in r]
             axes[3].loglog(*zip(*mem, strict=True), **style)
+    for method in converged:
+        axes[0].loglog(temps, [max(e, 1e-16) for e in err_tau[method]], ls="--", marker=".",
+                       label=method)
     axes[0].set(xlabel="temperature (matched sharpness)", ylabel="top-k error",
                 title=f"error vs temperature (n={n_acc}, k={k_acc})")
     axes[1].set(xlabel="n", ylabel="top-k error", title=f"error vs n (k=n/10, tau={tau_n:g})")
