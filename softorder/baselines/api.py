@@ -136,9 +136,15 @@ def relaxed_permutation(
 
 
 def _memberships(
-    x: torch.Tensor, K: int, method: str, temperature: Temperature, options: dict[str, Any]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(memberships, log memberships)`` in the top k = 1..K, shape ``(..., K, n)``."""
+    x: torch.Tensor,
+    K: int,
+    method: str,
+    temperature: Temperature,
+    options: dict[str, Any],
+    *,
+    log: bool,
+) -> torch.Tensor:
+    """Memberships (or their logs) in the top k = 1..K, shape ``(..., K, n)``."""
     n = check_scores(x)
     if isinstance(K, bool) or not isinstance(K, int) or not 1 <= K < n:
         raise ValueError(f"K must be an int in [1, n) = [1, {n}), got {K!r}")
@@ -146,17 +152,16 @@ def _memberships(
     if method == "soft_topk_ot":
         rows = x.unsqueeze(-2).expand(*x.shape[:-1], K, n)
         log_m = log_soft_topk_ot(rows, ks, temperature, **options)
-        return log_m.exp(), log_m
+        return log_m if log else log_m.exp()
     if method == "lapsum":
         sot = _bridge()
-        log_m = sot.log_soft_topk(x, ks, temperature, **options)
-        return sot.soft_topk(x, ks, temperature, **options), log_m
+        return (sot.log_soft_topk if log else sot.soft_topk)(x, ks, temperature, **options)
     log_p, p = _permutation(x, method, temperature, True, K, options)
     if log_p is not None:
         log_m = torch.logcumsumexp(log_p, dim=-2)
-        return log_m.exp(), log_m
+        return log_m if log else log_m.exp()
     m = torch.cumsum(p, dim=-2)
-    return m, _tiny_log(m)
+    return _tiny_log(m) if log else m
 
 
 def topk_memberships(
@@ -211,7 +216,7 @@ def topk_memberships(
     tensor([[1., 2., 3.]])
     """
     _check_method(method, ALL_METHODS)
-    return _memberships(x, K, method, _temperature(temperature), options)[0]
+    return _memberships(x, K, method, _temperature(temperature), options, log=False)
 
 
 def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -316,7 +321,7 @@ def topk_cross_entropy(
         )
         return _reduce(loss, reduction)
     big_k = p_k.shape[-1]
-    _, log_m = _memberships(logits, big_k, method, temperature, options)
+    log_m = _memberships(logits, big_k, method, temperature, options, log=True)
     index = labels[..., None, None].expand(*labels.shape, big_k, 1)
     log_m_y = log_m.gather(-1, index).squeeze(-1)  # (..., K)
     log_p_k = torch.log(p_k)
