@@ -47,10 +47,15 @@ def check_alpha(alpha, batch_shape: tuple = ()) -> tuple[np.ndarray, tuple]:
     ``batch_shape`` (one temperature per row). Anything else raises ``TypeError`` or
     ``ValueError`` naming alpha and the offending value.
     """
-    if isinstance(alpha, float):  # the common case, fast
-        rows = math.prod(batch_shape)
-        if math.isfinite(alpha) and alpha >= _SMALLEST_ALPHA and rows:
-            return np.full(rows, float(alpha)), ()
+    # the common case first, fast: one valid scalar
+    value = math.nan
+    if isinstance(alpha, float):
+        value = alpha
+    elif isinstance(alpha, np.ndarray) and alpha.shape == () and alpha.dtype.kind in "iuf":
+        value = float(alpha)
+    rows = math.prod(batch_shape)
+    if math.isfinite(value) and value >= _SMALLEST_ALPHA and rows:
+        return np.full(rows, value), ()
     if isinstance(alpha, bool) or (
         not isinstance(alpha, numbers.Real) and np.asarray(alpha).dtype.kind not in "iuf"
     ):

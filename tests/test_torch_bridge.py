@@ -194,6 +194,23 @@ def test_torch_compile_with_inductor_runs():
     assert x.grad.abs().sum() > 0
 
 
+def test_torch_compile_with_dynamic_shapes_and_changing_numbers():
+    def model(x, k, q):
+        return (sot.soft_topk(x, k, 0.3) * sot.soft_rank(x, 0.2)).sum() + sot.soft_quantile(
+            x, q, 0.5
+        ).sum()
+
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend="aot_eager")
+    for n, k, q in [(10, 3, 0.3), (17, 5.5, 0.6)]:
+        x1 = _randn(4, n).requires_grad_()
+        x2 = x1.detach().clone().requires_grad_()
+        eager, comp = model(x1, k, q), compiled(x2, k, q)
+        eager.backward()
+        comp.backward()
+        torch.testing.assert_close(comp, eager)
+        torch.testing.assert_close(x2.grad, x1.grad)
+
+
 def test_torch_func_transforms():
     from torch.func import grad, jacrev, jvp, vjp
 
