@@ -65,6 +65,7 @@ FIGURES = {
         ],
         "floors": [
             ("np.sort", "hard.NumpySort", ("n", "float32")),
+            ("np.argsort", "hard.NumpyArgsort", ("n", "float32")),
             ("torch.sort", "hard.TorchSort", ("n", "float32")),
         ],
     },
@@ -81,6 +82,7 @@ FIGURES = {
         ],
         "floors": [
             ("np.sort", "hard.NumpySort", ("n", "float32")),
+            ("np.argsort", "hard.NumpyArgsort", ("n", "float32")),
             ("torch.topk", "hard.TorchTopk", ("n", "float32")),
         ],
     },
@@ -98,6 +100,7 @@ FIGURES = {
         ],
         "floors": [
             ("np.sort", "hard.NumpySort", ("n", "float32")),
+            ("np.argsort", "hard.NumpyArgsort", ("n", "float32")),
             ("torch.sort", "hard.TorchSort", ("n", "float32")),
         ],
     },
@@ -111,7 +114,10 @@ FIGURES = {
             ("NeuralSort (difftopk)", "permutation.NeuralSortPermutation", ("n",)),
             ("SoftSort (difftopk)", "permutation.SoftSortPermutation", ("n", "float32")),
         ],
-        "floors": [("np.sort", "hard.NumpySort", ("n", "float32"))],
+        "floors": [
+            ("np.sort", "hard.NumpySort", ("n", "float32")),
+            ("np.argsort", "hard.NumpyArgsort", ("n", "float32")),
+        ],
     },
     "more": {
         "title": "quantile, log top-k, permutation loss (NumPy)",
@@ -121,7 +127,11 @@ FIGURES = {
             ("permutation_cross_entropy", "permutation.PermutationCrossEntropy", ("n", "float32")),
         ],
         "peers": [],
-        "floors": [("np.sort", "hard.NumpySort", ("n", "float32"))],
+        "floors": [
+            ("np.sort", "hard.NumpySort", ("n", "float32")),
+            ("np.argsort", "hard.NumpyArgsort", ("n", "float32")),
+        ],
+        "separate": True,  # several operations, no bridges: each is compared with the floors
     },
 }
 #: The permutation matrices are n x n: sizes above this are not attempted.
@@ -230,13 +240,13 @@ def plot_family(key: str, spec: dict, results: dict, out: pathlib.Path) -> None:
         ("forward_backward", "forward + backward time [s]"),
         ("forward_backward_memory", "extra peak memory, forward + backward [bytes]"),
     ]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6), constrained_layout=True)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 5.4), layout="constrained")
     styles = (
         [(m, {"lw": 2.2, "marker": "o"}) for m in spec["softorder"]]
         + [(m, {"lw": 1.4, "marker": "s"}) for m in spec["peers"]]
         + [
-            (m, {"lw": 1.2, "ls": "--", "color": c})
-            for m, c in zip(spec["floors"], "kg", strict=False)
+            (m, {"lw": 1.2, "ls": ls, "color": "k"})
+            for m, ls in zip(spec["floors"], ("--", ":", "-."), strict=False)
         ]
     )
     for ax, (field, ylabel) in zip(axes, panels, strict=True):
@@ -259,7 +269,8 @@ def plot_family(key: str, spec: dict, results: dict, out: pathlib.Path) -> None:
         ax.set_xlabel("n (one row, float32)")
         ax.set_ylabel(ylabel)
         ax.grid(True, which="major", alpha=0.3)
-    axes[0].legend(fontsize=8, loc="upper left")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=4, fontsize=9)
     fig.suptitle(spec["title"])
     fig.savefig(out / f"{key}.png", dpi=90)
     plt.close(fig)
@@ -285,6 +296,14 @@ def ratio_table(results: dict, sizes: list[int]) -> str:
         return [f"{num[n] / den[n]:.{digits}f}x" if n in num and n in den else "--" for n in show]
 
     for spec in FIGURES.values():
+        if spec.get("separate"):
+            for label, name, _ in spec["softorder"]:
+                mine = times(name)
+                for floor_label, floor_name, _ in spec["floors"]:
+                    floor = times(floor_name, "forward")
+                    row = [label, f"softorder / {floor_label} (floor)", *cells(mine, floor)]
+                    lines.append(row)
+            continue
         mine = times(spec["softorder"][0][1])
         if not mine:
             continue
@@ -313,6 +332,9 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--only", nargs="*", help="figure keys to (re)measure", default=None)
     parser.add_argument("--replot", action="store_true", help="plot results.json, no timing")
+    parser.add_argument(
+        "--missing", action="store_true", help="measure only methods not in results.json"
+    )
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     parser.add_argument("--params", help=argparse.SUPPRESS)
     parser.add_argument("--sizes", help=argparse.SUPPRESS)
@@ -334,7 +356,7 @@ def main(argv=None) -> int:
         for key in keys:
             spec = FIGURES[key]
             for label, name, params in spec["softorder"] + spec["peers"] + spec["floors"]:
-                if name in done:
+                if name in done or (args.missing and name in results):
                     continue
                 done.add(name)
                 todo = sizes
