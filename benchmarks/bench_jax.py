@@ -1,0 +1,234 @@
+"""Speed of the JAX bridge, as ratios measured in one run.
+
+Run from the repository root::
+
+    python benchmarks/bench_jax.py
+
+Options: ``--repeats R`` (default 5), ``--no-ott`` to skip ott-jax, ``--ott-kwargs`` (default
+none: ott's defaults), ``--ott-float32`` (see below), ``--ott-timeout S`` (default 300).
+A quick run: ``--repeats 1 --ott-timeout 60``.
+
+What it measures (``time.perf_counter``; every callable runs once first, so JAX compiles and
+numba loads its kernels; each time is the best (min) of R interleaved repeats, 10 R for the
+single rows): the forward and backward pass of ``soft_rank``, as
+``value_and_grad(lambda x: sum(soft_rank(x) * w))`` with seeded standard normal float32 data
+``x`` and weights ``w``, on one row of n = 1e4, on a batch of 256 x 1000 (ranked along the
+last axis) and on one row of n = 1e3 (where ott-jax finishes), for
+
+* the JAX bridge, ``jax.jit`` compiled (``softorder.bridges.jax.soft_rank``, alpha = 0.1);
+  on the batch also ``jax.vmap`` over the rows of an unbatched call, which must cost the
+  same (one batched callback);
+* the core called directly through the NumPy API: ``softorder.vjp(softorder.soft_rank, x,
+  alpha)`` and then the pullback with ``w`` (the bridge's overhead is the difference);
+* ``ott.tools.soft_sort.ranks`` (ott-jax, Sinkhorn; optional), ``jax.jit`` compiled, on the
+  same data with its defaults (``num_targets = n``, implicit differentiation). It runs in a
+  child process with a time limit, because it can exhaust memory (an n x n transport plan
+  per row, more when unrolled) or run for minutes; a failure or a timeout is reported in the
+  table instead of a time (a timeout as a lower bound of the ratio). ott runs in float64
+  (``jax_enable_x64`` in its child process only), because in float32 its implicit
+  differentiation fails: the linear solve returns NaN (``--ott-float32`` shows it;
+  ``--ott-kwargs implicit_diff=None`` backpropagates through the unrolled Sinkhorn
+  iterations instead, which needs tens of GB for the batch). When ott-jax is not installed
+  the rows are skipped.
+
+Ratios are to the bridge in the same run; they, not absolute times, compare across machines.
+The script is a report, not a test: it always exits with 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numba
+import numpy as np
+
+import softorder
+import softorder.bridges.jax as soj
+from softorder._timing import best_times
+
+ALPHA = 0.1
+CASES = (  # (name, shape, repeat factor); the small row is where ott-jax still runs in seconds
+    ("one row", (10**4,), 10),
+    ("batch", (256, 1000), 1),
+    ("small row", (1000,), 10),
+)
+
+
+def bridge_step(w):
+    @jax.jit
+    def step(x):
+        return jax.value_and_grad(lambda x: jnp.sum(soj.soft_rank(x, ALPHA) * w))(x)
+
+    return step
+
+
+def vmapped_bridge_step(w):
+    def row_loss(x, w):
+        return jnp.sum(soj.soft_rank(x, ALPHA) * w)
+
+    @jax.jit
+    def step(x):
+        return jax.vmap(jax.value_and_grad(row_loss))(x, w)
+
+    return step
+
+
+def ott_child(path, kwargs_text, repeats, x64):
+    """Time ott's ranks on the data saved at ``path``; print one line: seconds or an error."""
+    if x64:
+        jax.config.update("jax_enable_x64", True)
+    from ott.tools.soft_sort import ranks
+
+    data = np.load(path)
+    dtype = jnp.float64 if x64 else jnp.float32
+    x, w = jnp.asarray(data["x"], dtype=dtype), jnp.asarray(data["w"], dtype=dtype)
+    kwargs = parse_kwargs(kwargs_text)
+
+    @jax.jit
+    def step(x):
+        return jax.value_and_grad(lambda x: jnp.sum(ranks(x, **kwargs) * w))(x)
+
+    try:
+        _, grad = jax.block_until_ready(step(x))
+        if not bool(jnp.all(jnp.isfinite(grad))):
+            print("error: NaN gradients")
+            return
+        (t,) = best_times([lambda: jax.block_until_ready(step(x))], repeats)
+    except Exception as error:  # noqa: BLE001 - reported, not raised: the table goes on
+        print(f"error: {type(error).__name__}: {str(error).splitlines()[0][:80]}")
+        return
+    print(f"seconds: {t!r}")
+
+
+def time_ott(x, w, args, repeats):
+    """(seconds or None, note) of ott's ranks, measured in a child process."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "data.npz")
+        np.savez(path, x=x, w=w)
+        command = [sys.executable, __file__, "--ott-child", path, "--repeats", str(repeats)]
+        command += ["--ott-kwargs", args.ott_kwargs]
+        command += ["--ott-float32"] if args.ott_float32 else []
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=args.ott_timeout, check=False
+            )
+        except subprocess.TimeoutExpired:
+            return None, f"timed out after {args.ott_timeout:g} s"
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:80]
+        return None, f"failed (exit {done.returncode}: {tail})"
+    if lines[-1].startswith("seconds: "):
+        return float(lines[-1].split(": ", 1)[1]), ""
+    return None, lines[-1]
+
+
+def core_call(x, w):
+    def run():
+        _, pullback = softorder.vjp(softorder.soft_rank, x, ALPHA)
+        return pullback(w)
+
+    return run
+
+
+def blocking(step, x):
+    return lambda: jax.block_until_ready(step(x))
+
+
+def parse_kwargs(text):
+    kwargs = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, _, value = item.partition("=")
+        kwargs[key.strip()] = ast.literal_eval(value.strip())
+    return kwargs
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5, help="best of R repeats (default 5)")
+    parser.add_argument("--no-ott", action="store_true", help="skip ott-jax")
+    parser.add_argument(
+        "--ott-kwargs",
+        default="",
+        help="keyword arguments of ott.tools.soft_sort.ranks, e.g. 'implicit_diff=None'",
+    )
+    parser.add_argument("--ott-float32", action="store_true", help="run ott in float32")
+    parser.add_argument(
+        "--ott-timeout", type=float, default=300.0, help="seconds per ott case (default 300)"
+    )
+    parser.add_argument("--ott-child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.ott_child:
+        ott_child(args.ott_child, args.ott_kwargs, args.repeats, not args.ott_float32)
+        return 0
+    use_ott = False
+    ott_note = "ott-jax skipped (--no-ott)"
+    if not args.no_ott:
+        try:
+            import ott
+        except ImportError as error:
+            ott_note = f"ott-jax skipped (not importable: {error})"
+        else:
+            use_ott = True
+            precision = "float32" if args.ott_float32 else "float64"
+            ott_note = f"ott-jax {ott.__version__}: ranks(x, {args.ott_kwargs}) in {precision}"
+
+    print(
+        f"softorder {softorder.__version__}, jax {jax.__version__} ({jax.default_backend()}), "
+        f"numpy {np.__version__}, numba {numba.__version__} ({numba.get_num_threads()} threads), "
+        f"Python {platform.python_version()}, {platform.machine()}"
+    )
+    print(
+        f"soft_rank forward + backward, float32, alpha = {ALPHA}; best of {args.repeats} "
+        f"repeats (x10 for one row); {ott_note}\n"
+    )
+
+    rng = np.random.default_rng(20250101)
+    rows = []  # (data, method, time or None, bridge time, note)
+    for case, shape, factor in CASES:
+        x_np = rng.standard_normal(shape).astype(np.float32)
+        w_np = rng.standard_normal(shape).astype(np.float32)
+        x, w = jnp.asarray(x_np), jnp.asarray(w_np)
+        calls = [
+            ("JAX bridge, jit", blocking(bridge_step(w), x)),
+            ("core via NumPy API (softorder.vjp)", core_call(x_np, w_np)),
+        ]
+        if len(shape) > 1:
+            calls.append(("JAX bridge, jit + vmap over rows", blocking(vmapped_bridge_step(w), x)))
+        times = best_times([call for _, call in calls], args.repeats * factor)
+        data = f"{case} ({' x '.join(str(s) for s in shape)})"
+        for (name, _), t in zip(calls, times, strict=True):
+            rows.append((data, name, t, times[0], ""))
+        if use_ott:
+            t, note = time_ott(x_np, w_np, args, args.repeats * factor)
+            rows.append((data, "ott-jax soft_sort.ranks, jit", t, times[0], note))
+
+    print("| data | method | time ms | ratio to JAX bridge |")
+    print("|---|---|---:|---:|")
+    for data, name, t, t_ref, note in rows:
+        if t is None:
+            bound = f"> {args.ott_timeout / t_ref:.0f}" if note.startswith("timed out") else "-"
+            print(f"| {data} | {name} | {note} | {bound} |")
+        else:
+            print(f"| {data} | {name} | {t * 1e3:.3f} | {t / t_ref:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
+    sys.exit(0)
