@@ -288,3 +288,26 @@ class Targets:
         return np.ascontiguousarray(np.broadcast_to(arr, target_shape), dtype=np.float64).reshape(
             rows.rows, self.m
         )
+
+
+#: axes after the batch axes that each array argument other than the input has; ``None``: one
+#: when it lists several targets per row (``k`` and ``q`` with ``batch_ndim + 1`` axes)
+_TRAILING_AXES = {"alpha": 0, "labels": 0, "p_k": 1, "target_ranks": 1, "k": None, "q": None}
+
+
+def axes_after_leading(name: str, ndim: int, batch_ndim: int) -> int:
+    """Unit axes to insert after new leading batch axes (a framework's ``vmap``) in the
+    argument ``name`` of ``ndim`` dimensions (without those axes), so that it still lines up
+    with the input's ``batch_ndim`` batch axes under NumPy's right-aligned broadcasting.
+
+    Examples
+    --------
+    >>> axes_after_leading("alpha", 0, 2)  # a scalar alpha, batch (B, R) -> shape (V, 1, 1)
+    2
+    >>> axes_after_leading("k", 2, 1), axes_after_leading("k", 1, 1)  # several k / one per row
+    (0, 0)
+    """
+    trailing = _TRAILING_AXES.get(name, 0)
+    if trailing is None:
+        trailing = 1 if ndim == batch_ndim + 1 else 0
+    return max(batch_ndim + trailing - ndim, 0)

@@ -229,11 +229,59 @@ def test_torch_func_transforms():
     (x_bar,) = pullback(cot)
     # forward and reverse mode agree: <cot, J t> = <J^T cot, t>
     torch.testing.assert_close((cot * out_dot).sum(), (x_bar * tangent).sum())
-    # vmap has no batching rule (the operations are batched already): a clear refusal
-    with pytest.raises(NotImplementedError, match="vmap"):
+    # derivatives under vmap (jacrev = vmap of vjp) have no batching rule: a clear refusal
+    with pytest.raises(NotImplementedError, match="under torch.func.vmap"):
         jacrev(lambda x: sot.soft_rank(x, 0.5))(X[0])
-    with pytest.raises(RuntimeError, match="vmap"):
-        torch.func.vmap(lambda x: sot.soft_rank(x, 0.5))(X)
+
+
+X3 = _randn(5, 3, 7)
+
+
+@pytest.mark.parametrize(
+    "vmapped, batched",
+    [
+        # (function vmapped over dim 0 of X3 (and of the extra arguments), the batched call)
+        ((lambda t: sot.soft_rank(t, 0.3)), lambda: sot.soft_rank(X3, 0.3)),
+        (
+            (lambda t: sot.soft_topk(t, 2, 0.3, dim=0)),
+            lambda: sot.soft_topk(X3, 2, 0.3, dim=1),
+        ),
+        (
+            (lambda t: sot.soft_quantile(t, torch.tensor([[0.2, 0.5]]), 0.3)),
+            lambda: sot.soft_quantile(X3, torch.tensor([[[0.2, 0.5]]]), 0.3),
+        ),
+        (
+            (lambda t: sot.soft_permutation(t, 0.3, dim=0)),
+            lambda: sot.soft_permutation(X3, 0.3, dim=1),
+        ),
+    ],
+)
+def test_vmap_is_one_batched_call(vmapped, batched):
+    torch.testing.assert_close(torch.func.vmap(vmapped)(X3), batched(), rtol=0, atol=0)
+
+
+def test_vmap_over_alpha_k_labels_and_nested():
+    from torch.func import grad, vmap
+
+    alphas = torch.linspace(0.1, 0.5, 5, dtype=torch.float64)
+    ks = torch.linspace(1.0, 5.0, 5, dtype=torch.float64)
+    labels = torch.randint(0, 7, (5, 3), generator=GEN)
+    one_by_one = torch.stack([sot.soft_topk(X3[i], ks[i], alphas[i]) for i in range(5)])
+    torch.testing.assert_close(
+        vmap(lambda t, k, a: sot.soft_topk(t, k, a))(X3, ks, alphas), one_by_one
+    )
+    losses = vmap(lambda z, y: sot.topk_cross_entropy(z, y, [0.5, 0.5], 0.5))(X3, labels)
+    expected = torch.stack(
+        [sot.topk_cross_entropy(X3[i], labels[i], [0.5, 0.5], 0.5) for i in range(5)]
+    )
+    torch.testing.assert_close(losses, expected)
+    nested = vmap(vmap(lambda t: sot.soft_rank(t, 0.3)))(X3)
+    torch.testing.assert_close(nested, sot.soft_rank(X3, 0.3))
+    # grad of a vmapped function
+    g = grad(lambda t: vmap(lambda u: sot.soft_rank(u, 0.3))(t).square().sum())(X3)
+    x = X3.clone().requires_grad_()
+    sot.soft_rank(x, 0.3).square().sum().backward()
+    torch.testing.assert_close(g, x.grad)
 
 
 def test_forward_ad_dual_tensors_in_alpha():

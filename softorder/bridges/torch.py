@@ -27,6 +27,9 @@ How it plugs into PyTorch:
   :mod:`torch.autograd.forward_ad`) and :func:`torch.func.grad` / :func:`torch.func.vjp` all
   work. Under ``torch.compile`` the forward operator's registered autograd formula is used
   instead (dynamo cannot trace a custom ``jvp``), so compiled code has reverse mode only.
+- :func:`torch.func.vmap`: the vmapped dimension becomes one more leading batch dimension of
+  a single call (the Function's ``vmap`` rule); ``grad`` of a vmapped function works, while
+  derivatives under ``vmap`` (``jacrev``, ``jacfwd``) are refused with a clear error.
 - dtypes: float32 and float64 natively; float16 and bfloat16 are computed in float32 and
   returned in the input's dtype. Integer or complex input raises ``TypeError``.
 - Threads: importing this module makes the numba kernels run on the calling thread
@@ -48,6 +51,7 @@ from torch import Tensor, nn
 
 from softorder import core, operations
 from softorder._autodiff import Rule
+from softorder._layout import axes_after_leading
 
 __all__ = [
     "PermutationCrossEntropyLoss",
@@ -295,12 +299,42 @@ class _Call:
 
 
 def _refuse_batched(*tensors) -> None:
-    """Refuse vmap (also used by jacrev / jacfwd) clearly: there is no batching rule."""
+    """Refuse derivatives under vmap (jacrev, jacfwd, vmap of grad) clearly."""
     if any(t is not None and _functorch.is_batchedtensor(t) for t in tensors):
         raise NotImplementedError(
-            "torch.func.vmap (also inside jacrev/jacfwd) is not supported by softorder "
-            "operations; they are batched already: give the input a batch dimension instead"
+            "derivatives of softorder operations cannot be taken under torch.func.vmap "
+            "(jacrev, jacfwd, vmap(grad(...))); vmap of the operations, and grad of a vmapped "
+            "function, work. The operations are batched already: give the input a batch "
+            "dimension and differentiate the sum instead"
         )
+
+
+def _vmapped(info, in_dims, call: _Call, tensors) -> tuple[Tensor, int]:
+    """The call on a batch of inputs as one call: the vmapped dimension becomes a leading batch
+    dimension of every argument (expanded where it is not batched); per-row arguments get unit
+    dimensions after it so they still line up with the batch dimensions.
+    """
+    name, names, statics = ast.literal_eval(call.spec)
+    statics = dict(statics)
+    index = names.index(call.rule.input_name)
+    batch_ndim = tensors[index].dim() - (in_dims[index] is not None) - 1
+    moved = []
+    for arg, t, d in zip(names, tensors, in_dims, strict=True):
+        t = t.movedim(d, 0) if d is not None else t.expand(info.batch_size, *t.shape)
+        insert = (
+            0 if arg == call.rule.input_name else axes_after_leading(arg, t.dim() - 1, batch_ndim)
+        )
+        moved.append(t.reshape(t.shape[:1] + (1,) * insert + t.shape[1:]))
+    if "axis" in statics:
+        statics["axis"] = statics["axis"] % (batch_ndim + 1) - (batch_ndim + 1)  # from the end
+    reduction = statics.get("reduction", "none")
+    if reduction != "none":
+        statics["reduction"] = "none"  # reduced here, per vmapped element
+    out = _Operation.apply(_Call(_encode(name, names, tuple(statics.items()))), *moved)
+    if reduction != "none" and out.dim() > 1:
+        dims = tuple(range(1, out.dim()))
+        out = out.mean(dim=dims) if reduction == "mean" else out.sum(dim=dims)
+    return out, 0
 
 
 class _Operation(torch.autograd.Function):
@@ -326,6 +360,10 @@ class _Operation(torch.autograd.Function):
         ctx.save_for_backward(*inputs[1:])
         ctx.save_for_forward(*inputs[1:])
         ctx.like = output.new_empty(())  # the result's dtype, for tangents
+
+    @staticmethod
+    def vmap(info, in_dims, call, *tensors):
+        return _vmapped(info, in_dims[1:], call, tensors)
 
     @staticmethod
     def backward(ctx, cotangent):
