@@ -186,7 +186,8 @@ def main(argv=None):
         else:
             use_ott = True
             precision = "float32" if args.ott_float32 else "float64"
-            ott_note = f"ott-jax {ott.__version__}: ranks(x, {args.ott_kwargs}) in {precision}"
+            call = f"ranks(x, {args.ott_kwargs})" if args.ott_kwargs else "ranks(x)"
+            ott_note = f"ott-jax {ott.__version__}: {call} in {precision}"
 
     print(
         f"softorder {softorder.__version__}, jax {jax.__version__} ({jax.default_backend()}), "
