@@ -493,3 +493,31 @@ def test_linear_model_on_digits_learns_top5(rng):
     top5 = np.argsort(-scores, axis=1)[:, :5]
     accuracy = np.mean(np.any(top5 == labels[test][:, None], axis=1))
     assert accuracy > 0.9
+
+
+def test_forward_mode_is_not_available():
+    """custom_vjp functions have reverse-mode derivatives only (documented in the module)."""
+    x = jnp.array([0.5, -1.0, 3.0])
+    with pytest.raises(TypeError, match="forward-mode"):
+        jax.jvp(soj.soft_rank, (x,), (x,))
+
+
+def test_primal_call_skips_the_residuals(rng):
+    """Without a gradient the forward callback returns only the result."""
+    x = jnp.asarray(distinct(rng, (6,)), dtype=jnp.float32)
+
+    def callbacks(jaxpr):
+        found = []
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "pure_callback":
+                found.append([v.aval.dtype.name for v in eqn.outvars])
+            for param in eqn.params.values():  # nested jaxprs (pjit, custom_vjp_call)
+                sub = getattr(param, "jaxpr", param)
+                if hasattr(sub, "eqns"):
+                    found += callbacks(sub)
+        return found
+
+    primal = callbacks(jax.make_jaxpr(lambda x: soj.soft_sort(x, 0.5))(x).jaxpr)
+    assert primal == [["float32"]]
+    grad = callbacks(jax.make_jaxpr(jax.grad(lambda x: soj.soft_sort(x, 0.5).sum()))(x).jaxpr)
+    assert len(grad) == 2 and grad[0] == ["float32", "uint32", "uint32", "uint32"]  # 64-bit words

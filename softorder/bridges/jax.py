@@ -72,9 +72,7 @@ __all__ = [
 #: front (tiled when it is not batched), so one callback serves the whole batch.
 VMAP_METHOD = "broadcast_all"
 
-_INPUTS = ("x", "logits")  # the argument that is sorted
 _FLOAT_ARGUMENTS = ("alpha", "k", "q", "p_k")  # converted to the compute dtype
-_INTEGER_ARGUMENTS = ("labels", "target_ranks")
 
 
 # --------------------------------------------------------------------------------------------
@@ -132,12 +130,13 @@ class _Call:
 @dataclasses.dataclass(frozen=True)
 class _Forward:
     call: _Call
+    keep: bool  # return the residuals too (when a gradient will be asked for)
 
     def __call__(self, *arrays):
         rule, call = self.call.rule, self.call
         ctx = rule.prepare(**call.arguments(arrays))
-        out = rule.forward(ctx)
-        return (np.asarray(out, dtype=call.result[1]), *call.pack(rule.residuals(ctx)))
+        out = np.asarray(rule.forward(ctx), dtype=call.result[1])
+        return (out, *call.pack(rule.residuals(ctx))) if self.keep else (out,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,22 +160,22 @@ def _struct(shape, dtype) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))
 
 
-def _forward(call: _Call, arrays: tuple) -> tuple:
+def _forward(call: _Call, arrays: tuple, keep: bool) -> tuple:
     residuals = [
         _struct(_stored_shape(shape, dtype, stored), stored)
         for _, shape, dtype, stored in call.residuals
     ]
-    shapes = (_struct(*call.result), *residuals)
-    return jax.pure_callback(_Forward(call), shapes, *arrays, vmap_method=VMAP_METHOD)
+    shapes = (_struct(*call.result), *(residuals if keep else ()))
+    return jax.pure_callback(_Forward(call, keep), shapes, *arrays, vmap_method=VMAP_METHOD)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _apply(call: _Call, *arrays):
-    return _forward(call, arrays)[0]
+    return _forward(call, arrays, keep=False)[0]
 
 
 def _apply_fwd(call: _Call, *arrays):
-    out, *residuals = _forward(call, arrays)
+    out, *residuals = _forward(call, arrays, keep=True)
     return out, (arrays, tuple(residuals))
 
 
