@@ -122,8 +122,8 @@ FIGURES = {
     "more": {
         "title": "quantile, log top-k, permutation loss (NumPy)",
         "softorder": [
-            ("soft_quantile (3 q)", "sort.SoftQuantile", ("n",)),
-            ("log_soft_topk", "topk.LogSoftTopk", ("n",)),
+            ("soft_quantile (3 q)", "sort.SoftQuantile", ("n", "float32")),
+            ("log_soft_topk", "topk.LogSoftTopk", ("n", "float32")),
             ("permutation_cross_entropy", "permutation.PermutationCrossEntropy", ("n", "float32")),
         ],
         "peers": [],

@@ -57,14 +57,14 @@ class SoftSortBatched(_NumpyOp):
 
 
 class SoftQuantile(_NumpyOp):
-    """``softorder.soft_quantile`` at q = 0.1, 0.5, 0.9 of one float64 row."""
+    """``softorder.soft_quantile`` at q = 0.1, 0.5, 0.9 of one row."""
 
-    params = (N_VALUES,)
-    param_names = ("n",)
+    params = (N_VALUES, DTYPES)
+    param_names = ("n", "dtype")
 
-    def setup(self, n):
+    def setup(self, n, dtype):
         softorder = require("softorder")
-        x = make_input("random", (n,))
+        x = make_input("random", (n,), dtype)
         self.prepare_op(softorder.soft_quantile, (x, [0.1, 0.5, 0.9]), {"alpha": ALPHA})
 
 

@@ -33,14 +33,14 @@ class SoftTopk(_NumpyOp):
 
 
 class LogSoftTopk(_NumpyOp):
-    """``softorder.log_soft_topk`` of one float64 row."""
+    """``softorder.log_soft_topk`` of one row."""
 
-    params = (N_VALUES,)
-    param_names = ("n",)
+    params = (N_VALUES, DTYPES)
+    param_names = ("n", "dtype")
 
-    def setup(self, n):
+    def setup(self, n, dtype):
         softorder = require("softorder")
-        x = make_input("random", (n,))
+        x = make_input("random", (n,), dtype)
         self.prepare_op(softorder.log_soft_topk, (x, top_k(n)), {"alpha": ALPHA})
 
 
