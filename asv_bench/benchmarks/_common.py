@@ -37,7 +37,7 @@ BATCH_N = (1_000,)
 DTYPES = ("float32", "float64")
 #: The Laplace scale used throughout (data are standard normal).
 ALPHA = 0.1
-#: torchsort's regularization strength and ott-jax's epsilon on the same data.
+#: torchsort's regularization strength on the same data (ott-jax runs with its defaults).
 PEER_STRENGTH = 0.1
 #: O(n^2) (or worse) peers are skipped above this row length.
 QUADRATIC_MAX_N = 1_000
@@ -97,26 +97,28 @@ def cotangent_like(y, seed: int = SEED + 1) -> np.ndarray:
 def require(module: str):
     """Import ``module`` or skip the benchmark (asv's way: ``NotImplementedError``).
 
-    A softorder module is skipped only when it does not exist (the bridges are optional);
-    one that exists and fails to import is an error. A peer that fails to import for any
-    reason (missing, or a broken optional install) is skipped; a peer's import-time warnings
-    (deprecations of its own dependencies) are silenced, they are not ours to fix.
+    Skipped: a module that is not installed (a peer, a framework, or a bridge that does not
+    exist yet), including a softorder bridge whose framework is missing. An error: a softorder
+    module that exists and fails for another reason (a missing softorder module it imports,
+    or any other exception). A peer that fails to import for any reason (a broken optional
+    install) is skipped, and its import-time warnings (deprecations of its own dependencies)
+    are silenced: they are not ours to fix.
     """
+    ours = module.startswith("softorder")
     try:
-        if module.startswith("softorder"):
+        if ours:
             return importlib.import_module(module)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return importlib.import_module(module)
     except ModuleNotFoundError as exc:
         missing = exc.name or ""
-        if module == missing or module.startswith(missing + "."):
-            raise NotImplementedError(f"{module} is not installed") from exc
-        if module.startswith("softorder"):
-            raise
-        raise NotImplementedError(f"{module} is not available: {exc}") from exc
+        missing_is_ours = missing == "softorder" or missing.startswith("softorder.")
+        if module == missing or module.startswith(missing + ".") or not missing_is_ours:
+            raise NotImplementedError(f"{module} is not available: {exc}") from exc
+        raise
     except Exception as exc:
-        if module.startswith("softorder"):
+        if ours:
             raise
         raise NotImplementedError(f"{module} is not available: {exc}") from exc
 
