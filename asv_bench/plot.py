@@ -96,7 +96,7 @@ FIGURES = {
         "peers": [
             ("torchsort.soft_sort", "sort.TorchsortSoftSort", ("n", "float32")),
             ("diffsort DiffSortNet", "sort.DiffsortSoftSort", ("n", "float32")),
-            ("ott-jax soft_sort.sort", "sort.OttSoftSort", ("n",)),
+            ("ott-jax soft_sort.sort (fwd only)", "sort.OttSoftSort", ("n",)),
         ],
         "floors": [
             ("np.sort", "hard.NumpySort", ("n", "float32")),
