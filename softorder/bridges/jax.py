@@ -54,7 +54,7 @@ from numpy.typing import ArrayLike
 
 from softorder import operations as _ops
 from softorder._autodiff import _bind
-from softorder._layout import Layout, Targets, check_alpha, float_array
+from softorder._layout import Layout, Targets, axes_after_leading, check_alpha, float_array
 from softorder._rules import _labels_in_rows
 
 __all__ = [
@@ -314,11 +314,8 @@ def _run(op: Callable, **kwargs: Any) -> jax.Array:
         arrays[name] = value
 
     nb = len(layout.batch_shape)
-    extra = {"alpha": 0, "labels": 0, "p_k": 1, "target_ranks": 1}
     inserts = tuple(
-        0
-        if name == input_name
-        else nb + extra.get(name, 1 if arrays[name].ndim == nb + 1 else 0) - arrays[name].ndim
+        0 if name == input_name else axes_after_leading(name, arrays[name].ndim, nb)
         for name in names
     )
     described = {**statics, **arrays}
