@@ -25,6 +25,10 @@ dtypes
     are computed in float32 and returned in their own dtype. The kernels always run in
     float64; residuals pass between the forward and backward callbacks bit for bit, also
     without x64.
+Threads
+    Importing this module keeps the numba kernels on the calling thread
+    (:func:`softorder.core.set_parallel`): next to XLA's thread pool, a 256 x 1000
+    ``soft_rank`` forward + backward took 33 ms with numba's parallel rows and 11 ms without.
 Devices
     The callbacks run on the host CPU. On a GPU or TPU backend every call copies its inputs
     to the host and its results back, which is correct but adds a transfer per call.
@@ -52,6 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 from numpy.typing import ArrayLike
 
+from softorder import core
 from softorder import operations as _ops
 from softorder._autodiff import _bind
 from softorder._layout import Layout, Targets, axes_after_leading, check_alpha, float_array
@@ -67,6 +72,8 @@ __all__ = [
     "soft_topk",
     "topk_cross_entropy",
 ]
+
+core.set_parallel(False)  # see "Threads" above
 
 #: How JAX batches the callbacks under ``vmap``: every argument gets the vmapped axes in
 #: front (tiled when it is not batched), so one callback serves the whole batch.
