@@ -460,10 +460,20 @@ def test_subnormal_alpha_is_rejected():
 
 @pytest.mark.parametrize("name", ["topk", "rank", "sort", "quantile"])
 def test_parallel_batches_equal_rows_computed_alone(rng, name):
-    """64 x 600 runs the kernels in parallel; each row must equal its serial computation."""
+    """64 x 600 runs the kernels in parallel (the bridges turn that off when imported: turn it
+    on here); each row must equal its serial computation, and so must a serial batch."""
+    from softorder import core
+
     x = rng.normal(size=(64, 600))
     x[5, 7] = np.nan
-    batch = OPS[name](x)
+    previous = core.set_parallel(True)
+    try:
+        batch = OPS[name](x)
+        core.set_parallel(False)
+        serial = OPS[name](x)
+    finally:
+        core.set_parallel(previous)
+    np.testing.assert_array_equal(batch, serial)
     for i in [0, 5, 31, 63]:
         alone = OPS[name](x[i : i + 1])[0]
         np.testing.assert_array_equal(batch[i], alone)
