@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the experiment and write the table and the figure."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a reduced run (seconds)")
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("-k", type=int, default=5)
     parser.add_argument("--temperature", type=float, default=0.1)

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a reduced run (seconds)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[3, 5, 7, 9])
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--temperature", type=float, default=1.0)
