@@ -9,6 +9,8 @@ ICML 2022, sec. 3.1) notes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from softorder.baselines._common import (
@@ -31,6 +33,21 @@ def _softsort_logits(x: torch.Tensor, temperature: Temperature, rows: int) -> to
     """Descending SoftSort logits ``-|sort(x)_i - x_j| / tau`` for the first ``rows`` ranks."""
     top = torch.sort(x, dim=-1, descending=True).values[..., :rows]
     return -(top.unsqueeze(-1) - x.unsqueeze(-2)).abs() / temperature
+
+
+def _log_row_softmax(
+    logits: Callable[[torch.Tensor, Temperature, int], torch.Tensor],
+    x: torch.Tensor,
+    temperature: Temperature,
+    descending: bool,
+    rows: int | None,
+) -> torch.Tensor:
+    """Check the arguments, then the log-softmax over elements of descending ``logits``."""
+    n = check_scores(x)
+    check_temperature(temperature)
+    rows = check_rows(rows, n)
+    scores = x if descending else -x
+    return torch.log_softmax(logits(scores, temperature, rows), dim=-1)
 
 
 def log_neuralsort(
@@ -65,11 +82,7 @@ def log_neuralsort(
     >>> log_neuralsort(torch.tensor([0.0, 3.0, 1.0]), 0.1, rows=1).exp().round(decimals=3)
     tensor([[1., 0., 0.]])
     """
-    n = check_scores(x)
-    check_temperature(temperature)
-    rows = check_rows(rows, n)
-    scores = x if descending else -x
-    return torch.log_softmax(_neuralsort_logits(scores, temperature, rows), dim=-1)
+    return _log_row_softmax(_neuralsort_logits, x, temperature, descending, rows)
 
 
 def neuralsort(
@@ -155,11 +168,7 @@ def log_softsort(
     >>> log_softsort(torch.tensor([0.0, 3.0, 1.0]), 0.1, rows=1).exp().round(decimals=3)
     tensor([[1., 0., 0.]])
     """
-    n = check_scores(x)
-    check_temperature(temperature)
-    rows = check_rows(rows, n)
-    scores = x if descending else -x
-    return torch.log_softmax(_softsort_logits(scores, temperature, rows), dim=-1)
+    return _log_row_softmax(_softsort_logits, x, temperature, descending, rows)
 
 
 def softsort(
