@@ -263,3 +263,94 @@ def skip_above(n: int, limit: int, why: str):
     """Skip sizes a method cannot reach in reasonable time or memory."""
     if n > limit:
         raise NotImplementedError(f"n = {n} > {limit}: {why}")
+
+
+class _SoftorderOp(_NumpyOp):
+    """``softorder.<op>(x, *extra_args(n), alpha=ALPHA)``: subclasses name ``op``."""
+
+    #: The name of the softorder function.
+    op = ""
+
+    def extra_args(self, n: int) -> tuple:
+        """Arguments after ``x`` for a row of length ``n`` (none by default)."""
+        return ()
+
+    def prepare_softorder(self, x: np.ndarray):
+        fn = getattr(require("softorder"), self.op)
+        self.prepare_op(fn, (x, *self.extra_args(x.shape[-1])), {"alpha": ALPHA})
+
+
+class _SoftorderRow(_SoftorderOp):
+    """One row of standard normal data, every size and dtype."""
+
+    params = (N_VALUES, DTYPES)
+    param_names = ("n", "dtype")
+
+    def setup(self, n, dtype):
+        self.prepare_softorder(make_input("random", (n,), dtype))
+
+
+class _SoftorderInputs(_SoftorderOp):
+    """One float64 row of each input kind."""
+
+    params = ((1_000, 100_000), KINDS)
+    param_names = ("n", "kind")
+
+    def setup(self, n, kind):
+        self.prepare_softorder(make_input(kind, (n,)))
+
+
+class _SoftorderBatched(_SoftorderOp):
+    """Along the last axis of a batch (rows run in parallel)."""
+
+    params = (BATCHES, BATCH_N, DTYPES)
+    param_names = ("batch", "n", "dtype")
+
+    def setup(self, batch, n, dtype):
+        self.prepare_softorder(make_input("random", batch_shape(batch) + (n,), dtype))
+
+
+class _TorchBridgeRow(_TorchOp):
+    """``softorder.bridges.torch.<op>(t, *extra_args(n), ALPHA)`` of one row.
+
+    NumPy arrays among the extra arguments are passed as tensors.
+    """
+
+    op = ""
+    params = (N_VALUES, DTYPES)
+    param_names = ("n", "dtype")
+    extra_args = _SoftorderOp.extra_args
+
+    def setup(self, n, dtype):
+        fn = getattr(require("softorder.bridges.torch"), self.op)
+        extra = tuple(
+            torch().from_numpy(a) if isinstance(a, np.ndarray) else a for a in self.extra_args(n)
+        )
+        self.prepare_torch(lambda t: fn(t, *extra, ALPHA), make_input("random", (n,), dtype))
+
+
+class _JaxBridgeRow(_JaxOp):
+    """``softorder.bridges.jax.<op>(a, *extra_args(n), ALPHA)`` of one row, under ``jax.jit``."""
+
+    op = ""
+    params = (N_VALUES, DTYPES)
+    param_names = ("n", "dtype")
+    extra_args = _SoftorderOp.extra_args
+
+    def setup(self, n, dtype):
+        fn = getattr(require("softorder.bridges.jax"), self.op)
+        extra = self.extra_args(n)
+        self.prepare_jax(lambda a: fn(a, *extra, ALPHA), make_input("random", (n,), dtype))
+
+
+class _TorchsortRow(_TorchOp):
+    """Peer: ``torchsort.<op>`` of one row (a batch of one) at ``PEER_STRENGTH``."""
+
+    op = ""
+    params = (N_VALUES, DTYPES)
+    param_names = ("n", "dtype")
+
+    def setup(self, n, dtype):
+        fn = getattr(require("torchsort"), self.op)
+        x = make_input("random", (1, n), dtype)
+        self.prepare_torch(lambda t: fn(t, regularization_strength=PEER_STRENGTH), x)

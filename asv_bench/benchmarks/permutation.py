@@ -7,10 +7,10 @@ import numpy as np
 from ._common import (
     ALPHA,
     DTYPES,
-    N_VALUES,
     QUADRATIC_MAX_N,
-    _JaxOp,
-    _NumpyOp,
+    _JaxBridgeRow,
+    _SoftorderRow,
+    _TorchBridgeRow,
     _TorchOp,
     make_input,
     require,
@@ -27,73 +27,45 @@ def target_ranks(n: int, batch: tuple[int, ...] = ()) -> np.ndarray:
     return rng.permuted(np.broadcast_to(np.arange(1, n + 1), batch + (n,)), axis=-1)
 
 
-class SoftPermutation(_NumpyOp):
+class SoftPermutation(_SoftorderRow):
     """``softorder.soft_permutation`` (the n x n output) of one row."""
 
+    op = "soft_permutation"
     params = (MATRIX_N, DTYPES)
-    param_names = ("n", "dtype")
-
-    def setup(self, n, dtype):
-        softorder = require("softorder")
-        x = make_input("random", (n,), dtype)
-        self.prepare_op(softorder.soft_permutation, (x,), {"alpha": ALPHA})
 
 
-class PermutationCrossEntropy(_NumpyOp):
+class PermutationCrossEntropy(_SoftorderRow):
     """``softorder.permutation_cross_entropy`` of one row (no n x n matrix)."""
 
-    params = (N_VALUES, DTYPES)
-    param_names = ("n", "dtype")
+    op = "permutation_cross_entropy"
 
-    def setup(self, n, dtype):
-        softorder = require("softorder")
-        x = make_input("random", (n,), dtype)
-        args = (x, target_ranks(n))
-        self.prepare_op(softorder.permutation_cross_entropy, args, {"alpha": ALPHA})
+    def extra_args(self, n):
+        return (target_ranks(n),)
 
 
-class TorchPermutationCrossEntropy(_TorchOp):
+class TorchPermutationCrossEntropy(_TorchBridgeRow):
     """The PyTorch bridge: ``softorder.bridges.torch.permutation_cross_entropy``."""
 
-    params = (N_VALUES, DTYPES)
-    param_names = ("n", "dtype")
+    op = "permutation_cross_entropy"
 
-    def setup(self, n, dtype):
-        sot = require("softorder.bridges.torch")
-        torch = require("torch")
-        t = torch.from_numpy(target_ranks(n))
-        self.prepare_torch(
-            lambda x: sot.permutation_cross_entropy(x, t, ALPHA),
-            make_input("random", (n,), dtype),
-        )
+    def extra_args(self, n):
+        return (target_ranks(n),)
 
 
-class JaxPermutationCrossEntropy(_JaxOp):
+class JaxPermutationCrossEntropy(_JaxBridgeRow):
     """The JAX bridge: ``softorder.bridges.jax.permutation_cross_entropy`` under ``jax.jit``."""
 
-    params = (N_VALUES, DTYPES)
-    param_names = ("n", "dtype")
+    op = "permutation_cross_entropy"
 
-    def setup(self, n, dtype):
-        soj = require("softorder.bridges.jax")
-        t = target_ranks(n)
-        self.prepare_jax(
-            lambda x: soj.permutation_cross_entropy(x, t, ALPHA),
-            make_input("random", (n,), dtype),
-        )
+    def extra_args(self, n):
+        return (target_ranks(n),)
 
 
-class TorchSoftPermutation(_TorchOp):
+class TorchSoftPermutation(_TorchBridgeRow):
     """The PyTorch bridge: ``softorder.bridges.torch.soft_permutation``."""
 
+    op = "soft_permutation"
     params = (MATRIX_N, DTYPES)
-    param_names = ("n", "dtype")
-
-    def setup(self, n, dtype):
-        sot = require("softorder.bridges.torch")
-        self.prepare_torch(
-            lambda t: sot.soft_permutation(t, ALPHA), make_input("random", (n,), dtype)
-        )
 
 
 class NeuralSortPermutation(_TorchOp):

@@ -1,92 +1,55 @@
 """Soft rank: softorder (NumPy, PyTorch, JAX) and its peers torchsort and ott-jax."""
 
 from ._common import (
-    ALPHA,
-    BATCH_N,
-    BATCHES,
-    DTYPES,
-    KINDS,
     N_VALUES,
-    PEER_STRENGTH,
     QUADRATIC_MAX_N,
+    _JaxBridgeRow,
     _JaxOp,
-    _NumpyOp,
-    _TorchOp,
-    batch_shape,
+    _SoftorderBatched,
+    _SoftorderInputs,
+    _SoftorderRow,
+    _TorchBridgeRow,
+    _TorchsortRow,
     make_input,
     require,
     skip_above,
 )
 
 
-class SoftRank(_NumpyOp):
+class SoftRank(_SoftorderRow):
     """``softorder.soft_rank`` of one row of standard normal data."""
 
-    params = (N_VALUES, DTYPES)
-    param_names = ("n", "dtype")
-
-    def setup(self, n, dtype):
-        softorder = require("softorder")
-        self.prepare_op(softorder.soft_rank, (make_input("random", (n,), dtype),), {"alpha": ALPHA})
+    op = "soft_rank"
 
 
-class SoftRankInputs(_NumpyOp):
+class SoftRankInputs(_SoftorderInputs):
     """``softorder.soft_rank`` of one float64 row of each input kind."""
 
-    params = ((1_000, 100_000), KINDS)
-    param_names = ("n", "kind")
-
-    def setup(self, n, kind):
-        softorder = require("softorder")
-        self.prepare_op(softorder.soft_rank, (make_input(kind, (n,)),), {"alpha": ALPHA})
+    op = "soft_rank"
 
 
-class SoftRankBatched(_NumpyOp):
+class SoftRankBatched(_SoftorderBatched):
     """``softorder.soft_rank`` along the last axis of a batch (rows run in parallel)."""
 
-    params = (BATCHES, BATCH_N, DTYPES)
-    param_names = ("batch", "n", "dtype")
-
-    def setup(self, batch, n, dtype):
-        softorder = require("softorder")
-        x = make_input("random", batch_shape(batch) + (n,), dtype)
-        self.prepare_op(softorder.soft_rank, (x,), {"alpha": ALPHA})
+    op = "soft_rank"
 
 
-class TorchSoftRank(_TorchOp):
+class TorchSoftRank(_TorchBridgeRow):
     """The PyTorch bridge: ``softorder.bridges.torch.soft_rank``."""
 
-    params = (N_VALUES, DTYPES)
-    param_names = ("n", "dtype")
-
-    def setup(self, n, dtype):
-        sot = require("softorder.bridges.torch")
-        self.prepare_torch(lambda t: sot.soft_rank(t, ALPHA), make_input("random", (n,), dtype))
+    op = "soft_rank"
 
 
-class JaxSoftRank(_JaxOp):
+class JaxSoftRank(_JaxBridgeRow):
     """The JAX bridge: ``softorder.bridges.jax.soft_rank`` under ``jax.jit``."""
 
-    params = (N_VALUES, DTYPES)
-    param_names = ("n", "dtype")
-
-    def setup(self, n, dtype):
-        soj = require("softorder.bridges.jax")
-        self.prepare_jax(lambda a: soj.soft_rank(a, ALPHA), make_input("random", (n,), dtype))
+    op = "soft_rank"
 
 
-class TorchsortSoftRank(_TorchOp):
+class TorchsortSoftRank(_TorchsortRow):
     """Peer: ``torchsort.soft_rank`` (Blondel et al. 2020, isotonic regression)."""
 
-    params = (N_VALUES, DTYPES)
-    param_names = ("n", "dtype")
-
-    def setup(self, n, dtype):
-        torchsort = require("torchsort")
-        x = make_input("random", (1, n), dtype)
-        self.prepare_torch(
-            lambda t: torchsort.soft_rank(t, regularization_strength=PEER_STRENGTH), x
-        )
+    op = "soft_rank"
 
 
 class OttSoftRank(_JaxOp):

@@ -3,105 +3,66 @@ diffsort and ott-jax.
 """
 
 from ._common import (
-    ALPHA,
-    BATCH_N,
-    BATCHES,
     DTYPES,
-    KINDS,
     N_VALUES,
-    PEER_STRENGTH,
     QUADRATIC_MAX_N,
+    _JaxBridgeRow,
     _JaxForwardOp,
-    _JaxOp,
-    _NumpyOp,
+    _SoftorderBatched,
+    _SoftorderInputs,
+    _SoftorderRow,
+    _TorchBridgeRow,
     _TorchOp,
-    batch_shape,
+    _TorchsortRow,
     make_input,
     require,
     skip_above,
 )
 
 
-class SoftSort(_NumpyOp):
+class SoftSort(_SoftorderRow):
     """``softorder.soft_sort`` of one row of standard normal data."""
 
-    params = (N_VALUES, DTYPES)
-    param_names = ("n", "dtype")
-
-    def setup(self, n, dtype):
-        softorder = require("softorder")
-        self.prepare_op(softorder.soft_sort, (make_input("random", (n,), dtype),), {"alpha": ALPHA})
+    op = "soft_sort"
 
 
-class SoftSortInputs(_NumpyOp):
+class SoftSortInputs(_SoftorderInputs):
     """``softorder.soft_sort`` of one float64 row of each input kind."""
 
-    params = ((1_000, 100_000), KINDS)
-    param_names = ("n", "kind")
-
-    def setup(self, n, kind):
-        softorder = require("softorder")
-        self.prepare_op(softorder.soft_sort, (make_input(kind, (n,)),), {"alpha": ALPHA})
+    op = "soft_sort"
 
 
-class SoftSortBatched(_NumpyOp):
+class SoftSortBatched(_SoftorderBatched):
     """``softorder.soft_sort`` along the last axis of a batch."""
 
-    params = (BATCHES, BATCH_N, DTYPES)
-    param_names = ("batch", "n", "dtype")
-
-    def setup(self, batch, n, dtype):
-        softorder = require("softorder")
-        x = make_input("random", batch_shape(batch) + (n,), dtype)
-        self.prepare_op(softorder.soft_sort, (x,), {"alpha": ALPHA})
+    op = "soft_sort"
 
 
-class SoftQuantile(_NumpyOp):
+class SoftQuantile(_SoftorderRow):
     """``softorder.soft_quantile`` at q = 0.1, 0.5, 0.9 of one row."""
 
-    params = (N_VALUES, DTYPES)
-    param_names = ("n", "dtype")
+    op = "soft_quantile"
 
-    def setup(self, n, dtype):
-        softorder = require("softorder")
-        x = make_input("random", (n,), dtype)
-        self.prepare_op(softorder.soft_quantile, (x, [0.1, 0.5, 0.9]), {"alpha": ALPHA})
+    def extra_args(self, n):
+        return ([0.1, 0.5, 0.9],)
 
 
-class TorchSoftSort(_TorchOp):
+class TorchSoftSort(_TorchBridgeRow):
     """The PyTorch bridge: ``softorder.bridges.torch.soft_sort``."""
 
-    params = (N_VALUES, DTYPES)
-    param_names = ("n", "dtype")
-
-    def setup(self, n, dtype):
-        sot = require("softorder.bridges.torch")
-        self.prepare_torch(lambda t: sot.soft_sort(t, ALPHA), make_input("random", (n,), dtype))
+    op = "soft_sort"
 
 
-class JaxSoftSort(_JaxOp):
+class JaxSoftSort(_JaxBridgeRow):
     """The JAX bridge: ``softorder.bridges.jax.soft_sort`` under ``jax.jit``."""
 
-    params = (N_VALUES, DTYPES)
-    param_names = ("n", "dtype")
-
-    def setup(self, n, dtype):
-        soj = require("softorder.bridges.jax")
-        self.prepare_jax(lambda a: soj.soft_sort(a, ALPHA), make_input("random", (n,), dtype))
+    op = "soft_sort"
 
 
-class TorchsortSoftSort(_TorchOp):
+class TorchsortSoftSort(_TorchsortRow):
     """Peer: ``torchsort.soft_sort`` (Blondel et al. 2020, isotonic regression)."""
 
-    params = (N_VALUES, DTYPES)
-    param_names = ("n", "dtype")
-
-    def setup(self, n, dtype):
-        torchsort = require("torchsort")
-        x = make_input("random", (1, n), dtype)
-        self.prepare_torch(
-            lambda t: torchsort.soft_sort(t, regularization_strength=PEER_STRENGTH), x
-        )
+    op = "soft_sort"
 
 
 class DiffsortSoftSort(_TorchOp):

@@ -1,18 +1,16 @@
 """Soft top-k (k = n / 10): softorder (NumPy, PyTorch, JAX) and its peers difftopk and ott-jax."""
 
 from ._common import (
-    ALPHA,
-    BATCH_N,
-    BATCHES,
-    DTYPES,
-    KINDS,
     N_VALUES,
     QUADRATIC_MAX_N,
     SINKHORN_MAX_N,
+    _JaxBridgeRow,
     _JaxOp,
-    _NumpyOp,
+    _SoftorderBatched,
+    _SoftorderInputs,
+    _SoftorderRow,
+    _TorchBridgeRow,
     _TorchOp,
-    batch_shape,
     make_input,
     require,
     skip_above,
@@ -20,76 +18,58 @@ from ._common import (
 )
 
 
-class SoftTopk(_NumpyOp):
+class SoftTopk(_SoftorderRow):
     """``softorder.soft_topk`` of one row of standard normal data."""
 
-    params = (N_VALUES, DTYPES)
-    param_names = ("n", "dtype")
+    op = "soft_topk"
 
-    def setup(self, n, dtype):
-        softorder = require("softorder")
-        x = make_input("random", (n,), dtype)
-        self.prepare_op(softorder.soft_topk, (x, top_k(n)), {"alpha": ALPHA})
+    def extra_args(self, n):
+        return (top_k(n),)
 
 
-class LogSoftTopk(_NumpyOp):
+class LogSoftTopk(_SoftorderRow):
     """``softorder.log_soft_topk`` of one row."""
 
-    params = (N_VALUES, DTYPES)
-    param_names = ("n", "dtype")
+    op = "log_soft_topk"
 
-    def setup(self, n, dtype):
-        softorder = require("softorder")
-        x = make_input("random", (n,), dtype)
-        self.prepare_op(softorder.log_soft_topk, (x, top_k(n)), {"alpha": ALPHA})
+    def extra_args(self, n):
+        return (top_k(n),)
 
 
-class SoftTopkInputs(_NumpyOp):
+class SoftTopkInputs(_SoftorderInputs):
     """``softorder.soft_topk`` of one float64 row of each input kind."""
 
-    params = ((1_000, 100_000), KINDS)
-    param_names = ("n", "kind")
+    op = "soft_topk"
 
-    def setup(self, n, kind):
-        softorder = require("softorder")
-        x = make_input(kind, (n,))
-        self.prepare_op(softorder.soft_topk, (x, top_k(n)), {"alpha": ALPHA})
+    def extra_args(self, n):
+        return (top_k(n),)
 
 
-class SoftTopkBatched(_NumpyOp):
+class SoftTopkBatched(_SoftorderBatched):
     """``softorder.soft_topk`` along the last axis of a batch."""
 
-    params = (BATCHES, BATCH_N, DTYPES)
-    param_names = ("batch", "n", "dtype")
+    op = "soft_topk"
 
-    def setup(self, batch, n, dtype):
-        softorder = require("softorder")
-        x = make_input("random", batch_shape(batch) + (n,), dtype)
-        self.prepare_op(softorder.soft_topk, (x, top_k(n)), {"alpha": ALPHA})
+    def extra_args(self, n):
+        return (top_k(n),)
 
 
-class TorchSoftTopk(_TorchOp):
+class TorchSoftTopk(_TorchBridgeRow):
     """The PyTorch bridge: ``softorder.bridges.torch.soft_topk``."""
 
-    params = (N_VALUES, DTYPES)
-    param_names = ("n", "dtype")
+    op = "soft_topk"
 
-    def setup(self, n, dtype):
-        sot = require("softorder.bridges.torch")
-        k = top_k(n)
-        self.prepare_torch(lambda t: sot.soft_topk(t, k, ALPHA), make_input("random", (n,), dtype))
+    def extra_args(self, n):
+        return (top_k(n),)
 
 
-class JaxSoftTopk(_JaxOp):
+class JaxSoftTopk(_JaxBridgeRow):
     """The JAX bridge: ``softorder.bridges.jax.soft_topk`` under ``jax.jit``."""
 
-    params = (N_VALUES, DTYPES)
-    param_names = ("n", "dtype")
+    op = "soft_topk"
 
-    def setup(self, n, dtype):
-        soj = require("softorder.bridges.jax")
-        k = top_k(n)
-        self.prepare_jax(lambda a: soj.soft_topk(a, k, ALPHA), make_input("random", (n,), dtype))
+    def extra_args(self, n):
+        return (top_k(n),)
 
 
 class DifftopkSoftTopk(_TorchOp):
