@@ -60,9 +60,7 @@ def soft_knn_memberships(
 def embedder(seed: int) -> torch.nn.Module:
     """The embedding network: MLP 64-128-32."""
     torch.manual_seed(seed)
-    return torch.nn.Sequential(
-        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32)
-    )
+    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32))
 
 
 def embed(net: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -82,8 +80,15 @@ def knn_accuracy(
 
 
 def train(
-    method: str, split: tuple[torch.Tensor, ...], *, k: int, steps: int, temperature: float,
-    templates: int, queries: int, seed: int,
+    method: str,
+    split: tuple[torch.Tensor, ...],
+    *,
+    k: int,
+    steps: int,
+    temperature: float,
+    templates: int,
+    queries: int,
+    seed: int,
 ) -> tuple[float, float]:
     """Train one embedding; returns (test kNN accuracy %, ms per step)."""
     x_train, y_train, x_test, y_test = split
@@ -101,7 +106,7 @@ def train(
             perm = torch.randperm(len(y_train), generator=gen)
             q, t = perm[:queries], perm[queries : queries + templates]
             zq, zt = embed(net, x_train[q]), embed(net, x_train[t])
-            scores = -torch.cdist(zq, zt) ** 2  # (queries, templates)
+            scores = -(torch.cdist(zq, zt) ** 2)  # (queries, templates)
             m = soft_knn_memberships(scores, k, method, temperature)
             same = (y_train[q][:, None] == y_train[t][None, :]).float()
             loss = -(m * same).sum(-1).mean() / k
@@ -139,17 +144,25 @@ def main(argv: list[str] | None = None) -> int:
     with tqdm(total=(len(methods) + 1) * args.seeds, desc="training", file=sys.stdout) as bar:
         splits = []
         for seed in range(args.seeds):
-            tr, te = train_test_split(torch.arange(len(y)), test_size=0.25, random_state=seed,
-                                      stratify=y)
+            tr, te = train_test_split(
+                torch.arange(len(y)), test_size=0.25, random_state=seed, stratify=y
+            )
             splits.append((x[tr], y[tr], x[te], y[te]))
         raw = [knn_accuracy(s[0], s[1], s[2], s[3], args.k) for s in splits]
         rows.append({"method": "kNN on pixels", "acc": raw, "ms": None})
         for method in ["softmax", *methods]:
             accs, times = [], []
             for seed, split in enumerate(splits):
-                acc, ms = train(method, split, k=args.k, steps=args.steps,
-                                temperature=args.temperature, templates=args.templates,
-                                queries=args.queries, seed=seed)
+                acc, ms = train(
+                    method,
+                    split,
+                    k=args.k,
+                    steps=args.steps,
+                    temperature=args.temperature,
+                    templates=args.templates,
+                    queries=args.queries,
+                    seed=seed,
+                )
                 accs.append(acc)
                 times.append(ms)
                 bar.update(1)
@@ -166,8 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for r in rows:
         ms = "-" if r["ms"] is None else f"{r['ms']:.1f}"
-        lines.append(f"| {r['method']} | {statistics.mean(r['acc']):.2f} +- "
-                     f"{statistics.pstdev(r['acc']):.2f} | {ms} |")
+        lines.append(
+            f"| {r['method']} | {statistics.mean(r['acc']):.2f} +- "
+            f"{statistics.pstdev(r['acc']):.2f} | {ms} |"
+        )
     table = "\n".join(lines)
     print(table)
     (args.out / "knn_digits.md").write_text(table + "\n")

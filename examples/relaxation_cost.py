@@ -169,8 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a reduced run (seconds)")
     parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
     parser.add_argument("--worker", type=json.loads, help=argparse.SUPPRESS)
-    parser.add_argument("--sizes", type=int, nargs="+",
-                        default=[64, 256, 1024, 4096, 16384, 65536])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024, 4096, 16384, 65536])
     args = parser.parse_args(argv)
     if args.worker:
         worker(args.worker)
@@ -197,9 +196,10 @@ def main(argv: list[str] | None = None) -> int:
             for t in temps:
                 err_tau[method].append(topk_error(x, k_acc, method, t))
                 bar.update(1)
-            cost[method] = {r["n"]: r for r in measure(method, args.sizes,
-                                                       repeats=1 if args.quick else 3,
-                                                       memory=False)}
+            cost[method] = {
+                r["n"]: r
+                for r in measure(method, args.sizes, repeats=1 if args.quick else 3, memory=False)
+            }
             bar.update(1)
             err_n[method] = []
             for n in n_grid:
@@ -264,8 +264,9 @@ def main(argv: list[str] | None = None) -> int:
         return f"{1000 * r['seconds']:.1f} / {memory}"
 
     for method in methods:
-        lines.append(f"| {method} | "
-                     + " | ".join(cost_cell(cost[method].get(n)) for n in args.sizes) + " |")
+        lines.append(
+            f"| {method} | " + " | ".join(cost_cell(cost[method].get(n)) for n in args.sizes) + " |"
+        )
     table = "\n".join(lines)
     print(table)
     (args.out / "relaxation_cost.md").parent.mkdir(parents=True, exist_ok=True)
@@ -283,10 +284,14 @@ def main(argv: list[str] | None = None) -> int:
             mem = [(n, max(r["bytes"], 1e5) / 1e6) for n, r in done if "bytes" in r]
             axes[3].loglog(*zip(*mem, strict=True), **style)
     for method in converged:
-        axes[0].loglog(temps, [max(e, 1e-16) for e in err_tau[method]], ls="--", marker=".",
-                       label=method)
-    axes[0].set(xlabel="temperature (matched sharpness)", ylabel="top-k error",
-                title=f"error vs temperature (n={n_acc}, k={k_acc})")
+        axes[0].loglog(
+            temps, [max(e, 1e-16) for e in err_tau[method]], ls="--", marker=".", label=method
+        )
+    axes[0].set(
+        xlabel="temperature (matched sharpness)",
+        ylabel="top-k error",
+        title=f"error vs temperature (n={n_acc}, k={k_acc})",
+    )
     axes[1].set(xlabel="n", ylabel="top-k error", title=f"error vs n (k=n/10, tau={tau_n:g})")
     axes[2].set(xlabel="n", ylabel="seconds", title=f"forward+backward time (k=1..{K})")
     axes[3].set(xlabel="n", ylabel="MB", title="peak extra memory")

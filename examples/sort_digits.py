@@ -68,14 +68,25 @@ def scorer(seed: int) -> torch.nn.Module:
     """MLP 128-128-64-1 scoring one number image."""
     torch.manual_seed(seed)
     return torch.nn.Sequential(
-        torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64), torch.nn.ReLU(),
+        torch.nn.Linear(128, 128),
+        torch.nn.ReLU(),
+        torch.nn.Linear(128, 64),
+        torch.nn.ReLU(),
         torch.nn.Linear(64, 1),
     )
 
 
 def train(
-    method: str, n: int, train_set: Numbers, test_set: Numbers, *, steps: int, batch: int,
-    temperature: float, seed: int, test_sequences: int,
+    method: str,
+    n: int,
+    train_set: Numbers,
+    test_set: Numbers,
+    *,
+    steps: int,
+    batch: int,
+    temperature: float,
+    seed: int,
+    test_sequences: int,
 ) -> tuple[float, float, float]:
     """Train one scorer; returns (% sequences all correct, % elements correct, ms / step)."""
     net = scorer(seed)
@@ -129,11 +140,19 @@ def main(argv: list[str] | None = None) -> int:
         for n in args.sizes:
             for method in methods:
                 for seed in range(args.seeds):
-                    results.setdefault((method, n), []).append(train(
-                        method, n, train_set, test_set, steps=args.steps, batch=args.batch,
-                        temperature=args.temperature, seed=seed,
-                        test_sequences=args.test_sequences,
-                    ))
+                    results.setdefault((method, n), []).append(
+                        train(
+                            method,
+                            n,
+                            train_set,
+                            test_set,
+                            steps=args.steps,
+                            batch=args.batch,
+                            temperature=args.temperature,
+                            seed=seed,
+                            test_sequences=args.test_sequences,
+                        )
+                    )
                     bar.update(1)
 
     def cell(method: str, n: int) -> str:
@@ -153,8 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for method in methods:
         ms = statistics.mean(r[2] for r in results[(method, args.sizes[-1])])
-        lines.append(f"| {method} | " + " | ".join(cell(method, n) for n in args.sizes)
-                     + f" | {ms:.1f} |")
+        lines.append(
+            f"| {method} | " + " | ".join(cell(method, n) for n in args.sizes) + f" | {ms:.1f} |"
+        )
     table = "\n".join(lines)
     print(table)
     (args.out / "sort_digits.md").write_text(table + "\n")
@@ -162,9 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for method in methods:
         for ax, i in zip(axes, (0, 1), strict=True):
-            ax.plot(args.sizes, [statistics.mean(r[i] for r in results[(method, n)])
-                                 for n in args.sizes], marker="o", label=method,
-                    lw=2.5 if method == "lapsum" else 1.2)
+            ax.plot(
+                args.sizes,
+                [statistics.mean(r[i] for r in results[(method, n)]) for n in args.sizes],
+                marker="o",
+                label=method,
+                lw=2.5 if method == "lapsum" else 1.2,
+            )
     axes[0].set_ylabel("sequences exactly sorted (%)")
     axes[1].set_ylabel("elements at the correct rank (%)")
     for ax in axes:

@@ -77,9 +77,7 @@ def train(
     """Train one model; returns (top-1, top-5, seconds per epoch) on validation or test."""
     x_train, y_train, x_val, y_val, x_test, y_test = split
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)
-    )
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     batch = 64
     start = time.perf_counter()
@@ -92,7 +90,11 @@ def train(
                 loss = torch.nn.functional.cross_entropy(logits, y_train[b])
             else:
                 loss = baselines.topk_cross_entropy(
-                    logits, y_train[b], p_k, method=method, temperature=temperature,
+                    logits,
+                    y_train[b],
+                    p_k,
+                    method=method,
+                    temperature=temperature,
                     split_top1=True,
                 )
             opt.zero_grad()
@@ -110,8 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a reduced run (seconds)")
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--seeds", type=int, default=2)
-    parser.add_argument("--temperatures", type=float, nargs="+", default=[1.0],
-                        help="several: choose each method's on validation (slower)")
+    parser.add_argument(
+        "--temperatures",
+        type=float,
+        nargs="+",
+        default=[1.0],
+        help="several: choose each method's on validation (slower)",
+    )
     parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.quick:
@@ -132,22 +139,38 @@ def main(argv: list[str] | None = None) -> int:
             if len(temps) > 1:  # choose the temperature on the validation split (seed 0)
                 scores = {}
                 for t in temps:
-                    top1, top5, _ = train(method, p_k, t, data(0), epochs=args.epochs, seed=0,
-                                          evaluate_on="val")
+                    top1, top5, _ = train(
+                        method, p_k, t, data(0), epochs=args.epochs, seed=0, evaluate_on="val"
+                    )
                     scores[t] = top1 + top5
                     bar.update(1)
                 best = max(scores, key=scores.get)
             results = []
             for seed in range(args.seeds):
-                results.append(train(method, p_k, best, data(seed), epochs=args.epochs,
-                                     seed=seed, evaluate_on="test"))
+                results.append(
+                    train(
+                        method,
+                        p_k,
+                        best,
+                        data(seed),
+                        epochs=args.epochs,
+                        seed=seed,
+                        evaluate_on="test",
+                    )
+                )
                 bar.update(1)
             top1s, top5s, secs = zip(*results, strict=True)
-            rows.append({
-                "method": method, "P_K": pk_name, "temperature": best,
-                "top1": statistics.mean(top1s), "top5": statistics.mean(top5s),
-                "top1_sd": statistics.pstdev(top1s), "sec": statistics.median(secs),
-            })
+            rows.append(
+                {
+                    "method": method,
+                    "P_K": pk_name,
+                    "temperature": best,
+                    "top1": statistics.mean(top1s),
+                    "top5": statistics.mean(top5s),
+                    "top1_sd": statistics.pstdev(top1s),
+                    "sec": statistics.median(secs),
+                }
+            )
     lines = [
         f"Digits, MLP 64-64-10, {args.epochs} epochs, Adam 3e-3, batch 64, test accuracy (%) "
         f"mean +- sd over {args.seeds} seed(s); "
