@@ -15,8 +15,6 @@ Writes ``knn_digits.png`` and ``knn_digits.md`` to ``--out``.
 
 from __future__ import annotations
 
-import argparse
-import pathlib
 import statistics
 import sys
 import time
@@ -26,22 +24,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
+from _common import argument_parser, digits_data, save_figure, with_lapsum, write_table  # noqa: E402
 from sklearn.model_selection import train_test_split  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from softorder import baselines  # noqa: E402
-
-RESULTS = pathlib.Path(__file__).parent / "results"
-
-
-def lapsum_available() -> bool:
-    """Whether the PyTorch bridge (LapSum for torch) is installed."""
-    try:
-        import softorder.bridges.torch  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def soft_knn_memberships(
@@ -121,25 +108,20 @@ def train(
 
 def main(argv: list[str] | None = None) -> int:
     """Run the experiment and write the table and the figure."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a reduced run (seconds)")
+    parser = argument_parser(__doc__)
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("-k", type=int, default=5)
     parser.add_argument("--temperature", type=float, default=0.1)
     parser.add_argument("--templates", type=int, default=32)
     parser.add_argument("--queries", type=int, default=16)
-    parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.seeds, args.templates, args.queries = 4, 1, 16, 8
     args.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
-    methods = (["lapsum"] if lapsum_available() else []) + list(baselines.METHODS)
-    if "lapsum" not in methods:
-        print("softorder.bridges.torch not found: LapSum is left out of this run")
-    x, y = load_digits(return_X_y=True)
-    x, y = torch.tensor(x / 16.0, dtype=torch.float32), torch.tensor(y)
+    methods = with_lapsum(baselines.METHODS)
+    x, y = digits_data()
     rows = []
     with tqdm(total=(len(methods) + 1) * args.seeds, desc="training", file=sys.stdout) as bar:
         splits = []
@@ -184,8 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{statistics.pstdev(r['acc']):.2f} | {ms} |"
         )
     table = "\n".join(lines)
-    print(table)
-    (args.out / "knn_digits.md").write_text(table + "\n")
+    write_table(table, args.out, "knn_digits")
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     means = [statistics.mean(r["acc"]) for r in rows]
@@ -196,9 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     ax.invert_yaxis()
     ax.set_xlabel(f"hard {args.k}-NN test accuracy (%)")
     ax.set_title("Differentiable kNN on digits")
-    fig.tight_layout()
-    fig.savefig(args.out / "knn_digits.png", dpi=110)
-    print(f"wrote {args.out / 'knn_digits.png'}")
+    save_figure(fig, args.out, "knn_digits", dpi=110)
     return 0
 
 

@@ -33,23 +33,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
+from _common import argument_parser, save_figure, with_lapsum, write_table  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from softorder import baselines  # noqa: E402
 
-RESULTS = pathlib.Path(__file__).parent / "results"
 K = 5  # memberships for k = 1..K in the cost part
 BATCH = 4  # rows per call in the cost part
 BUDGET = 1.5e9  # bytes: skip a size whose estimated memory is larger
-
-
-def lapsum_available() -> bool:
-    """Whether the PyTorch bridge (LapSum for torch) is installed."""
-    try:
-        import softorder.bridges.torch  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def memberships(x: torch.Tensor, k: int, method: str, temperature: float) -> torch.Tensor:
@@ -165,9 +156,7 @@ def measure(method: str, sizes: list[int], repeats: int, memory: bool) -> Iterat
 
 def main(argv: list[str] | None = None) -> int:
     """Run both parts and write the tables and the figure."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a reduced run (seconds)")
-    parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
+    parser = argument_parser(__doc__)
     parser.add_argument("--worker", type=json.loads, help=argparse.SUPPRESS)
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024, 4096, 16384, 65536])
     args = parser.parse_args(argv)
@@ -175,9 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         worker(args.worker)
         return 0
     torch.set_num_threads(1)
-    methods = (["lapsum"] if lapsum_available() else []) + list(baselines.METHODS)
-    if "lapsum" not in methods:
-        print("softorder.bridges.torch not found: LapSum is left out of this run")
+    methods = with_lapsum(baselines.METHODS)
     temps = [0.003, 0.01, 0.03, 0.1, 0.3, 1.0]
     n_acc, k_acc, rows_acc = 100, 10, 64
     n_grid, tau_n = [16, 64, 256, 1024], 0.03
@@ -268,9 +255,7 @@ def main(argv: list[str] | None = None) -> int:
             f"| {method} | " + " | ".join(cost_cell(cost[method].get(n)) for n in args.sizes) + " |"
         )
     table = "\n".join(lines)
-    print(table)
-    (args.out / "relaxation_cost.md").parent.mkdir(parents=True, exist_ok=True)
-    (args.out / "relaxation_cost.md").write_text(table + "\n")
+    write_table(table, args.out, "relaxation_cost")
 
     fig, axes = plt.subplots(1, 4, figsize=(19, 4.4))
     for method in methods:
@@ -296,9 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     axes[2].set(xlabel="n", ylabel="seconds", title=f"forward+backward time (k=1..{K})")
     axes[3].set(xlabel="n", ylabel="MB", title="peak extra memory")
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(args.out / "relaxation_cost.png", dpi=100)
-    print(f"wrote {args.out / 'relaxation_cost.png'}")
+    save_figure(fig, args.out, "relaxation_cost", dpi=100)
     return 0
 
 

@@ -15,8 +15,6 @@ Writes ``sort_digits.png`` and ``sort_digits.md`` to ``--out``.
 
 from __future__ import annotations
 
-import argparse
-import pathlib
 import statistics
 import sys
 import time
@@ -26,22 +24,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
+from _common import argument_parser, digits_data, save_figure, with_lapsum, write_table  # noqa: E402
 from sklearn.model_selection import train_test_split  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from softorder import baselines  # noqa: E402
-
-RESULTS = pathlib.Path(__file__).parent / "results"
-
-
-def lapsum_available() -> bool:
-    """Whether the PyTorch bridge (LapSum for torch) is installed."""
-    try:
-        import softorder.bridges.torch  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class Numbers:
@@ -113,25 +100,20 @@ def train(
 
 def main(argv: list[str] | None = None) -> int:
     """Run the experiment and write the table and the figure."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a reduced run (seconds)")
+    parser = argument_parser(__doc__)
     parser.add_argument("--sizes", type=int, nargs="+", default=[3, 5, 7, 9])
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--test-sequences", type=int, default=1000)
-    parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.quick:
         args.sizes, args.steps, args.test_sequences = [3, 5], 10, 100
     args.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
-    methods = (["lapsum"] if lapsum_available() else []) + list(baselines.PERMUTATION_METHODS)
-    if "lapsum" not in methods:
-        print("softorder.bridges.torch not found: LapSum is left out of this run")
-    x, y = load_digits(return_X_y=True)
-    x, y = torch.tensor(x / 16.0, dtype=torch.float32), torch.tensor(y)
+    methods = with_lapsum(baselines.PERMUTATION_METHODS)
+    x, y = digits_data()
     tr, te = train_test_split(torch.arange(len(y)), test_size=0.3, random_state=0, stratify=y)
     train_set, test_set = Numbers(x[tr], y[tr]), Numbers(x[te], y[te])
     results: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
@@ -176,8 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             f"| {method} | " + " | ".join(cell(method, n) for n in args.sizes) + f" | {ms:.1f} |"
         )
     table = "\n".join(lines)
-    print(table)
-    (args.out / "sort_digits.md").write_text(table + "\n")
+    write_table(table, args.out, "sort_digits")
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for method in methods:
@@ -196,9 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         ax.set_xticks(args.sizes)
     axes[0].legend(fontsize=8)
     fig.suptitle("Learning to sort handwritten numbers from the permutation only")
-    fig.tight_layout()
-    fig.savefig(args.out / "sort_digits.png", dpi=110)
-    print(f"wrote {args.out / 'sort_digits.png'}")
+    save_figure(fig, args.out, "sort_digits", dpi=110)
     return 0
 
 

@@ -15,8 +15,6 @@ Run ``python examples/topk_classification.py`` (a few minutes on a CPU) or with 
 
 from __future__ import annotations
 
-import argparse
-import pathlib
 import statistics
 import sys
 import time
@@ -26,30 +24,18 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
+from _common import argument_parser, digits_data, save_figure, with_lapsum, write_table  # noqa: E402
 from sklearn.model_selection import train_test_split  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from softorder import baselines  # noqa: E402
 
-RESULTS = pathlib.Path(__file__).parent / "results"
 P_KS = {"[0,0,0,0,1]": [0.0, 0.0, 0.0, 0.0, 1.0], "[.2,.2,.2,.2,.2]": [0.2] * 5}
-
-
-def lapsum_available() -> bool:
-    """Whether the PyTorch bridge (LapSum for torch) is installed."""
-    try:
-        import softorder.bridges.torch  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def data(seed: int) -> tuple[torch.Tensor, ...]:
     """Digits split 60/20/20 into train/validation/test, pixels scaled to [0, 1]."""
-    x, y = load_digits(return_X_y=True)
-    x = torch.tensor(x / 16.0, dtype=torch.float32)
-    y = torch.tensor(y)
+    x, y = digits_data()
     idx = torch.arange(len(y))
     train, rest = train_test_split(idx, test_size=0.4, random_state=seed, stratify=y)
     val, test = train_test_split(rest, test_size=0.5, random_state=seed, stratify=y[rest])
@@ -108,8 +94,7 @@ def train(
 
 def main(argv: list[str] | None = None) -> int:
     """Run the experiment and write the table and the figure."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a reduced run (seconds)")
+    parser = argument_parser(__doc__)
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument(
@@ -119,15 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         default=[1.0],
         help="several: choose each method's on validation (slower)",
     )
-    parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.quick:
         args.epochs, args.seeds, args.temperatures = 2, 1, [1.0]
     args.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
-    methods = (["lapsum"] if lapsum_available() else []) + list(baselines.METHODS)
-    if "lapsum" not in methods:
-        print("softorder.bridges.torch not found: LapSum is left out of this run")
+    methods = with_lapsum(baselines.METHODS)
     configs = [("softmax", "-", None)] + [(m, name, p) for name, p in P_KS.items() for m in methods]
     grid = len(args.temperatures) if len(args.temperatures) > 1 else 0
     runs = len(configs) * args.seeds + (len(configs) - 1) * grid
@@ -187,8 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             f"| {r['top5']:.2f} | {1000 * r['sec']:.0f} |"
         )
     table = "\n".join(lines)
-    print(table)
-    (args.out / "topk_classification.md").write_text(table + "\n")
+    write_table(table, args.out, "topk_classification")
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for ax, pk_name in zip(axes, P_KS, strict=True):
@@ -202,9 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         ax.set_title(f"P_K = {pk_name}")
         ax.set_ylabel("test accuracy (%)")
     axes[0].legend(loc="lower left")
-    fig.tight_layout()
-    fig.savefig(args.out / "topk_classification.png", dpi=110)
-    print(f"wrote {args.out / 'topk_classification.png'}")
+    save_figure(fig, args.out, "topk_classification", dpi=110)
     return 0
 
 
