@@ -55,35 +55,28 @@ html_title = f"softorder {release}"
 html_static_path = ["_static"]
 
 
+#: The functions each bridge documents (both bridges offer the same ones).
+BRIDGE_FUNCTIONS = (
+    "soft_topk",
+    "log_soft_topk",
+    "soft_rank",
+    "soft_sort",
+    "soft_quantile",
+    "soft_permutation",
+    "topk_cross_entropy",
+    "permutation_cross_entropy",
+)
 BRIDGES = {
     "torch": (
         "PyTorch bridge",
         "softorder.bridges.torch",
-        [
-            "soft_topk",
-            "log_soft_topk",
-            "soft_rank",
-            "soft_sort",
-            "soft_quantile",
-            "soft_permutation",
-            "topk_cross_entropy",
-            "permutation_cross_entropy",
-        ],
+        BRIDGE_FUNCTIONS,
         ["TopKCrossEntropyLoss", "PermutationCrossEntropyLoss"],
     ),
     "jax": (
         "JAX bridge",
         "softorder.bridges.jax",
-        [
-            "soft_topk",
-            "log_soft_topk",
-            "soft_rank",
-            "soft_sort",
-            "soft_quantile",
-            "soft_permutation",
-            "topk_cross_entropy",
-            "permutation_cross_entropy",
-        ],
+        BRIDGE_FUNCTIONS,
         [],
     ),
 }
