@@ -27,6 +27,13 @@ def target_ranks(n: int, batch: tuple[int, ...] = ()) -> np.ndarray:
     return rng.permuted(np.broadcast_to(np.arange(1, n + 1), batch + (n,)), axis=-1)
 
 
+class _TargetRanks:
+    """Mixin: the extra argument is the target ranks of one row."""
+
+    def extra_args(self, n):
+        return (target_ranks(n),)
+
+
 class SoftPermutation(_SoftorderRow):
     """``softorder.soft_permutation`` (the n x n output) of one row."""
 
@@ -34,31 +41,22 @@ class SoftPermutation(_SoftorderRow):
     params = (MATRIX_N, DTYPES)
 
 
-class PermutationCrossEntropy(_SoftorderRow):
+class PermutationCrossEntropy(_TargetRanks, _SoftorderRow):
     """``softorder.permutation_cross_entropy`` of one row (no n x n matrix)."""
 
     op = "permutation_cross_entropy"
 
-    def extra_args(self, n):
-        return (target_ranks(n),)
 
-
-class TorchPermutationCrossEntropy(_TorchBridgeRow):
+class TorchPermutationCrossEntropy(_TargetRanks, _TorchBridgeRow):
     """The PyTorch bridge: ``softorder.bridges.torch.permutation_cross_entropy``."""
 
     op = "permutation_cross_entropy"
 
-    def extra_args(self, n):
-        return (target_ranks(n),)
 
-
-class JaxPermutationCrossEntropy(_JaxBridgeRow):
+class JaxPermutationCrossEntropy(_TargetRanks, _JaxBridgeRow):
     """The JAX bridge: ``softorder.bridges.jax.permutation_cross_entropy`` under ``jax.jit``."""
 
     op = "permutation_cross_entropy"
-
-    def extra_args(self, n):
-        return (target_ranks(n),)
 
 
 class TorchSoftPermutation(_TorchBridgeRow):

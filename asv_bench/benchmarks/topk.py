@@ -18,58 +18,47 @@ from ._common import (
 )
 
 
-class SoftTopk(_SoftorderRow):
+class _TopK:
+    """Mixin: the extra argument is k = n / 10."""
+
+    def extra_args(self, n):
+        return (top_k(n),)
+
+
+class SoftTopk(_TopK, _SoftorderRow):
     """``softorder.soft_topk`` of one row of standard normal data."""
 
     op = "soft_topk"
 
-    def extra_args(self, n):
-        return (top_k(n),)
 
-
-class LogSoftTopk(_SoftorderRow):
+class LogSoftTopk(_TopK, _SoftorderRow):
     """``softorder.log_soft_topk`` of one row."""
 
     op = "log_soft_topk"
 
-    def extra_args(self, n):
-        return (top_k(n),)
 
-
-class SoftTopkInputs(_SoftorderInputs):
+class SoftTopkInputs(_TopK, _SoftorderInputs):
     """``softorder.soft_topk`` of one float64 row of each input kind."""
 
     op = "soft_topk"
 
-    def extra_args(self, n):
-        return (top_k(n),)
 
-
-class SoftTopkBatched(_SoftorderBatched):
+class SoftTopkBatched(_TopK, _SoftorderBatched):
     """``softorder.soft_topk`` along the last axis of a batch."""
 
     op = "soft_topk"
 
-    def extra_args(self, n):
-        return (top_k(n),)
 
-
-class TorchSoftTopk(_TorchBridgeRow):
+class TorchSoftTopk(_TopK, _TorchBridgeRow):
     """The PyTorch bridge: ``softorder.bridges.torch.soft_topk``."""
 
     op = "soft_topk"
 
-    def extra_args(self, n):
-        return (top_k(n),)
 
-
-class JaxSoftTopk(_JaxBridgeRow):
+class JaxSoftTopk(_TopK, _JaxBridgeRow):
     """The JAX bridge: ``softorder.bridges.jax.soft_topk`` under ``jax.jit``."""
 
     op = "soft_topk"
-
-    def extra_args(self, n):
-        return (top_k(n),)
 
 
 class DifftopkSoftTopk(_TorchOp):
