@@ -393,3 +393,24 @@ def test_permutation_loss_module_learns_to_order():
     assert loss.item() < 0.3 * first
     predicted = torch.argsort(torch.argsort(features @ weights, dim=1), dim=1) + 1
     assert (predicted == target).float().mean() > 0.9
+
+
+@pytest.mark.parametrize("method", ["neuralsort", "softsort", "odd_even_network"])
+def test_topk_loss_module_compares_methods_behind_one_interface(method):
+    from softorder import baselines
+
+    logits = LOGITS.clone().requires_grad_()
+    loss_fn = sot.TopKCrossEntropyLoss([0.5, 0.5], method=method, temperature=0.7)
+    loss = loss_fn(logits, LABELS)
+    expected = baselines.topk_cross_entropy(
+        LOGITS,
+        LABELS,
+        torch.tensor([0.5, 0.5], dtype=torch.float64),
+        method=method,
+        temperature=0.7,
+    )
+    torch.testing.assert_close(loss, expected)
+    loss.backward()
+    assert torch.isfinite(logits.grad).all() and logits.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="method must be 'lapsum' or one of"):
+        sot.TopKCrossEntropyLoss([1.0], method="bubblesort")
