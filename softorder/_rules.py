@@ -508,6 +508,36 @@ def _labels_in_rows(labels, rows: Rows, name: str, low: int, high: int, core_sha
     return np.ascontiguousarray(arr, dtype=np.int64).reshape((rows.rows,) + core_shape)
 
 
+def check_p_k(p_k, batch_shape: tuple, n: int) -> np.ndarray:
+    """``p_k`` broadcast to ``batch_shape + (K,)`` as float64, or ``ValueError`` saying what
+    is wrong: no trailing K axis, K >= n classes, a shape that does not broadcast, or not a
+    probability distribution.
+    """
+    pk, _ = float_array(p_k, "p_k")
+    if pk.ndim == 0 or pk.shape[-1] == 0:
+        raise ValueError(
+            f"p_k must list P_K(k) for k = 1..K along its last axis; got shape {pk.shape}"
+        )
+    K = pk.shape[-1]
+    if K >= n:
+        raise ValueError(
+            f"p_k has K={K} entries but top-k needs k < number of classes "
+            f"(C={n}); give at most {n - 1}"
+        )
+    try:
+        pk = np.broadcast_to(pk, batch_shape + (K,))
+    except ValueError:
+        raise ValueError(
+            f"p_k of shape {np.shape(p_k)} does not broadcast to {batch_shape + (K,)}"
+        ) from None
+    pk = pk.astype(np.float64)
+    if not np.all(np.isfinite(pk) & (pk >= 0)) or not np.allclose(pk.sum(-1), 1.0, atol=1e-4):
+        raise ValueError(
+            "p_k must be a probability distribution over k = 1..K (non-negative, summing to 1)"
+        )
+    return pk
+
+
 class TopKCrossEntropyRule(LossRule):
     differentiable = ("logits", "alpha")
 
@@ -519,28 +549,8 @@ class TopKCrossEntropyRule(LossRule):
         n = rows.n
         ctx.params["reduction"] = self._reduction(reduction)
         ctx.params["labels"] = _labels_in_rows(labels, rows, "labels", 0, n - 1, ())
-        pk, _ = float_array(p_k, "p_k")
-        if pk.ndim == 0 or pk.shape[-1] == 0:
-            raise ValueError(
-                f"p_k must list P_K(k) for k = 1..K along its last axis; got shape {pk.shape}"
-            )
-        K = pk.shape[-1]
-        if K >= n:
-            raise ValueError(
-                f"p_k has K={K} entries but top-k needs k < number of classes "
-                f"(C={n}); give at most {n - 1}"
-            )
-        try:
-            pk = np.broadcast_to(pk, rows.batch_shape + (K,)).reshape(rows.rows, K)
-        except ValueError:
-            raise ValueError(
-                f"p_k of shape {np.shape(p_k)} does not broadcast to {rows.batch_shape + (K,)}"
-            ) from None
-        pk = pk.astype(np.float64)
-        if not np.all(np.isfinite(pk) & (pk >= 0)) or not np.allclose(pk.sum(-1), 1.0, atol=1e-4):
-            raise ValueError(
-                "p_k must be a probability distribution over k = 1..K (non-negative, summing to 1)"
-            )
+        pk = check_p_k(p_k, rows.batch_shape, n)
+        pk = pk.reshape(rows.rows, pk.shape[-1])
         with np.errstate(divide="ignore"):
             ctx.params["log_pk"] = np.log(pk)
         ctx.params["pk1"] = np.ascontiguousarray(pk[:, 0])

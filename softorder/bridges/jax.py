@@ -60,7 +60,7 @@ from softorder import core
 from softorder import operations as _ops
 from softorder._autodiff import _bind
 from softorder._layout import Layout, Targets, axes_after_leading, check_alpha, float_array
-from softorder._rules import _labels_in_rows
+from softorder._rules import _labels_in_rows, check_p_k
 
 __all__ = [
     "log_soft_topk",
@@ -240,7 +240,7 @@ def _placeholder(value, fill) -> np.ndarray:
     return np.broadcast_to(np.asarray(fill).astype(dtype), value.shape)
 
 
-def _check(name: str, value, layout: Layout, arguments: dict, op: Callable) -> None:
+def _check(name: str, value, layout: Layout) -> None:
     """Raise the NumPy API's error for a bad array argument other than the input."""
     n, batch_shape = layout.n, layout.batch_shape
     rows = types.SimpleNamespace(batch_shape=batch_shape, rows=int(np.prod(batch_shape)))
@@ -264,15 +264,7 @@ def _check(name: str, value, layout: Layout, arguments: dict, op: Callable) -> N
     elif name == "target_ranks":
         _labels_in_rows(host, rows, "target_ranks", 1, n, (n,))
     elif name == "p_k":
-        # the loss's own checks, on a zero problem of the same shape (no data of the caller's)
-        op.rule.prepare(
-            logits=np.zeros(batch_shape + (n,)),
-            labels=np.zeros(batch_shape, dtype=np.int64),
-            p_k=host,
-            alpha=1.0,
-            reduction="none",
-            split_top1=arguments["split_top1"],
-        )
+        check_p_k(host, batch_shape, n)
 
 
 def _compute_dtype(dtype) -> tuple[np.dtype, np.dtype]:
@@ -313,7 +305,7 @@ def _run(op: Callable, **kwargs: Any) -> jax.Array:
     arrays = {input_name: x}
     for name in names[1:]:
         value = arguments[name]
-        _check(name, value, layout, arguments, op)
+        _check(name, value, layout)
         if name in _FLOAT_ARGUMENTS:
             value = jnp.asarray(value).astype(compute)
         else:
