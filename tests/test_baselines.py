@@ -47,8 +47,10 @@ def naive_neuralsort(x, tau):
     n = len(x)
     rows = []
     for i in range(1, n + 1):
-        logits = [((n + 1 - 2 * i) * x[j] - sum(abs(x[j] - x[m]) for m in range(n))) / tau
-                  for j in range(n)]
+        logits = [
+            ((n + 1 - 2 * i) * x[j] - sum(abs(x[j] - x[m]) for m in range(n))) / tau
+            for j in range(n)
+        ]
         rows.append(torch.softmax(torch.stack(logits), 0))
     return torch.stack(rows)
 
@@ -114,8 +116,9 @@ def test_soft_topk_ot_is_the_two_anchor_plan_and_logistic():
     plan = naive_ot_plan(x, torch.tensor([0.0, 1.0], dtype=F64), mu, nu, eps)
     torch.testing.assert_close(a, n * plan[:, 1])
     torch.testing.assert_close(a, logistic_topk(x, k, eps))
-    torch.testing.assert_close(bl.soft_topk_ot(x, k, eps, largest=False, n_iter=2000),
-                               logistic_topk(-x, k, eps))
+    torch.testing.assert_close(
+        bl.soft_topk_ot(x, k, eps, largest=False, n_iter=2000), logistic_topk(-x, k, eps)
+    )
 
 
 def test_sorting_network_single_comparator():
@@ -173,8 +176,12 @@ def test_permutation_tends_to_the_hard_one(method, descending):
     x = spaced(4, 7, seed=7)
     p = bl.relaxed_permutation(x, method, tau, descending=descending, **options)
     torch.testing.assert_close(p, hard_permutation(x, descending), atol=1e-3, rtol=0)
-    torch.testing.assert_close(p @ x.unsqueeze(-1), x.sort(-1, descending=descending)
-                               .values.unsqueeze(-1), atol=1e-2, rtol=0)
+    torch.testing.assert_close(
+        p @ x.unsqueeze(-1),
+        x.sort(-1, descending=descending).values.unsqueeze(-1),
+        atol=1e-2,
+        rtol=0,
+    )
 
 
 @pytest.mark.parametrize("method", bl.METHODS)
@@ -200,8 +207,9 @@ def test_memberships_sum_to_k(method, tau):
     assert bool((m >= 0).all())
 
 
-@pytest.mark.parametrize("method", ["sinkhorn", "soft_topk_ot", "odd_even_network",
-                                    "bitonic_network"])
+@pytest.mark.parametrize(
+    "method", ["sinkhorn", "soft_topk_ot", "odd_even_network", "bitonic_network"]
+)
 def test_memberships_are_at_most_one_for_column_stochastic_methods(method):
     x = torch.randn(4, 9, dtype=F64, generator=torch.Generator().manual_seed(10))
     m = bl.topk_memberships(x, 8, method, 0.5, **({"n_iter": 3000} if "s" in method[:2] else {}))
@@ -265,8 +273,15 @@ def test_gradcheck_topk_cross_entropy(method, split_top1):
     labels = torch.tensor([0, 3, 5])
     options = {"n_iter": 20} if method in ("sinkhorn", "soft_topk_ot") else {}
     assert torch.autograd.gradcheck(
-        lambda z: bl.topk_cross_entropy(z, labels, [0.2, 0.3, 0.5], method=method,
-                                        temperature=0.7, split_top1=split_top1, **options),
+        lambda z: bl.topk_cross_entropy(
+            z,
+            labels,
+            [0.2, 0.3, 0.5],
+            method=method,
+            temperature=0.7,
+            split_top1=split_top1,
+            **options,
+        ),
         (logits,),
     )
 
@@ -278,8 +293,7 @@ def test_gradcheck_permutation_cross_entropy(method):
     ranks = torch.stack([torch.randperm(5) for _ in range(2)]) + 1
     options = {"n_iter": 20} if method == "sinkhorn" else {}
     assert torch.autograd.gradcheck(
-        lambda x: bl.permutation_cross_entropy(x, ranks, method=method, temperature=0.6,
-                                               **options),
+        lambda x: bl.permutation_cross_entropy(x, ranks, method=method, temperature=0.6, **options),
         (x,),
     )
 
@@ -294,17 +308,20 @@ def test_topk_cross_entropy_is_eq_2_and_eq_4(method):
     p_k = torch.tensor([0.1, 0.0, 0.5, 0.4], dtype=F64)
     m = bl.topk_memberships(logits, 4, method, 0.9)[torch.arange(4), :, labels]  # (4, K)
     eq2 = -torch.log((p_k * m).sum(-1))
-    got = bl.topk_cross_entropy(logits, labels, p_k, method=method, temperature=0.9,
-                                reduction="none")
+    got = bl.topk_cross_entropy(
+        logits, labels, p_k, method=method, temperature=0.9, reduction="none"
+    )
     torch.testing.assert_close(got, eq2)
     ce = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
     eq4 = 0.1 * ce - 0.9 * torch.log((p_k[1:] * m[:, 1:]).sum(-1))
-    got4 = bl.topk_cross_entropy(logits, labels, p_k, method=method, temperature=0.9,
-                                 reduction="none", split_top1=True)
+    got4 = bl.topk_cross_entropy(
+        logits, labels, p_k, method=method, temperature=0.9, reduction="none", split_top1=True
+    )
     torch.testing.assert_close(got4, eq4)
     mean = bl.topk_cross_entropy(logits, labels, p_k, method=method, temperature=0.9)
-    total = bl.topk_cross_entropy(logits, labels, p_k, method=method, temperature=0.9,
-                                  reduction="sum")
+    total = bl.topk_cross_entropy(
+        logits, labels, p_k, method=method, temperature=0.9, reduction="sum"
+    )
     torch.testing.assert_close(mean, eq2.mean())
     torch.testing.assert_close(total, eq2.sum())
 
@@ -325,11 +342,13 @@ def test_topk_cross_entropy_hard_limit(method):
     ranks = torch.argsort(torch.argsort(logits, -1, descending=True), -1)
     in_top3 = torch.nonzero(ranks[0] == 2).item()  # rank 3: in the top 3, not the top 2
     labels = torch.tensor([in_top3, int(ranks[1].argmin()), int(ranks[2].argmin())])
-    loss = bl.topk_cross_entropy(logits, labels, [0.0, 0.0, 1.0], method=method,
-                                 temperature=tau, reduction="none", **options)
+    loss = bl.topk_cross_entropy(
+        logits, labels, [0.0, 0.0, 1.0], method=method, temperature=tau, reduction="none", **options
+    )
     torch.testing.assert_close(loss, torch.zeros(3, dtype=F64), atol=2e-3, rtol=0)
-    loss = bl.topk_cross_entropy(logits, labels, [0.5, 0.5, 0.0], method=method,
-                                 temperature=tau, reduction="none", **options)
+    loss = bl.topk_cross_entropy(
+        logits, labels, [0.5, 0.5, 0.0], method=method, temperature=tau, reduction="none", **options
+    )
     assert float(loss[0]) > 3  # not in the top 2: the loss grows without bound as tau -> 0
     torch.testing.assert_close(loss[1:], torch.zeros(2, dtype=F64), atol=2e-3, rtol=0)
 
@@ -341,8 +360,9 @@ def test_permutation_cross_entropy_picks_the_true_entries(method):
     for descending in (False, True):
         p = bl.relaxed_permutation(x, method, 0.8, descending=descending)
         expected = -torch.log(p.gather(-2, (ranks - 1).unsqueeze(-2))).sum((-1, -2))
-        got = bl.permutation_cross_entropy(x, ranks, method=method, temperature=0.8,
-                                           reduction="none", descending=descending)
+        got = bl.permutation_cross_entropy(
+            x, ranks, method=method, temperature=0.8, reduction="none", descending=descending
+        )
         torch.testing.assert_close(got, expected)
 
 

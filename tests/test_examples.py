@@ -13,7 +13,9 @@ EXAMPLES = pathlib.Path(__file__).parent.parent / "examples"
 def run_example(name, out):
     result = subprocess.run(
         [sys.executable, str(EXAMPLES / f"{name}.py"), "--quick", "--out", str(out)],
-        capture_output=True, text=True, timeout=900,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     png, table = out / f"{name}.png", out / f"{name}.md"

@@ -308,8 +308,9 @@ def topk_cross_entropy(
     c = check_scores(logits, "logits")
     p_k = torch.as_tensor(p_k, dtype=logits.dtype, device=logits.device)
     if p_k.ndim < 1 or not 1 <= p_k.shape[-1] < c:
-        raise ValueError(f"p_k needs 1 <= K < C = {c} entries along its last axis, got shape "
-                         f"{tuple(p_k.shape)}")
+        raise ValueError(
+            f"p_k needs 1 <= K < C = {c} entries along its last axis, got shape {tuple(p_k.shape)}"
+        )
     if bool((p_k < 0).any()) or not torch.allclose(
         p_k.sum(-1), torch.ones((), dtype=p_k.dtype, device=p_k.device), atol=1e-6
     ):

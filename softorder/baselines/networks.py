@@ -61,9 +61,7 @@ def _layers(network: str, wires: int) -> tuple[tuple[tuple[int, ...], tuple[int,
     return tuple(layers)
 
 
-def _mix(
-    t: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, alpha: torch.Tensor
-) -> torch.Tensor:
+def _mix(t: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
     """Apply one comparator layer along the last axis of ``t`` (out of place)."""
     a, b = t[..., lo], t[..., hi]
     new_lo = alpha * a + (1 - alpha) * b
