@@ -137,6 +137,9 @@ def _as_tensor(arr, dtype: torch.dtype | None = None) -> Tensor:
 # --- the three custom operators -------------------------------------------------------------
 
 
+_TORCH_DTYPE = {np.dtype(np.int64): torch.int64, np.dtype(np.float64): torch.float64}
+
+
 @torch.library.custom_op("softorder::forward", mutates_args=())
 def _forward_op(spec: str, tensors: list[Tensor]) -> list[Tensor]:
     rule, _, arguments = _arguments(spec, tensors)
@@ -154,9 +157,6 @@ def _(spec, tensors):
         x.new_empty(shape),
         *(x.new_empty(s, dtype=_TORCH_DTYPE[np.dtype(d)]) for s, d in residuals.values()),
     ]
-
-
-_TORCH_DTYPE = {np.dtype(np.int64): torch.int64, np.dtype(np.float64): torch.float64}
 
 
 def _restore(spec: str, tensors, residuals):
