@@ -99,7 +99,7 @@ def relaxed_permutation(
     Parameters
     ----------
     x : torch.Tensor
-        Scores of shape ``(..., n)``, sorted along the last axis.
+        Scores of shape ``(..., n)``, to be ordered along the last axis (any order).
     method : str
         One of :data:`PERMUTATION_METHODS` or ``"lapsum"``.
     temperature : float or 0-d torch.Tensor, optional

@@ -66,7 +66,7 @@ def log_sinkhorn_sort(
     Parameters
     ----------
     x : torch.Tensor
-        Scores of shape ``(..., n)``, sorted along the last axis.
+        Scores of shape ``(..., n)``, to be ordered along the last axis (any order).
     temperature : float or 0-d torch.Tensor
         The entropic regularisation ``epsilon > 0``.
     descending : bool
@@ -120,7 +120,7 @@ def sinkhorn_sort(
     Parameters
     ----------
     x : torch.Tensor
-        Scores of shape ``(..., n)``, sorted along the last axis; leading axes are batch axes.
+        Scores of shape ``(..., n)``, to be ordered along the last axis (any order); leading axes are batch axes.
     temperature : float or 0-d torch.Tensor
         The entropic regularisation ``epsilon > 0``; the matrix is as sharp as a logistic of
         scale ``epsilon / 2`` in the units of ``x``. A tensor may require grad.

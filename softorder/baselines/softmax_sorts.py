@@ -62,7 +62,7 @@ def log_neuralsort(
     Parameters
     ----------
     x : torch.Tensor
-        Scores of shape ``(..., n)``, sorted along the last axis.
+        Scores of shape ``(..., n)``, to be ordered along the last axis (any order).
     temperature : float or 0-d torch.Tensor
         The softmax temperature ``tau > 0``.
     descending : bool
@@ -103,7 +103,7 @@ def neuralsort(
     Parameters
     ----------
     x : torch.Tensor
-        Scores of shape ``(..., n)``, sorted along the last axis; leading axes are batch axes.
+        Scores of shape ``(..., n)``, to be ordered along the last axis (any order); leading axes are batch axes.
     temperature : float or 0-d torch.Tensor
         The softmax temperature ``tau > 0`` (in the units of ``x``); a tensor may require grad.
     descending : bool
@@ -148,7 +148,7 @@ def log_softsort(
     Parameters
     ----------
     x : torch.Tensor
-        Scores of shape ``(..., n)``, sorted along the last axis.
+        Scores of shape ``(..., n)``, to be ordered along the last axis (any order).
     temperature : float or 0-d torch.Tensor
         The softmax temperature ``tau > 0``.
     descending : bool
@@ -189,7 +189,7 @@ def softsort(
     Parameters
     ----------
     x : torch.Tensor
-        Scores of shape ``(..., n)``, sorted along the last axis; leading axes are batch axes.
+        Scores of shape ``(..., n)``, to be ordered along the last axis (any order); leading axes are batch axes.
     temperature : float or 0-d torch.Tensor
         The softmax temperature ``tau > 0`` (in the units of ``x``); a tensor may require grad.
     descending : bool
