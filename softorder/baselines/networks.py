@@ -90,7 +90,8 @@ def sorting_network(
     Parameters
     ----------
     x : torch.Tensor
-        Scores of shape ``(..., n)``, to be ordered along the last axis (any order); leading axes are batch axes.
+        Scores of shape ``(..., n)``, to be ordered along the last axis (any order); leading
+        axes are batch axes.
     temperature : float or 0-d torch.Tensor
         The comparator temperature ``tau > 0`` (in the units of ``x``); a tensor may require
         grad.

@@ -120,7 +120,8 @@ def sinkhorn_sort(
     Parameters
     ----------
     x : torch.Tensor
-        Scores of shape ``(..., n)``, to be ordered along the last axis (any order); leading axes are batch axes.
+        Scores of shape ``(..., n)``, to be ordered along the last axis (any order); leading
+        axes are batch axes.
     temperature : float or 0-d torch.Tensor
         The entropic regularisation ``epsilon > 0``; the matrix is as sharp as a logistic of
         scale ``epsilon / 2`` in the units of ``x``. A tensor may require grad.

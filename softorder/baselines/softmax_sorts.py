@@ -103,7 +103,8 @@ def neuralsort(
     Parameters
     ----------
     x : torch.Tensor
-        Scores of shape ``(..., n)``, to be ordered along the last axis (any order); leading axes are batch axes.
+        Scores of shape ``(..., n)``, to be ordered along the last axis (any order); leading
+        axes are batch axes.
     temperature : float or 0-d torch.Tensor
         The softmax temperature ``tau > 0`` (in the units of ``x``); a tensor may require grad.
     descending : bool
@@ -189,7 +190,8 @@ def softsort(
     Parameters
     ----------
     x : torch.Tensor
-        Scores of shape ``(..., n)``, to be ordered along the last axis (any order); leading axes are batch axes.
+        Scores of shape ``(..., n)``, to be ordered along the last axis (any order); leading
+        axes are batch axes.
     temperature : float or 0-d torch.Tensor
         The softmax temperature ``tau > 0`` (in the units of ``x``); a tensor may require grad.
     descending : bool
