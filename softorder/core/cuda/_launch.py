@@ -1,0 +1,179 @@
+"""The one place that holds how GPU kernels are launched: block size, stream, device arrays.
+
+* Every kernel runs ``THREADS`` threads per block, each handling ``ITEMS`` consecutive
+  elements of a tile; :func:`configure` changes both (the simulator tests make them tiny so
+  that a row spans several blocks).
+* Every launch goes on the stream set by :func:`on_stream` (the PyTorch bridge passes
+  ``torch.cuda.current_stream()``), the default stream otherwise.
+* Temporaries come from :func:`empty`, whose allocator a bridge can replace
+  (:func:`set_allocator`) so that they come from its caching allocator.
+* :func:`device` compiles a CPU helper of :mod:`softorder.core` again as a CUDA device
+  function: the scalar mathematics (Laplace CDFs, the closed-form inverse, the derivative sums
+  of a target) is written once and runs on both targets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import types
+
+import numba
+import numpy as np
+from numba import cuda
+
+#: True when ``NUMBA_ENABLE_CUDASIM=1``: kernels run in numba's Python simulator.
+SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
+
+_config = {"threads": 256, "items": 4}
+_state = threading.local()
+
+
+def configure(threads: int | None = None, items: int | None = None) -> dict:
+    """Set threads per block (a power of two) and elements per thread; returns the previous
+    setting as a dict that can be passed back (``configure(**previous)``).
+
+    256 x 4: a 1000-element row is one block (one launch per scan, no carries), and a
+    1e7-element row is 9766 blocks whose carries take two more levels of the same scan.
+    """
+    previous = dict(_config)
+    if threads is not None:
+        if threads < 1 or threads & (threads - 1):
+            raise ValueError(f"threads must be a power of two; got {threads}")
+        _config["threads"] = int(threads)
+    if items is not None:
+        if items < 1:
+            raise ValueError(f"items must be positive; got {items}")
+        _config["items"] = int(items)
+    return previous
+
+
+def threads() -> int:
+    return _config["threads"]
+
+
+def items() -> int:
+    return _config["items"]
+
+
+def tile() -> int:
+    """Elements of one row that one block covers."""
+    return _config["threads"] * _config["items"]
+
+
+def tiles(n: int) -> int:
+    return max(1, -(-n // tile()))
+
+
+@contextlib.contextmanager
+def on_stream(stream):
+    """Launch every kernel inside the block on ``stream`` (a numba stream)."""
+    previous = getattr(_state, "stream", 0)
+    _state.stream = stream
+    try:
+        yield
+    finally:
+        _state.stream = previous
+
+
+def stream():
+    return getattr(_state, "stream", 0)
+
+
+def for_each(kernel, total: int, *args) -> None:
+    """Launch an elementwise ``kernel`` with one thread per index in ``range(total)``."""
+    if total <= 0:
+        return
+    block = _config["threads"]
+    kernel[-(-total // block), block, stream()](*args)
+
+
+def per_tile(kernel, rows: int, n: int, *args) -> None:
+    """Launch ``kernel`` with one block per (tile, row): grid ``(tiles(n), rows)``."""
+    if rows <= 0 or n <= 0:
+        return
+    kernel[(tiles(n), rows), _config["threads"], stream()](*args)
+
+
+def as_device(obj):
+    """A numba device array viewing ``obj`` (anything with ``__cuda_array_interface__``:
+    numba device arrays, CuPy arrays, PyTorch CUDA tensors), without a copy.
+
+    Under the simulator, host arrays (NumPy, CPU tensors) stand in for device memory.
+    """
+    if SIMULATOR:
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        if isinstance(obj, FakeCUDAArray):
+            return obj
+        if hasattr(obj, "numpy"):  # a CPU tensor
+            obj = obj.detach().numpy()
+        return FakeCUDAArray(np.asarray(obj))
+    if cuda.is_cuda_array(obj) and not isinstance(obj, cuda.devicearray.DeviceNDArray):
+        return cuda.as_cuda_array(obj, sync=False)
+    return obj
+
+
+def _numba_empty(shape, dtype):
+    return cuda.device_array(shape, dtype=dtype, stream=stream())
+
+
+_allocator = [_numba_empty]
+
+
+def set_allocator(allocate):
+    """Use ``allocate(shape, dtype) -> device array-like`` for temporaries; returns the
+    previous allocator. ``None`` restores numba's.
+    """
+    previous = _allocator[0]
+    _allocator[0] = _numba_empty if allocate is None else allocate
+    return previous
+
+
+def empty(shape, dtype=np.float64):
+    """An uninitialized device array for a temporary of one call."""
+    return as_device(_allocator[0](tuple(shape), np.dtype(dtype)))
+
+
+#: Type names for kernel signatures.
+F1, F2, F3 = "float64[:]", "float64[:, :]", "float64[:, :, :]"
+I1, I2 = "int64[:]", "int64[:, :]"
+
+#: Every kernel's Python function and a signature to compile it for a real GPU without one
+#: (``numba.cuda.compile_ptx``; tests/gpu/test_ptx.py), by qualified name.
+KERNELS: dict = {}
+
+
+def kernel(*types_: str):
+    """Register a CUDA kernel (compiled lazily, at its first launch) with the argument types
+    that the PTX tests compile it for.
+    """
+
+    def wrap(fn):
+        KERNELS[f"{fn.__module__}.{fn.__qualname__}"] = (fn, f"void({', '.join(types_)})")
+        return cuda.jit(fn)
+
+    return wrap
+
+
+def device(helper):
+    """The CUDA device-function twin of a CPU helper (an ``njit`` dispatcher or a plain
+    function): the same Python source, with the helpers it calls replaced by their twins.
+    """
+    fn = getattr(helper, "py_func", helper)
+    return _twin(fn)
+
+
+@functools.cache
+def _twin(fn):
+    env = dict(fn.__globals__)
+    for name in fn.__code__.co_names:
+        value = env.get(name)
+        if isinstance(value, numba.core.registry.CPUDispatcher):
+            env[name] = device(value)
+    clone = types.FunctionType(
+        fn.__code__, env, fn.__name__, fn.__defaults__, fn.__closure__
+    )
+    clone.__doc__ = fn.__doc__
+    return cuda.jit(device=True)(clone)

@@ -1,0 +1,26 @@
+"""GPU kernels in numba's CUDA simulator, against the CPU kernels.
+
+Collected only in their own pytest invocation with ``NUMBA_ENABLE_CUDASIM=1`` (set before
+numba is imported; the simulator and real PTX compilation cannot share one process):
+
+    NUMBA_ENABLE_CUDASIM=1 python -m pytest tests/gpu/simulator
+
+Blocks are made tiny (4 threads x 2 elements) so that every row spans several blocks and the
+scans' carries between tiles are exercised.
+"""
+
+import os
+
+import pytest
+
+if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+    collect_ignore_glob = ["test_*.py"]
+else:
+
+    @pytest.fixture(autouse=True)
+    def _tiny_blocks():
+        from softorder.core.cuda import _launch
+
+        previous = _launch.configure(threads=4, items=2)
+        yield
+        _launch.configure(**previous)
