@@ -94,7 +94,7 @@ class Rule:
         rows = ctx.rows.rows
         for name, arr in residuals.items():
             if name != "order":
-                ctx.saved[name] = np.ascontiguousarray(arr).reshape(rows, arr.shape[-1])
+                ctx.saved[name] = ctx.rows.backend.contiguous(arr).reshape(rows, arr.shape[-1])
         return ctx
 
 

@@ -14,27 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from softorder import core
+from softorder._backend import NUMPY, backend_of, float_array
 
 #: where the core axes of a result go, by kind: ``row`` (n), ``targets_row`` (m, n),
 #: ``targets`` (m), ``none`` () and ``matrix`` (n, n).
 KINDS = ("row", "targets_row", "targets", "none", "matrix")
-
-
-def float_array(x, name: str) -> tuple[np.ndarray, np.dtype]:
-    """``x`` as a real array and the floating dtype results are returned in.
-
-    Integers and booleans give float64, float16 gives float16 (computed in float64).
-    Complex, object and string arrays raise ``TypeError`` naming the argument.
-    """
-    arr = np.asarray(x)
-    kind = arr.dtype.kind
-    if kind == "c":
-        raise TypeError(f"{name} must be real; got a complex array of dtype {arr.dtype}")
-    if kind not in "biuf":
-        raise TypeError(f"{name} must be a numeric array; got dtype {arr.dtype}")
-    out_dtype = arr.dtype if kind == "f" else np.dtype(np.float64)
-    return arr, out_dtype
 
 
 _SMALLEST_ALPHA = float(np.finfo(np.float64).tiny)
@@ -78,22 +62,6 @@ def check_alpha(alpha, batch_shape: tuple = ()) -> tuple[np.ndarray, tuple]:
             f"got alpha={arr[arr < _SMALLEST_ALPHA].flat[0].item()!r}"
         )
     return np.ascontiguousarray(full).reshape(-1), arr.shape
-
-
-def cast(value, dtype) -> np.ndarray:
-    """``value`` as a C-ordered array of ``dtype``; values beyond a narrow dtype's range become
-    +-inf there (as the true result would), without a warning.
-    """
-    with np.errstate(over="ignore"):
-        return np.asarray(value, dtype=dtype, order="C")
-
-
-def unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:
-    """Sum ``grad`` over the axes that broadcasting added to an argument of ``shape``."""
-    extra = grad.ndim - len(shape)
-    grad = grad.sum(axis=tuple(range(extra))) if extra > 0 else grad
-    axes = tuple(i for i, s in enumerate(shape) if s == 1 and grad.shape[i] != 1)
-    return grad.sum(axis=axes, keepdims=True) if axes else grad
 
 
 @dataclass(frozen=True)
@@ -155,6 +123,7 @@ class Rows:
     layout: Layout
     dtype: np.dtype
     sign: float
+    backend: object = NUMPY  # where the arrays live (softorder._backend)
 
     @classmethod
     def from_input(
@@ -163,20 +132,13 @@ class Rows:
         """Validate and sort ``x``; with ``order`` (its saved argsort, from a forward pass)
         the sort is skipped and the rows are only gathered.
         """
-        arr, dtype = float_array(x, name)
+        backend = backend_of(x)
+        arr, dtype = backend.float_input(x, name)
         layout = Layout.of(arr.shape, axis, name)
-        moved = np.moveaxis(arr, layout.axis, -1)
-        rows2d = moved.reshape(-1, moved.shape[-1])  # a view when possible; never written
-        if negate:
-            rows2d = np.negative(rows2d, dtype=np.float64)
-        rows2d = np.ascontiguousarray(rows2d, dtype=np.float64)
-        if order is None:
-            order = np.argsort(rows2d, axis=1)
-        else:
-            order = np.ascontiguousarray(order, dtype=np.int64).reshape(rows2d.shape)
-        xs = np.empty(rows2d.shape)
-        core.take_rows(rows2d, order, xs)  # np.take_along_axis was 8x slower at n = 1e6
-        return cls(xs, order, layout, dtype, -1.0 if negate else 1.0)
+        moved = backend.moveaxis(arr, layout.axis, -1)
+        rows2d = backend.rows_f64(moved.reshape(-1, moved.shape[-1]), negate)  # never written
+        xs, order = backend.sort_rows(rows2d, order)
+        return cls(xs, order, layout, dtype, -1.0 if negate else 1.0, backend)
 
     @property
     def batch_shape(self) -> tuple:
@@ -195,26 +157,26 @@ class Rows:
         dst, ncore = self.layout._positions(kind)
         nb = len(self.batch_shape)
         shaped = arr.reshape(self.batch_shape + arr.shape[1:])
-        moved = np.moveaxis(shaped, list(range(nb, nb + ncore)), dst)
-        return cast(moved, self.dtype if dtype is None else dtype)
+        moved = self.backend.moveaxis(shaped, list(range(nb, nb + ncore)), dst)
+        return self.backend.cast(moved, self.dtype if dtype is None else dtype)
 
     def to_core(self, value, kind: str, core_shape: tuple, name: str) -> np.ndarray:
         """A cotangent or tangent given in the caller's layout, as ``(rows, *core_shape)``
         float64; ``ValueError`` when its shape is not the shape of the result it belongs to.
         """
-        arr, _ = float_array(value, name)
+        arr, _ = self.backend.float_input(value, name)
         dst, ncore = self.layout._positions(kind)
         nb = len(self.batch_shape)
         expected = self.layout.user_shape(kind, core_shape)
-        if arr.shape != expected:
-            raise ValueError(f"{name} must have shape {expected}; got {arr.shape}")
-        moved = np.moveaxis(arr, dst, list(range(nb, nb + ncore)))
-        return np.ascontiguousarray(moved.reshape((self.rows,) + core_shape), dtype=np.float64)
+        if tuple(arr.shape) != expected:
+            raise ValueError(f"{name} must have shape {expected}; got {tuple(arr.shape)}")
+        moved = self.backend.moveaxis(arr, dst, list(range(nb, nb + ncore)))
+        return self.backend.rows_f64(moved.reshape((self.rows,) + core_shape))
 
     def grad_to_user(self, rbar: np.ndarray) -> np.ndarray:
         """Gradient in the sorted-row variable ``r = sign * x`` -> gradient in ``x``."""
         if self.sign < 0:
-            np.negative(rbar, out=rbar)  # rbar is the kernels' own output
+            self.backend.negate_(rbar)  # rbar is the kernels' own output
         return self.to_user(rbar, "row")
 
     def tangent_to_core(self, x_dot, name: str = "x tangent") -> np.ndarray:
@@ -262,7 +224,8 @@ class Targets:
             )
         m = arr.shape[-1] if multi else 1
         values = np.ascontiguousarray(full, dtype=np.float64).reshape(rows.rows, m)
-        return cls(values, np.argsort(values, axis=1), multi, arr.shape)
+        order = np.argsort(values, axis=1)
+        return cls(rows.backend.from_host(values), rows.backend.from_host(order), multi, arr.shape)
 
     @property
     def m(self) -> int:
@@ -277,17 +240,16 @@ class Targets:
     def grad_to_user(self, w_bar: np.ndarray, rows: Rows, dtype) -> np.ndarray:
         """Gradient per target ``(rows, m)`` -> gradient of the user's argument (its shape)."""
         shaped = w_bar.reshape(rows.batch_shape + ((self.m,) if self.multi else ()))
-        return cast(unbroadcast(shaped, self.shape), dtype).reshape(self.shape)
+        backend = rows.backend
+        return backend.cast(backend.unbroadcast(shaped, self.shape), dtype).reshape(self.shape)
 
     def tangent_to_core(self, value, rows: Rows, name: str) -> np.ndarray:
         """Tangent of the user's argument -> ``(rows, m)`` float64."""
-        arr, _ = float_array(value, name)
-        if arr.shape != self.shape:
-            raise ValueError(f"{name} must have shape {self.shape}; got {arr.shape}")
+        arr, _ = rows.backend.float_input(value, name)
+        if tuple(arr.shape) != self.shape:
+            raise ValueError(f"{name} must have shape {self.shape}; got {tuple(arr.shape)}")
         target_shape = rows.batch_shape + ((self.m,) if self.multi else ())
-        return np.ascontiguousarray(np.broadcast_to(arr, target_shape), dtype=np.float64).reshape(
-            rows.rows, self.m
-        )
+        return rows.backend.broadcast_f64(arr, target_shape).reshape(rows.rows, self.m)
 
 
 #: axes after the batch axes that each array argument other than the input has; ``None``: one

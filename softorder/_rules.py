@@ -12,7 +12,7 @@ import numpy as np
 
 from softorder import core
 from softorder._autodiff import Rule
-from softorder._layout import Rows, Targets, cast, check_alpha, float_array, unbroadcast
+from softorder._layout import Rows, Targets, check_alpha, float_array
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -32,47 +32,74 @@ class Context:
 
     @classmethod
     def of(cls, rows: Rows, alpha) -> Context:
-        return cls(rows, *check_alpha(alpha, rows.batch_shape))
+        per_row, alpha_shape = check_alpha(alpha, rows.batch_shape)
+        return cls(rows, rows.backend.from_host(per_row), alpha_shape)
+
+    @property
+    def backend(self):
+        return self.rows.backend
+
+    @property
+    def kernels(self):
+        """The kernels that run on this call's arrays (``softorder.core`` or its GPU twin)."""
+        return self.rows.backend.kernels
+
+    def empty(self, shape, dtype=np.float64):
+        return self.rows.backend.empty(shape, dtype)
+
+    def zeros(self, shape):
+        return self.rows.backend.zeros(shape)
 
     def work(self, width: int, length: int | None = None) -> np.ndarray:
         """Scratch for one kernel call: (rows, width, length or n)."""
-        return core.workspace(self.rows.rows, width, self.rows.n if length is None else length)
+        length = self.rows.n if length is None else length
+        return self.empty((self.rows.rows, width, max(length, 1)))
 
     def target_storage(self, m: int) -> tuple[np.ndarray, np.ndarray]:
         """Arrays (rows, m) that the forward kernels fill with each target's ``(anchor,
         offset)``; saved in the context for the gradients.
         """
         shape = (self.rows.rows, m)
-        self.saved["anchor"] = np.empty(shape, dtype=np.int64)
-        self.saved["offset"] = np.empty(shape)
+        self.saved["anchor"] = self.empty(shape, np.int64)
+        self.saved["offset"] = self.empty(shape)
         return self.saved["anchor"], self.saved["offset"]
 
     def scalar(self, value) -> np.floating:
-        return cast(value, self.rows.dtype)[()]
+        return self.backend.cast(value, self.rows.dtype)[()]
 
     def alpha_grad(self, alpha_bar: np.ndarray) -> np.ndarray:
         """Per-row gradient of alpha -> gradient of the caller's alpha (its shape)."""
         shaped = alpha_bar.reshape(self.rows.batch_shape)
-        reduced = unbroadcast(shaped, self.alpha_shape).reshape(self.alpha_shape)
-        return cast(reduced, self.rows.dtype)[()]
+        reduced = self.backend.unbroadcast(shaped, self.alpha_shape).reshape(self.alpha_shape)
+        return self.backend.cast(reduced, self.rows.dtype)[()]
 
     def alpha_tangent(self, tangents: dict) -> np.ndarray:
         """The tangent of alpha once per row, as the kernels take it (0 when absent)."""
         if "alpha" not in tangents:
-            return np.zeros(self.rows.rows)
-        arr, _ = float_array(tangents["alpha"], "tangent of alpha")
-        if arr.shape != self.alpha_shape:
+            return self.zeros(self.rows.rows)
+        arr, _ = self.backend.float_input(tangents["alpha"], "tangent of alpha")
+        if tuple(arr.shape) != self.alpha_shape:
             raise ValueError(
-                f"the tangent of alpha must have alpha's shape {self.alpha_shape}; got {arr.shape}"
+                f"the tangent of alpha must have alpha's shape {self.alpha_shape}; "
+                f"got {tuple(arr.shape)}"
             )
-        full = np.broadcast_to(arr.astype(np.float64), self.rows.batch_shape)
-        return np.ascontiguousarray(full).reshape(-1)
+        return self.backend.broadcast_f64(arr, self.rows.batch_shape).reshape(-1)
+
+
+def _targets_to_user(ctx: Context, out, kind: str):
+    """A (rows, m, ...) result of per-row targets in the caller's layout: with one target per
+    row (no trailing axis in the argument) the m axis goes.
+    """
+    targets, rows = ctx.params["targets"], ctx.rows
+    if not targets.multi:
+        out = out.reshape((rows.rows,) + tuple(out.shape[2:]))  # m == 1: a contiguous reshape
+    return rows.to_user(out, kind)
 
 
 def _x_tangent(tangents: dict, rows: Rows, name: str = "x") -> np.ndarray:
     if name in tangents:
         return rows.tangent_to_core(tangents[name], f"tangent of {name}")
-    return np.zeros(rows.xs.shape)
+    return rows.backend.zeros(rows.xs.shape)
 
 
 class RankRule(Rule):
@@ -90,9 +117,9 @@ class RankRule(Rule):
 
     def forward(self, ctx):
         rows = ctx.rows
-        out = np.empty(rows.xs.shape)
-        ctx.saved["decay"] = np.empty(rows.xs.shape)
-        core.rank_forward(
+        out = ctx.empty(rows.xs.shape)
+        ctx.saved["decay"] = ctx.empty(rows.xs.shape)
+        ctx.kernels.rank_forward(
             rows.xs,
             rows.order,
             ctx.alpha,
@@ -105,9 +132,9 @@ class RankRule(Rule):
     def vjp(self, ctx, cotangent):
         rows = ctx.rows
         v = rows.to_core(cotangent, "row", (rows.n,), "cotangent")
-        x_bar = np.empty(rows.xs.shape)
-        alpha_bar = np.empty(rows.rows)
-        core.rank_vjp(
+        x_bar = ctx.empty(rows.xs.shape)
+        alpha_bar = ctx.empty(rows.rows)
+        ctx.kernels.rank_vjp(
             rows.xs,
             rows.order,
             ctx.alpha,
@@ -121,8 +148,8 @@ class RankRule(Rule):
 
     def jvp(self, ctx, tangents):
         rows = ctx.rows
-        out = np.empty(rows.xs.shape)
-        core.rank_jvp(
+        out = ctx.empty(rows.xs.shape)
+        ctx.kernels.rank_jvp(
             rows.xs,
             rows.order,
             ctx.alpha,
@@ -144,19 +171,19 @@ class InverseRule(Rule):
 
     def _forward_targets(self, ctx, w, worder):
         rows = ctx.rows
-        out = np.empty(w.shape)
+        out = ctx.empty(w.shape)
         anchor, offset = ctx.target_storage(w.shape[1])
-        core.inverse_kernel(
+        ctx.kernels.inverse_kernel(
             rows.xs, ctx.alpha, w, worder, out, anchor, offset, ctx.work(core.lapsum.TABLES)
         )
         return out
 
     def _pullback(self, ctx, u):
         rows, s = ctx.rows, ctx.saved
-        x_bar = np.empty(rows.xs.shape)
-        w_bar = np.empty(u.shape)
-        alpha_bar = np.empty(rows.rows)
-        core.inverse_vjp(
+        x_bar = ctx.empty(rows.xs.shape)
+        w_bar = ctx.empty(u.shape)
+        alpha_bar = ctx.empty(rows.rows)
+        ctx.kernels.inverse_vjp(
             rows.xs,
             rows.order,
             ctx.alpha,
@@ -174,8 +201,8 @@ class InverseRule(Rule):
 
     def _pushforward(self, ctx, tangents, w_dot):
         rows, s = ctx.rows, ctx.saved
-        out = np.empty(w_dot.shape)
-        core.inverse_jvp(
+        out = ctx.empty(w_dot.shape)
+        ctx.kernels.inverse_jvp(
             rows.xs,
             rows.order,
             ctx.alpha,
@@ -206,24 +233,24 @@ class SortRule(InverseRule):
         return layout.n
 
     def _target_order(self, ctx):
-        return np.broadcast_to(np.arange(ctx.rows.n), ctx.rows.xs.shape).copy()
+        return ctx.backend.tile_rows(np.arange(ctx.rows.n), ctx.rows.rows)
 
     def forward(self, ctx):
         rows = ctx.rows
-        w = np.broadcast_to(np.arange(rows.n) + 0.5, rows.xs.shape).copy()
+        w = ctx.backend.tile_rows(np.arange(rows.n) + 0.5, rows.rows)
         out = self._forward_targets(ctx, w, self._target_order(ctx))
-        return rows.to_user(out * rows.sign, "row")
+        return rows.to_user(ctx.backend.scale(out, rows.sign), "row")
 
     def vjp(self, ctx, cotangent):
         rows = ctx.rows
-        u = rows.to_core(cotangent, "row", (rows.n,), "cotangent") * rows.sign
+        u = ctx.backend.scale(rows.to_core(cotangent, "row", (rows.n,), "cotangent"), rows.sign)
         x_bar, _, alpha_bar = self._pullback(ctx, u)
         return rows.grad_to_user(x_bar), ctx.alpha_grad(alpha_bar)
 
     def jvp(self, ctx, tangents):
         rows = ctx.rows
-        out = self._pushforward(ctx, tangents, np.zeros(rows.xs.shape))
-        return rows.to_user(out * rows.sign, "row")
+        out = self._pushforward(ctx, tangents, ctx.zeros(rows.xs.shape))
+        return rows.to_user(ctx.backend.scale(out, rows.sign), "row")
 
 
 class QuantileRule(InverseRule):
@@ -250,8 +277,9 @@ class QuantileRule(InverseRule):
 
     def forward(self, ctx):
         targets = ctx.params["targets"]
-        out = self._forward_targets(ctx, targets.values * ctx.rows.n, self._target_order(ctx))
-        return ctx.rows.to_user(out if targets.multi else out[:, 0], self._kind(ctx))
+        w = ctx.backend.scale(targets.values, ctx.rows.n)
+        out = self._forward_targets(ctx, w, self._target_order(ctx))
+        return _targets_to_user(ctx, out, self._kind(ctx))
 
     def _cotangent(self, ctx, cotangent):
         rows, targets = ctx.rows, ctx.params["targets"]
@@ -263,18 +291,17 @@ class QuantileRule(InverseRule):
     def vjp(self, ctx, cotangent):
         rows, targets = ctx.rows, ctx.params["targets"]
         x_bar, w_bar, alpha_bar = self._pullback(ctx, self._cotangent(ctx, cotangent))
-        q_bar = targets.grad_to_user(w_bar * rows.n, rows, rows.dtype)
+        q_bar = targets.grad_to_user(ctx.backend.scale(w_bar, rows.n), rows, rows.dtype)
         return rows.grad_to_user(x_bar), q_bar, ctx.alpha_grad(alpha_bar)
 
     def jvp(self, ctx, tangents):
         rows, targets = ctx.rows, ctx.params["targets"]
         w_dot = (
-            targets.tangent_to_core(tangents["q"], rows, "tangent of q") * rows.n
+            ctx.backend.scale(targets.tangent_to_core(tangents["q"], rows, "tangent of q"), rows.n)
             if "q" in tangents
-            else np.zeros(targets.values.shape)
+            else ctx.zeros(targets.values.shape)
         )
-        out = self._pushforward(ctx, tangents, w_dot)
-        return rows.to_user(out if targets.multi else out[:, 0], self._kind(ctx))
+        return _targets_to_user(ctx, self._pushforward(ctx, tangents, w_dot), self._kind(ctx))
 
 
 class TopKRule(Rule):
@@ -301,14 +328,11 @@ class TopKRule(Rule):
     def _kind(self, ctx):
         return "targets_row" if ctx.params["targets"].multi else "row"
 
-    def _to_user(self, ctx, out):
-        return ctx.rows.to_user(out if ctx.params["targets"].multi else out[:, 0], self._kind(ctx))
-
     def forward(self, ctx):
         rows, targets = ctx.rows, ctx.params["targets"]
-        out = np.empty((rows.rows, targets.m, rows.n))
+        out = ctx.empty((rows.rows, targets.m, rows.n))
         anchor, offset = ctx.target_storage(targets.m)
-        core.topk_forward(
+        ctx.kernels.topk_forward(
             rows.xs,
             rows.order,
             ctx.alpha,
@@ -320,7 +344,7 @@ class TopKRule(Rule):
             offset,
             ctx.work(core.topk.FORWARD_WORK),
         )
-        return self._to_user(ctx, out)
+        return _targets_to_user(ctx, out, self._kind(ctx))
 
     def vjp(self, ctx, cotangent):
         rows, targets, s = ctx.rows, ctx.params["targets"], ctx.saved
@@ -328,10 +352,10 @@ class TopKRule(Rule):
         v = rows.to_core(cotangent, self._kind(ctx), core_shape, "cotangent").reshape(
             rows.rows, targets.m, rows.n
         )
-        x_bar = np.empty(rows.xs.shape)
-        w_bar = np.empty((rows.rows, targets.m))
-        alpha_bar = np.empty(rows.rows)
-        core.topk_vjp(
+        x_bar = ctx.empty(rows.xs.shape)
+        w_bar = ctx.empty((rows.rows, targets.m))
+        alpha_bar = ctx.empty(rows.rows)
+        ctx.kernels.topk_vjp(
             rows.xs,
             rows.order,
             ctx.alpha,
@@ -352,10 +376,10 @@ class TopKRule(Rule):
         w_dot = (
             targets.tangent_to_core(tangents["k"], rows, "tangent of k")
             if "k" in tangents
-            else np.zeros(targets.values.shape)
+            else ctx.zeros(targets.values.shape)
         )
-        out = np.empty((rows.rows, targets.m, rows.n))
-        core.topk_jvp(
+        out = ctx.empty((rows.rows, targets.m, rows.n))
+        ctx.kernels.topk_jvp(
             rows.xs,
             rows.order,
             ctx.alpha,
@@ -368,7 +392,7 @@ class TopKRule(Rule):
             out,
             ctx.work(core.topk.GRADIENT_WORK),
         )
-        return self._to_user(ctx, out)
+        return _targets_to_user(ctx, out, self._kind(ctx))
 
 
 class PermutationRule(Rule):
@@ -386,9 +410,9 @@ class PermutationRule(Rule):
 
     def forward(self, ctx):
         rows = ctx.rows
-        out = np.empty((rows.rows, rows.n, rows.n))
+        out = ctx.empty((rows.rows, rows.n, rows.n))
         anchor, offset = ctx.target_storage(rows.n - 1)
-        core.permutation_forward(
+        ctx.kernels.permutation_forward(
             rows.xs,
             rows.order,
             ctx.alpha,
@@ -403,9 +427,9 @@ class PermutationRule(Rule):
     def vjp(self, ctx, cotangent):
         rows, s = ctx.rows, ctx.saved
         V = rows.to_core(cotangent, "matrix", (rows.n, rows.n), "cotangent")
-        x_bar = np.empty(rows.xs.shape)
-        alpha_bar = np.empty(rows.rows)
-        core.permutation_vjp(
+        x_bar = ctx.empty(rows.xs.shape)
+        alpha_bar = ctx.empty(rows.rows)
+        ctx.kernels.permutation_vjp(
             rows.xs,
             rows.order,
             ctx.alpha,
@@ -422,8 +446,8 @@ class PermutationRule(Rule):
 
     def jvp(self, ctx, tangents):
         rows, s = ctx.rows, ctx.saved
-        out = np.empty((rows.rows, rows.n, rows.n))
-        core.permutation_jvp(
+        out = ctx.empty((rows.rows, rows.n, rows.n))
+        ctx.kernels.permutation_jvp(
             rows.xs,
             rows.order,
             ctx.alpha,
@@ -442,7 +466,7 @@ class PermutationRule(Rule):
 def _boundary_targets(rows: Rows) -> tuple[np.ndarray, np.ndarray]:
     """Targets ``w = 1..n-1`` of the permutation boundaries and their (sorted) order."""
     m = rows.n - 1
-    return np.arange(1.0, m + 1.0), np.arange(m)
+    return rows.backend.from_host(np.arange(1.0, m + 1.0)), rows.backend.from_host(np.arange(m))
 
 
 class LossRule(Rule):
@@ -462,22 +486,24 @@ class LossRule(Rule):
         rows, reduction = ctx.rows, ctx.params["reduction"]
         if reduction == "none":
             return rows.to_user(per_row, "none")
-        total = per_row.sum()
+        total = ctx.backend.total(per_row)
         if reduction == "sum":
             return ctx.scalar(total)
-        return ctx.scalar(total / rows.rows if rows.rows else np.nan)  # mean of nothing: NaN
+        # the mean of nothing is NaN
+        return ctx.scalar(ctx.backend.scale(total, 1.0 / rows.rows) if rows.rows else np.nan)
 
     def _row_cotangent(self, ctx, cotangent):
         rows, reduction = ctx.rows, ctx.params["reduction"]
         if reduction == "none":
             return rows.to_core(cotangent, "none", (), "cotangent")
-        arr, _ = float_array(cotangent, "cotangent")
-        if arr.shape != ():
+        arr, _ = ctx.backend.float_input(cotangent, "cotangent")
+        if tuple(arr.shape) != ():
             raise ValueError(
-                f"cotangent must be a scalar for reduction={reduction!r}; got shape {arr.shape}"
+                f"cotangent must be a scalar for reduction={reduction!r}; "
+                f"got shape {tuple(arr.shape)}"
             )
         scale = 1.0 / max(rows.rows, 1) if reduction == "mean" else 1.0
-        return np.full(rows.rows, float(arr) * scale)
+        return ctx.backend.broadcast_f64(ctx.backend.scale(arr, scale), (rows.rows,))
 
     def _row_gradients(self, ctx, cot):  # pragma: no cover - interface
         raise NotImplementedError
@@ -488,10 +514,10 @@ class LossRule(Rule):
 
     def jvp(self, ctx, tangents):
         rows = ctx.rows
-        x_bar, alpha_bar = self._row_gradients(ctx, np.ones(rows.rows))
+        x_bar, alpha_bar = self._row_gradients(ctx, ctx.backend.full(rows.rows, 1.0))
         x_name = self.differentiable[0]
-        per_row = (x_bar * _x_tangent(tangents, rows, x_name)).sum(axis=1)
-        per_row += alpha_bar * ctx.alpha_tangent(tangents)
+        per_row = ctx.backend.row_dots(x_bar, _x_tangent(tangents, rows, x_name))
+        ctx.backend.add_product(per_row, alpha_bar, ctx.alpha_tangent(tangents))
         return self._reduce(ctx, per_row)
 
 
@@ -548,20 +574,22 @@ class TopKCrossEntropyRule(LossRule):
         ctx = Context.of(rows, alpha)
         n = rows.n
         ctx.params["reduction"] = self._reduction(reduction)
-        ctx.params["labels"] = _labels_in_rows(labels, rows, "labels", 0, n - 1, ())
+        ctx.params["labels"] = rows.backend.from_host(
+            _labels_in_rows(labels, rows, "labels", 0, n - 1, ())
+        )
         pk = check_p_k(p_k, rows.batch_shape, n)
         pk = pk.reshape(rows.rows, pk.shape[-1])
         with np.errstate(divide="ignore"):
-            ctx.params["log_pk"] = np.log(pk)
-        ctx.params["pk1"] = np.ascontiguousarray(pk[:, 0])
+            ctx.params["log_pk"] = rows.backend.from_host(np.log(pk))
+        ctx.params["pk1"] = rows.backend.from_host(np.ascontiguousarray(pk[:, 0]))
         ctx.params["split"] = bool(split_top1)
         return ctx
 
     def forward(self, ctx):
         rows, p = ctx.rows, ctx.params
-        per_row = np.empty(rows.rows)
+        per_row = ctx.empty(rows.rows)
         anchor, offset = ctx.target_storage(p["log_pk"].shape[1])
-        core.topk_loss_forward(
+        ctx.kernels.topk_loss_forward(
             rows.xs,
             rows.order,
             ctx.alpha,
@@ -581,9 +609,9 @@ class TopKCrossEntropyRule(LossRule):
 
     def _row_gradients(self, ctx, cot):
         rows, p, s = ctx.rows, ctx.params, ctx.saved
-        x_bar = np.empty(rows.xs.shape)
-        alpha_bar = np.empty(rows.rows)
-        core.topk_loss_vjp(
+        x_bar = ctx.empty(rows.xs.shape)
+        alpha_bar = ctx.empty(rows.rows)
+        ctx.kernels.topk_loss_vjp(
             rows.xs,
             rows.order,
             ctx.alpha,
@@ -608,8 +636,8 @@ class PermutationCrossEntropyRule(LossRule):
         rows = Rows.from_input(x, -1, negate=descending, order=order)
         ctx = Context.of(rows, alpha)
         ctx.params["reduction"] = self._reduction(reduction)
-        ctx.params["target"] = _labels_in_rows(
-            target_ranks, rows, "target_ranks", 1, rows.n, (rows.n,)
+        ctx.params["target"] = rows.backend.from_host(
+            _labels_in_rows(target_ranks, rows, "target_ranks", 1, rows.n, (rows.n,))
         )
         return ctx
 
@@ -618,9 +646,9 @@ class PermutationCrossEntropyRule(LossRule):
 
     def forward(self, ctx):
         rows = ctx.rows
-        per_row = np.empty(rows.rows)
+        per_row = ctx.empty(rows.rows)
         anchor, offset = ctx.target_storage(rows.n - 1)
-        core.permutation_loss_forward(
+        ctx.kernels.permutation_loss_forward(
             rows.xs,
             rows.order,
             ctx.alpha,
@@ -635,9 +663,9 @@ class PermutationCrossEntropyRule(LossRule):
 
     def _row_gradients(self, ctx, cot):
         rows, s = ctx.rows, ctx.saved
-        x_bar = np.empty(rows.xs.shape)
-        alpha_bar = np.empty(rows.rows)
-        core.permutation_loss_vjp(
+        x_bar = ctx.empty(rows.xs.shape)
+        alpha_bar = ctx.empty(rows.rows)
+        ctx.kernels.permutation_loss_vjp(
             rows.xs,
             rows.order,
             ctx.alpha,

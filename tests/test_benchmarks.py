@@ -106,3 +106,13 @@ def test_asv_check():
         timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_gpu_benchmark_script_runs_on_cpu_tensors():
+    """benchmarks/bench_gpu.py is for a GPU machine; ``--device cpu`` runs its harness here."""
+    import runpy
+
+    module = runpy.run_path(str(ASV_DIR.parent / "benchmarks" / "bench_gpu.py"))
+    rows = module["main"](["--device", "cpu", "--quick", "--repeats", "1"])
+    assert [r["shape"] for r in rows] == ["64 x 100", "1 x 1e4"]
+    assert all(t > 0 for r in rows for k, t in r.items() if k != "shape")

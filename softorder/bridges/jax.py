@@ -59,6 +59,7 @@ from numpy.typing import ArrayLike
 from softorder import core
 from softorder import operations as _ops
 from softorder._autodiff import _bind
+from softorder._backend import NUMPY
 from softorder._layout import Layout, Targets, axes_after_leading, check_alpha, float_array
 from softorder._rules import _labels_in_rows, check_p_k
 
@@ -243,7 +244,9 @@ def _placeholder(value, fill) -> np.ndarray:
 def _check(name: str, value, layout: Layout) -> None:
     """Raise the NumPy API's error for a bad array argument other than the input."""
     n, batch_shape = layout.n, layout.batch_shape
-    rows = types.SimpleNamespace(batch_shape=batch_shape, rows=int(np.prod(batch_shape)))
+    rows = types.SimpleNamespace(
+        batch_shape=batch_shape, rows=int(np.prod(batch_shape)), backend=NUMPY
+    )
     fills = {
         "alpha": 1.0,
         "k": n / 2.0,

@@ -35,8 +35,12 @@ How it plugs into PyTorch:
 - Threads: importing this module makes the numba kernels run on the calling thread
   (:func:`softorder.core.set_parallel`), because PyTorch's and numba's OpenMP thread pools
   slowed each other several-fold when both were active; ``core.set_parallel(True)`` undoes it.
-- Devices: CPU. CUDA tensors raise :class:`NotImplementedError` until the GPU kernels exist;
-  there is no silent copy to the host (see :func:`_backend_for`).
+- Devices: CPU tensors run the numba CPU kernels on NumPy views; CUDA tensors stay on their
+  device and run the numba-cuda kernels (:mod:`softorder.core.cuda`) on
+  ``torch.cuda.current_stream()``, sorted by ``torch.sort``, with temporaries from PyTorch's
+  caching allocator (:mod:`softorder.bridges._torch_device`; needs ``numba-cuda``). Only the
+  small arguments the rules validate (``alpha``, ``k``, ``q``, labels, ``p_k``) are read on
+  the host. Other devices raise :class:`NotImplementedError`.
 """
 
 from __future__ import annotations
@@ -110,7 +114,10 @@ def _arguments(spec: str, tensors) -> tuple[Rule, tuple, dict]:
     tensors as they are (real tensors become NumPy views, fake ones stay for their shapes).
     """
     rule, names, statics = _decode(spec)
-    values = [_as_numpy(t) if _is_real(t) else t for t in tensors]
+    values = [
+        _as_array(t, on_device=name == rule.input_name) if _is_real(t) else t
+        for name, t in zip(names, tensors, strict=True)
+    ]
     return rule, names, {**statics, **dict(zip(names, values, strict=True))}
 
 
@@ -118,20 +125,37 @@ def _is_real(t: Tensor) -> bool:
     return not isinstance(t, torch._subclasses.FakeTensor) and t.device.type != "meta"
 
 
-def _as_numpy(t: Tensor) -> np.ndarray:
-    """A NumPy view of CPU memory (read only by the rules). Under torch.func transforms the
-    tensors that reach backward/jvp are wrapped once per transform level; a copy through a
-    custom operator gives the plain values.
+#: device types whose tensors the rules take as they are (softorder.bridges._torch_device);
+#: CPU tensors reach the rules as NumPy views
+_ON_DEVICE = {"cuda"}
+
+
+def _as_array(t: Tensor, on_device: bool = True):
+    """What the rules read: a NumPy view of CPU memory; a GPU tensor as it is when
+    ``on_device`` (the input, cotangents, tangents, residuals), copied to the host otherwise
+    (the small arguments the rules validate there). Under torch.func transforms the tensors
+    that reach backward/jvp are wrapped once per transform level; a copy through a custom
+    operator gives the plain values.
     """
     if _functorch.is_functorch_wrapped_tensor(t):
         t = _plain_copy(t)  # the dispatcher unwraps every level on the way in
-    return t.detach().numpy()
+    t = t.detach()
+    if t.device.type not in _ON_DEVICE:
+        return t.numpy()
+    return t if on_device else t.cpu().numpy()
 
 
 def _as_tensor(arr, dtype: torch.dtype | None = None) -> Tensor:
+    if isinstance(arr, Tensor):  # computed on the device
+        return arr if dtype is None else arr.to(dtype)
     arr = np.asarray(arr)  # (not ascontiguousarray: it makes 0-d results 1-d)
     out = torch.from_numpy(arr if arr.flags.c_contiguous else arr.copy())
     return out if dtype is None else out.to(dtype)
+
+
+def _gradient(grad, like: Tensor) -> Tensor:
+    """A gradient from the rules as a tensor of its argument's dtype and device."""
+    return _as_tensor(grad, like.dtype).to(like.device)
 
 
 # --- the three custom operators -------------------------------------------------------------
@@ -161,7 +185,7 @@ def _(spec, tensors):
 
 def _restore(spec: str, tensors, residuals):
     rule, names, arguments = _arguments(spec, tensors)
-    saved = dict(zip(rule.residual_names, map(_as_numpy, residuals), strict=True))
+    saved = dict(zip(rule.residual_names, map(_as_array, residuals), strict=True))
     return rule, names, rule.restore(arguments, saved)
 
 
@@ -175,10 +199,9 @@ def _backward_op(
     spec: str, tensors: list[Tensor], residuals: list[Tensor], cotangent: Tensor
 ) -> list[Tensor]:
     rule, names, ctx = _restore(spec, tensors, residuals)
-    grads = dict(zip(rule.differentiable, rule.vjp(ctx, _as_numpy(cotangent)), strict=True))
+    grads = dict(zip(rule.differentiable, rule.vjp(ctx, _as_array(cotangent)), strict=True))
     return [
-        _as_tensor(grads[name], tensors[names.index(name)].dtype)
-        for name in _differentiable(rule, names)
+        _gradient(grads[name], tensors[names.index(name)]) for name in _differentiable(rule, names)
     ]
 
 
@@ -198,7 +221,7 @@ def _pushforward_op(
     like: Tensor,
 ) -> Tensor:
     rule, _, ctx = _restore(spec, tensors, residuals)
-    tangent_of = dict(zip(ast.literal_eval(tangent_names), map(_as_numpy, tangents), strict=True))
+    tangent_of = dict(zip(ast.literal_eval(tangent_names), map(_as_array, tangents), strict=True))
     return _as_tensor(rule.jvp(ctx, tangent_of), like.dtype)
 
 
@@ -295,7 +318,11 @@ class _Call:
         return [_as_tensor(a) for a in self.rule.residuals(self.ctx).values()]
 
     def arguments(self, tensors) -> dict:
-        return {**self.statics, **dict(zip(self.names, map(_as_numpy, tensors), strict=True))}
+        values = (
+            _as_array(t, on_device=name == self.rule.input_name)
+            for name, t in zip(self.names, tensors, strict=True)
+        )
+        return {**self.statics, **dict(zip(self.names, values, strict=True))}
 
 
 def _refuse_batched(*tensors) -> None:
@@ -378,10 +405,10 @@ class _Operation(torch.autograd.Function):
         else:
 
             def gradients():
-                values = call.rule.vjp(call.ctx, _as_numpy(cotangent))
+                values = call.rule.vjp(call.ctx, _as_array(cotangent))
                 grads = dict(zip(call.rule.differentiable, values, strict=True))
                 wanted = _differentiable(call.rule, call.names)
-                return [_as_tensor(grads[n], tensors[call.names.index(n)].dtype) for n in wanted]
+                return [_gradient(grads[n], tensors[call.names.index(n)]) for n in wanted]
 
         return None, *_select(call.spec, ctx.needs_input_grad[1:], gradients)
 
@@ -403,7 +430,7 @@ class _Operation(torch.autograd.Function):
                 _detached(t for _, t in given),
                 ctx.like,
             )
-        tangent_of = {name: _as_numpy(t) for name, t in given}
+        tangent_of = {name: _as_array(t) for name, t in given}
         return _as_tensor(call.rule.jvp(call.ctx, tangent_of), ctx.like.dtype)
 
 
@@ -411,15 +438,25 @@ class _Operation(torch.autograd.Function):
 
 
 def _backend_for(device: torch.device) -> None:
-    """The seam for device kernels: CPU tensors run the numba CPU kernels; other devices raise
-    until their kernels exist (no silent copy to the host).
+    """Check that tensors of ``device`` can be computed on: CPU tensors run the numba CPU
+    kernels, CUDA tensors the numba-cuda kernels (:mod:`softorder.bridges._torch_device`);
+    other devices raise (there is no silent copy to the host).
     """
-    if device.type != "cpu":
+    if device.type == "cpu":
+        return
+    if device.type != "cuda":
         raise NotImplementedError(
-            f"softorder has no kernels for {device.type} tensors yet (GPU kernels are planned); "
-            "move the input to the CPU explicitly, e.g. x.cpu(), if a host round trip is "
-            "acceptable"
+            f"softorder has no kernels for {device.type} tensors; move the input to the CPU "
+            "explicitly, e.g. x.cpu(), if a host round trip is acceptable"
         )
+    try:
+        from softorder.bridges import _torch_device
+    except ImportError as error:  # pragma: no cover - depends on the installation
+        raise ImportError(
+            "softorder's CUDA kernels need the numba-cuda package: "
+            'pip install "softorder[cuda]" (or "numba-cuda[cu12]" / "numba-cuda[cu13]")'
+        ) from error
+    _torch_device.backend_for(device)
 
 
 def _check_input(x, name: str) -> Tensor:

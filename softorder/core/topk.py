@@ -16,7 +16,7 @@ import math
 import numpy as np
 from numba import prange
 
-from softorder.core._jit import helper, kernel
+from softorder.core._jit import helper, inner_helper, kernel
 from softorder.core.laplace import INF, cdf, hazard, log_cdf, offset_z, rel_weight, shifted_hazard
 from softorder.core.lapsum import (
     TABLES,
@@ -64,6 +64,31 @@ def topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work):
 
 
 @helper
+def target_scales(r, inv_alpha, A, B, Ad, Bd, anchor, t, log):
+    """The per-target factors of :func:`target_terms`: ``(shift, 1 / G, db/dalpha, common)``
+    (``1 / G`` is 0 for a target at infinite distance, where ``G == 0``).
+    """
+    shift, G, Z = target_sums(r, inv_alpha, A, B, Ad, Bd, anchor, t)
+    inv_g = 1.0 / G if G > 0.0 else 0.0
+    common = 2.0 * math.exp(shift) * inv_g if log and G > 0.0 else 0.0
+    return shift, inv_g, Z * inv_g, common
+
+
+@inner_helper
+def element_terms(z, shift, inv_g, inv_alpha, log):
+    """``(kappa, omega, kappa_k)`` of one element at distance ``z`` from a target with factors
+    ``shift``, ``inv_g`` (:func:`target_scales`); all 0 at infinite ``z`` or ``inv_g == 0``
+    (``G >= 1`` otherwise: the nearest point weighs 1).
+    """
+    if abs(z) == INF or inv_g == 0.0:
+        return 0.0, 0.0, 0.0
+    omega = rel_weight(z, shift) * inv_g
+    if log:
+        return hazard(z) * inv_alpha, omega, 2.0 * shifted_hazard(z, shift) * inv_g
+    return 0.5 * math.exp(-abs(z)) * inv_alpha, omega, omega
+
+
+@helper
 def target_terms(r, alpha, tables, anchor, t, log, z, kappa, omega, kappa_k):
     """Per element of one target: ``z``, ``kappa = h'(z) / alpha``, ``omega = db/dr_i`` and
     ``kappa_k = kappa * db/dk`` (all 0 at infinite z); returns ``(db/dalpha, common)``.
@@ -77,26 +102,13 @@ def target_terms(r, alpha, tables, anchor, t, log, z, kappa, omega, kappa_k):
     E, A, B, Ad, Bd, S = tables
     n = r.shape[0]
     inv_alpha = 1.0 / alpha
-    shift, G, Z = target_sums(r, inv_alpha, A, B, Ad, Bd, anchor, t)
+    shift, inv_g, zg, common = target_scales(r, inv_alpha, A, B, Ad, Bd, anchor, t, log)
     ra = r[anchor]
-    inv_g = 1.0 / G if G > 0.0 else 0.0
     for i in range(n):
         zi = offset_z(ra, r[i], inv_alpha, t)
         z[i] = zi
-        if abs(zi) == INF or G == 0.0:
-            kappa[i] = 0.0
-            omega[i] = 0.0
-            kappa_k[i] = 0.0
-            continue
-        omega[i] = rel_weight(zi, shift) * inv_g
-        if log:
-            kappa[i] = hazard(zi) * inv_alpha
-            kappa_k[i] = 2.0 * shifted_hazard(zi, shift) * inv_g
-        else:
-            kappa[i] = 0.5 * math.exp(-abs(zi)) * inv_alpha
-            kappa_k[i] = omega[i]
-    common = 2.0 * math.exp(shift) * inv_g if log and G > 0.0 else 0.0
-    return Z * inv_g, common
+        kappa[i], omega[i], kappa_k[i] = element_terms(zi, shift, inv_g, inv_alpha, log)
+    return zg, common
 
 
 @kernel

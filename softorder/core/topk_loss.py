@@ -53,13 +53,25 @@ def _softmax_ce(r, iy):
     """
     n = r.shape[0]
     if r[0] == -INF:
+        count = 0
+        if r[iy] == -INF:
+            while count < n and r[count] == -INF:
+                count += 1
+        return _softmax_ce_of(r, iy, -r[0], float(count))
+    top, total = _softmax_normaliser(r)
+    return _softmax_ce_of(r, iy, top, total)
+
+
+@helper
+def _softmax_ce_of(r, iy, top, total):
+    """:func:`_softmax_ce` from the row's normaliser ``(top, total)`` of
+    :func:`_softmax_normaliser`; for a row with +inf logits ``total`` is their count instead
+    (``top`` unused).
+    """
+    if r[0] == -INF:
         if r[iy] != -INF:
             return INF
-        count = 0
-        while count < n and r[count] == -INF:
-            count += 1
-        return math.log(count)
-    top, total = _softmax_normaliser(r)
+        return math.log(total)
     return top + math.log(total) + r[iy]
 
 

@@ -5,8 +5,8 @@
   that a row spans several blocks).
 * Every launch goes on the stream set by :func:`on_stream` (the PyTorch bridge passes
   ``torch.cuda.current_stream()``), the default stream otherwise.
-* Temporaries come from :func:`empty`, whose allocator a bridge can replace
-  (:func:`set_allocator`) so that they come from its caching allocator.
+* Temporaries come from :func:`empty`: from the allocator given to :func:`on_stream` (the
+  PyTorch bridge gives its caching allocator), from numba's otherwise.
 * :func:`device` compiles a CPU helper of :mod:`softorder.core` again as a CUDA device
   function: the scalar mathematics (Laplace CDFs, the closed-form inverse, the derivative sums
   of a target) is written once and runs on both targets.
@@ -67,17 +67,20 @@ def tiles(n: int) -> int:
 
 
 @contextlib.contextmanager
-def on_stream(stream):
-    """Launch every kernel inside the block on ``stream`` (a numba stream)."""
-    previous = getattr(_state, "stream", 0)
-    _state.stream = stream
+def on_stream(stream, allocate=None):
+    """Launch every kernel inside the block on ``stream`` (a numba stream), and take
+    temporaries from ``allocate(shape, dtype)`` when given (see :func:`empty`).
+    """
+    previous = (stream_(), getattr(_state, "allocate", None))
+    _state.stream, _state.allocate = stream, allocate
     try:
         yield
     finally:
-        _state.stream = previous
+        _state.stream, _state.allocate = previous
 
 
-def stream():
+def stream_():
+    """The stream kernels launch on now (0: the default stream)."""
     return getattr(_state, "stream", 0)
 
 
@@ -86,14 +89,14 @@ def for_each(kernel, total: int, *args) -> None:
     if total <= 0:
         return
     block = _config["threads"]
-    kernel[-(-total // block), block, stream()](*args)
+    kernel[-(-total // block), block, stream_()](*args)
 
 
 def per_tile(kernel, rows: int, n: int, *args) -> None:
     """Launch ``kernel`` with one block per (tile, row): grid ``(tiles(n), rows)``."""
     if rows <= 0 or n <= 0:
         return
-    kernel[(tiles(n), rows), _config["threads"], stream()](*args)
+    kernel[(tiles(n), rows), _config["threads"], stream_()](*args)
 
 
 def as_device(obj):
@@ -110,30 +113,42 @@ def as_device(obj):
         if hasattr(obj, "numpy"):  # a CPU tensor
             obj = obj.detach().numpy()
         return FakeCUDAArray(np.asarray(obj))
-    if cuda.is_cuda_array(obj) and not isinstance(obj, cuda.devicearray.DeviceNDArray):
+    if isinstance(obj, cuda.devicearray.DeviceNDArray):
+        return obj
+    if cuda.is_cuda_array(obj):
         return cuda.as_cuda_array(obj, sync=False)
-    return obj
-
-
-def _numba_empty(shape, dtype):
-    return cuda.device_array(shape, dtype=dtype, stream=stream())
-
-
-_allocator = [_numba_empty]
-
-
-def set_allocator(allocate):
-    """Use ``allocate(shape, dtype) -> device array-like`` for temporaries; returns the
-    previous allocator. ``None`` restores numba's.
-    """
-    previous = _allocator[0]
-    _allocator[0] = _numba_empty if allocate is None else allocate
-    return previous
+    raise TypeError(
+        "expected a device array (an object with __cuda_array_interface__); "
+        f"got {type(obj).__name__}: host arrays go to the CPU kernels of softorder.core"
+    )
 
 
 def empty(shape, dtype=np.float64):
-    """An uninitialized device array for a temporary of one call."""
-    return as_device(_allocator[0](tuple(shape), np.dtype(dtype)))
+    """An uninitialized device array for a temporary of one call: from the allocator given to
+    :func:`on_stream` (a bridge's caching allocator), from numba's otherwise.
+    """
+    allocate = getattr(_state, "allocate", None)
+    if allocate is None:
+        return cuda.device_array(tuple(shape), dtype=np.dtype(dtype), stream=stream_())
+    return as_device(allocate(tuple(shape), np.dtype(dtype)))
+
+
+def entry(launcher):
+    """A public launcher that accepts any device arrays (``__cuda_array_interface__``) for
+    its array arguments, as the core's GPU entry point.
+    """
+
+    @functools.wraps(launcher)
+    def run(*args):
+        return launcher(*(_device_or_value(a) for a in args))
+
+    return run
+
+
+def _device_or_value(arg):
+    if isinstance(arg, (bool, int, float, np.generic)):
+        return arg
+    return as_device(arg)
 
 
 #: Type names for kernel signatures.
@@ -172,8 +187,6 @@ def _twin(fn):
         value = env.get(name)
         if isinstance(value, numba.core.registry.CPUDispatcher):
             env[name] = device(value)
-    clone = types.FunctionType(
-        fn.__code__, env, fn.__name__, fn.__defaults__, fn.__closure__
-    )
+    clone = types.FunctionType(fn.__code__, env, fn.__name__, fn.__defaults__, fn.__closure__)
     clone.__doc__ = fn.__doc__
     return cuda.jit(device=True)(clone)

@@ -54,13 +54,15 @@ def _moment_terms(xs, alpha, E, A, B, left, right):
         n = xs.shape[1]
         inv_alpha = 1.0 / alpha[row]
         e = E[row, i]
-        left[row, i] = e * _gap(xs[row, i], xs[row, i - 1]) * inv_alpha * A[row, i - 1] if (
-            i > 0 and e > 0.0
-        ) else 0.0
+        left[row, i] = (
+            e * _gap(xs[row, i], xs[row, i - 1]) * inv_alpha * A[row, i - 1]
+            if (i > 0 and e > 0.0)
+            else 0.0
+        )
         e = E[row, i + 1] if i + 1 < n else 0.0
-        right[row, i] = e * _gap(xs[row, i + 1], xs[row, i]) * inv_alpha * B[row, i + 1] if (
-            e > 0.0
-        ) else 0.0
+        right[row, i] = (
+            e * _gap(xs[row, i + 1], xs[row, i]) * inv_alpha * B[row, i + 1] if (e > 0.0) else 0.0
+        )
 
 
 def row_tables(xs, alpha, moments: bool, work):
@@ -247,8 +249,21 @@ def inverse_pullback(xs, alpha, tables, anchor, offset, u, rbar, wbar, alpha_ter
     c = _launch.empty(anchor.shape)
     shift = _launch.empty(anchor.shape)
     _launch.for_each(
-        _pullback_targets, anchor.size, xs, alpha, A, B, Ad, Bd, anchor, offset, u, c, shift,
-        wbar, alpha_terms,
+        _pullback_targets,
+        anchor.size,
+        xs,
+        alpha,
+        A,
+        B,
+        Ad,
+        Bd,
+        anchor,
+        offset,
+        u,
+        c,
+        shift,
+        wbar,
+        alpha_terms,
     )
     spread_to_points(xs, alpha, E, anchor, offset, c, shift, rbar)
 
@@ -304,14 +319,29 @@ def inverse_pushforward(xs, alpha, tables, anchor, offset, rdot, wdot, alpha_dot
     G = _launch.empty(anchor.shape)
     shift = _launch.empty(anchor.shape)
     _launch.for_each(
-        _push_targets, anchor.size, xs, alpha, A, B, Ad, Bd, anchor, offset, wdot,
-        alpha_dot, out, G, shift,
+        _push_targets,
+        anchor.size,
+        xs,
+        alpha,
+        A,
+        B,
+        Ad,
+        Bd,
+        anchor,
+        offset,
+        wdot,
+        alpha_dot,
+        out,
+        G,
+        shift,
     )
     up = _launch.empty(xs.shape)
     down = _launch.empty(xs.shape)
     affine_scan(E, rdot, up)
     affine_scan(E, rdot, down, reverse=True)
-    _launch.for_each(_gather_targets, anchor.size, xs, alpha, anchor, offset, shift, G, up, down, out)
+    _launch.for_each(
+        _gather_targets, anchor.size, xs, alpha, anchor, offset, shift, G, up, down, out
+    )
 
 
 __all__ = ["inverse_kernel", "lapsum_kernel", "nan_rows", "row_tables", "solve_targets"]

@@ -159,4 +159,3 @@ def row_sums(values, out) -> None:
         return
     _, tile_sums = _kernels(_launch.threads(), _launch.items())
     _launch.per_tile(tile_sums, rows, n, values, out)
-
