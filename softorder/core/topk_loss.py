@@ -117,6 +117,22 @@ def _mixture_terms(r, inv_alpha, anchor, offset, iy, log_pk, split, terms):
     return top, total, has_mass
 
 
+@helper
+def row_loss(top, total, has_mass, split, pk1, softmax_ce):
+    """One row's loss from its mixture's logsumexp ``(top, total)`` (:func:`_mixture_terms`)
+    and, in the split form, its softmax cross-entropy (read only when ``pk1 > 0``).
+    """
+    if top > -INF:
+        loss = -(top + math.log(total))
+    else:
+        loss = INF if has_mass else 0.0
+    if split:
+        loss = (1.0 - pk1) * loss if pk1 < 1.0 else 0.0
+        if pk1 > 0.0:
+            loss += pk1 * softmax_ce
+    return loss
+
+
 @kernel
 def topk_loss_forward(xs, order, alpha, labels, log_pk, split, pk1, out, anchor, offset, work):
     """Per-row loss ``out`` (rows,); ``log_pk`` (rows, K) holds log P_K(k) for k = 1..K."""
@@ -138,15 +154,8 @@ def topk_loss_forward(xs, order, alpha, labels, log_pk, split, pk1, out, anchor,
         top, total, has_mass = _mixture_terms(
             r, inv_alpha, anchor[row], offset[row], iy, log_pk[row], split, terms
         )
-        if top > -INF:
-            loss = -(top + math.log(total))
-        else:
-            loss = INF if has_mass else 0.0
-        if split:
-            loss = (1.0 - pk1[row]) * loss if pk1[row] < 1.0 else 0.0
-            if pk1[row] > 0.0:
-                loss += pk1[row] * _softmax_ce(r, iy)
-        out[row] = loss
+        softmax_ce = _softmax_ce(r, iy) if split and pk1[row] > 0.0 else 0.0
+        out[row] = row_loss(top, total, has_mass, split, pk1[row], softmax_ce)
 
 
 @kernel

@@ -36,6 +36,7 @@ _target_position = _launch.device(lapsum.target_position)
 _target_sums = _launch.device(lapsum.target_sums)
 _mixture_terms = _launch.device(cpu._mixture_terms)
 _softmax_ce_of = _launch.device(cpu._softmax_ce_of)
+_row_loss = _launch.device(cpu.row_loss)
 
 
 @_launch.kernel(F2)
@@ -108,15 +109,8 @@ def _losses(xs, alpha, log_pk, split, pk1, anchor, offset, iy, softmax, terms, o
     top, total, has_mass = _mixture_terms(
         r, 1.0 / alpha[row], anchor[row], offset[row], y, log_pk[row], split, terms[row]
     )
-    if top > -INF:
-        loss = -(top + math.log(total))
-    else:
-        loss = INF if has_mass else 0.0
-    if split:
-        loss = (1.0 - pk1[row]) * loss if pk1[row] < 1.0 else 0.0
-        if pk1[row] > 0.0:
-            loss += pk1[row] * _softmax_ce_of(r, y, -r[0], softmax[row])
-    out[row] = loss
+    softmax_ce = _softmax_ce_of(r, y, -r[0], softmax[row]) if split and pk1[row] > 0.0 else 0.0
+    out[row] = _row_loss(top, total, has_mass, split, pk1[row], softmax_ce)
 
 
 def topk_loss_forward(

@@ -1,0 +1,410 @@
+"""Device arrays of any framework as a backend of the rules (:mod:`softorder._backend`).
+
+Anything with ``__cuda_array_interface__`` (numba device arrays, CuPy arrays, JAX GPU arrays;
+not PyTorch tensors, which the torch bridge's own backend takes) goes through the same rules
+as the NumPy API: the layout by the small elementwise kernels here, the sort by
+:mod:`softorder.core.cuda.sort_rows`, the mathematics by the kernels of
+:mod:`softorder.core.cuda`. Results are numba device arrays (:class:`DeviceArray`) of the
+input's dtype, C-contiguous in the caller's layout.
+
+* Moving axes copies nothing: :meth:`NumbaDeviceBackend.moveaxis` gives a
+  :class:`StridedView` (a walk over the array's memory), which reshapes in C order without a
+  copy where numba's ``reshape`` of a permuted view raises; ``rows_f64`` and ``cast``
+  materialise it with one gather kernel.
+* Host round trips: the small arguments the rules validate on the host (``alpha``, ``k``,
+  ``q``, labels, ``p_k``), as for every backend, and the gradients of ``alpha``, ``k`` and
+  ``q``, summed over their broadcast axes on the host (:meth:`NumbaDeviceBackend.unbroadcast`:
+  one value per row, at most).
+
+Kernels launch on the stream of :func:`softorder.core.cuda.on_stream` (the default stream
+otherwise); the lookup is registered when :mod:`softorder.core.cuda` is imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+import sys
+
+import numpy as np
+from numba import cuda
+
+from softorder import _backend
+from softorder.core.cuda import _launch, scan
+from softorder.core.cuda._launch import F1
+from softorder.core.cuda.rows import take_rows
+from softorder.core.cuda.sort_rows import sort_rows as argsort_rows
+
+if _launch.SIMULATOR:
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray as _Base
+else:
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray as _Base
+
+
+class DeviceArray(_Base):
+    """A numba device array (numba's stand-in under the simulator) as this backend allocates
+    and returns them, with the two operations the rules apply to arrays: ``a[()]`` is ``a``
+    (a 0-d result stays on the device, as a 0-d tensor does), and ``a * factor`` with a real
+    scalar ``factor`` is :meth:`NumbaDeviceBackend.scale`.
+    """
+
+    def __getitem__(self, item):
+        if isinstance(item, tuple) and not item:
+            return self
+        return super().__getitem__(item)
+
+    def __mul__(self, factor):
+        if isinstance(factor, numbers.Real):
+            return DEVICE.scale(self, float(factor))
+        return NotImplemented
+
+    __rmul__ = __mul__
+
+
+def _wrap(a) -> DeviceArray:
+    """The device array ``a`` (same memory) as a :class:`DeviceArray`."""
+    if isinstance(a, DeviceArray):
+        return a
+    if _launch.SIMULATOR:
+        return DeviceArray(a._ary)
+    return DeviceArray(a.shape, a.strides, a.dtype, stream=a.stream, gpu_data=a.gpu_data)
+
+
+def is_device_array(x) -> bool:
+    """``x`` lives on the device: a numba device array, or has ``__cuda_array_interface__``."""
+    if isinstance(x, _Base):
+        return True
+    try:
+        return hasattr(x, "__cuda_array_interface__")
+    except Exception:  # a sharded JAX array raises ValueError: not one device array
+        return False
+
+
+@dataclasses.dataclass(frozen=True)
+class StridedView:
+    """Device memory seen as an array of ``shape``: the C-order walk of ``walk_shape`` with
+    ``walk_strides`` (in elements) over the 1-D device array ``memory``, from ``offset``.
+
+    Moving axes and broadcasting change the walk; :meth:`reshape` changes only ``shape`` (the
+    same elements in the same C order), so it never copies.
+    """
+
+    memory: object  # a 1-D device array; None when the view is empty
+    offset: int
+    walk_shape: tuple
+    walk_strides: tuple
+    shape: tuple
+    dtype: np.dtype
+
+    @classmethod
+    def of(cls, a) -> StridedView:
+        """A device array, or a view (made strided again by a copy once reshaped)."""
+        if isinstance(a, StridedView):
+            return a if a.shape == a.walk_shape else cls.of(_materialise(a, a.dtype))
+        a = _launch.as_device(a)
+        shape = tuple(int(s) for s in a.shape)
+        dtype = np.dtype(a.dtype)
+        if a.size == 0:
+            return cls(None, 0, shape, (0,) * len(shape), shape, dtype)
+        if a.is_c_contiguous():
+            return cls(a.reshape(a.size), 0, shape, _c_strides(shape), shape, dtype)
+        if any(s % dtype.itemsize for s in a.strides):
+            raise ValueError(f"strides {a.strides} are not multiples of the item size")
+        strides = tuple(s // dtype.itemsize for s in a.strides)
+        low = sum((n - 1) * s for n, s in zip(shape, strides, strict=True) if s < 0)
+        span = sum((n - 1) * abs(s) for n, s in zip(shape, strides, strict=True)) + 1
+        return cls(_memory(a, low, span), -low, shape, strides, shape, dtype)
+
+    @property
+    def ndim(self) -> int:
+        """Number of axes of ``shape``."""
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def reshape(self, *shape) -> StridedView:
+        """The same elements in C order as ``shape`` (NumPy's reading: one -1 inferred)."""
+        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        # NumPy checks and resolves the shape on a zero-stride stand-in (nothing allocated)
+        placeholder = np.broadcast_to(np.empty((), np.int8), (self.size,))
+        return dataclasses.replace(self, shape=placeholder.reshape(shape).shape)
+
+    def moveaxis(self, source, destination) -> StridedView:
+        """``np.moveaxis`` of a strided view: its walk permuted."""
+        # NumPy's axis handling, on a zero-size array whose shape lists the axes
+        axes = np.moveaxis(np.empty(tuple(range(self.ndim))), source, destination).shape
+        shape = tuple(self.shape[a] for a in axes)
+        strides = tuple(self.walk_strides[a] for a in axes)
+        return dataclasses.replace(self, walk_shape=shape, walk_strides=strides, shape=shape)
+
+    def broadcast_to(self, shape) -> StridedView:
+        """``np.broadcast_to`` of a strided view: stride 0 along the repeated axes."""
+        shape = tuple(int(s) for s in shape)
+        extra = len(shape) - self.ndim
+        kept = shape[extra:] if extra >= 0 else None
+        if kept is None or any(s not in (1, t) for s, t in zip(self.shape, kept, strict=True)):
+            raise ValueError(f"cannot broadcast shape {self.shape} to {shape}")
+        own = zip(self.shape, kept, self.walk_strides, strict=True)
+        strides = (0,) * extra + tuple(st if s == t else 0 for s, t, st in own)
+        return dataclasses.replace(self, walk_shape=shape, walk_strides=strides, shape=shape)
+
+    def array(self):
+        """The view as a device array of its memory, when the walk is that memory in C order;
+        ``None`` otherwise.
+        """
+        if self.memory is None or self.offset or self.memory.size != self.size:
+            return None
+        expected = 1
+        for n, s in zip(reversed(self.walk_shape), reversed(self.walk_strides), strict=True):
+            if n > 1 and s != expected:
+                return None
+            expected *= n
+        return self.memory.reshape(self.shape)
+
+
+def _c_strides(shape: tuple) -> tuple:
+    """Strides in elements of a C-contiguous array of ``shape``."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+def _memory(a, low: int, count: int):
+    """``count`` elements of the memory of device array ``a``, from ``low`` elements past its
+    first element (``low <= 0`` with negative strides), as a 1-D device array.
+    """
+    if _launch.SIMULATOR:
+        corner = a._ary[tuple(slice(-1, None) if s < 0 else slice(0, 1) for s in a.strides)]
+        flat = np.lib.stride_tricks.as_strided(corner, (count,), (a.dtype.itemsize,))
+        return _Base(flat)
+    pointer = a.__cuda_array_interface__["data"][0] + low * a.dtype.itemsize
+    desc = {
+        "shape": (count,),
+        "strides": None,
+        "data": (pointer, False),
+        "typestr": a.dtype.str,
+        "version": 3,
+    }
+    return cuda.from_cuda_array_interface(desc, owner=a, sync=False)
+
+
+@_launch.kernel(F1, "int64", "UniTuple(int64, 2)", "UniTuple(int64, 2)", F1, "boolean")
+def _gather(memory, offset, shape, strides, out, negate):
+    """``out[j]`` = element ``j`` (C order) of the walk ``(shape, strides)`` over ``memory``
+    from ``offset``, converted to ``out``'s dtype and negated on request. numba compiles it
+    for each dtype pair and each number of axes.
+    """
+    j = cuda.grid(1)
+    if j < out.shape[0]:
+        k = offset
+        rest = j
+        for d in range(len(shape) - 1, -1, -1):
+            k += (rest % shape[d]) * strides[d]
+            rest //= shape[d]
+        out[j] = memory[k]
+        if negate:
+            out[j] = -out[j]
+
+
+@_launch.kernel(F1, "float64")
+def _fill(out, value):
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = value
+
+
+@_launch.kernel(F1, "float64", F1)
+def _scale(a, factor, out):
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = a[i] * factor
+
+
+@_launch.kernel(F1, F1, F1)
+def _multiply(a, b, out):
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = a[i] * b[i]
+
+
+@_launch.kernel(F1, F1, F1)
+def _add_product(out, a, b):
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] += a[i] * b[i]
+
+
+def _materialise(view: StridedView, dtype, negate: bool = False) -> DeviceArray:
+    """A new C-contiguous array of ``dtype`` holding the view's elements (negated on request)."""
+    out = DEVICE.empty(view.shape, dtype)
+    if view.size:
+        shape, strides = (view.walk_shape, view.walk_strides) if view.walk_shape else ((1,), (0,))
+        flat = out.reshape(view.size)
+        _launch.for_each(_gather, view.size, view.memory, view.offset, shape, strides, flat, negate)
+    return out
+
+
+def _flat(a):
+    """A C-contiguous device array as 1-D."""
+    return a.reshape(a.size)
+
+
+class NumbaDeviceBackend:
+    """Device arrays (numba's, or any ``__cuda_array_interface__``); ``kernels`` are the GPU
+    kernels of :mod:`softorder.core.cuda`. The methods are those of
+    :class:`softorder._backend.NumpyBackend`.
+    """
+
+    @property
+    def kernels(self):
+        """The GPU kernels, under the names of :mod:`softorder.core`."""
+        from softorder.core import cuda as gpu
+
+        return gpu
+
+    def float_input(self, x, name: str):
+        """``x`` as a device array (host values are copied there) and the result dtype:
+        float16/32/64 kept, integers and booleans give float64, complex raises ``TypeError``.
+        """
+        arr = _launch.as_device(x) if is_device_array(x) else np.asarray(x)
+        kind = arr.dtype.kind
+        if kind == "c":
+            raise TypeError(f"{name} must be real; got a complex array of dtype {arr.dtype}")
+        if kind not in "biuf":
+            raise TypeError(f"{name} must be a numeric array; got dtype {arr.dtype}")
+        arr = arr if is_device_array(arr) else self.from_host(arr)
+        return arr, np.dtype(arr.dtype) if kind == "f" else np.dtype(np.float64)
+
+    def moveaxis(self, a, source, destination) -> StridedView:
+        """``np.moveaxis`` without a copy: a :class:`StridedView`."""
+        return StridedView.of(a).moveaxis(source, destination)
+
+    def rows_f64(self, a, negate: bool = False) -> DeviceArray:
+        """A (rows, n) array or view as a C-contiguous float64 array, negated on request (no
+        copy when it already is one and ``negate`` is false; the rules never write it).
+        """
+        view = StridedView.of(a)
+        same = view.array() if view.dtype == np.float64 and not negate else None
+        return _wrap(same) if same is not None else _materialise(view, np.float64, negate)
+
+    def sort_rows(self, rows2d, order=None):
+        """``(xs, order)``: each row sorted ascending (NaN last) and its stable argsort, by
+        the merge sort of :mod:`softorder.core.cuda.sort_rows`; with ``order`` only the gather.
+        """
+        xs = self.empty(rows2d.shape)
+        if order is None:
+            order = self.empty(rows2d.shape, np.int64)
+            argsort_rows(rows2d, xs, order)
+        else:
+            order = self.contiguous(order, np.int64).reshape(rows2d.shape)
+            take_rows(rows2d, order, xs)
+        return xs, order
+
+    def contiguous(self, a, dtype=None) -> DeviceArray:
+        """``a`` (device, host or a view) as a C-contiguous device array, of ``dtype`` if
+        given; no copy when it already is one.
+        """
+        if not is_device_array(a) and not isinstance(a, StridedView):
+            return self.from_host(np.asarray(a, dtype=dtype))
+        view = StridedView.of(a)
+        dtype = view.dtype if dtype is None else np.dtype(dtype)
+        same = view.array() if view.dtype == dtype else None
+        return _wrap(same) if same is not None else _materialise(view, dtype)
+
+    def empty(self, shape, dtype=np.float64) -> DeviceArray:
+        """An uninitialized C-contiguous device array."""
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        return _wrap(_launch.empty(shape, dtype))
+
+    def zeros(self, shape) -> DeviceArray:
+        """A float64 device array of zeros."""
+        return self.full(shape, 0.0)
+
+    def full(self, shape, value: float) -> DeviceArray:
+        """A float64 device array filled with ``value``."""
+        out = self.empty(shape)
+        _launch.for_each(_fill, out.size, _flat(out), float(value))
+        return out
+
+    def from_host(self, arr: np.ndarray) -> DeviceArray:
+        """A copy of a host array (validated arguments, targets) on the device."""
+        return _wrap(cuda.to_device(np.ascontiguousarray(arr), stream=_launch.stream_()))
+
+    def tile_rows(self, row: np.ndarray, rows: int) -> DeviceArray:
+        """``rows`` copies of the host vector ``row`` as (rows, len(row)): ``row`` is copied to
+        the device once and repeated there.
+        """
+        view = StridedView.of(self.from_host(row)).broadcast_to((rows, row.shape[0]))
+        return _materialise(view, view.dtype)
+
+    def broadcast_f64(self, a, shape) -> DeviceArray:
+        """``a`` broadcast to ``shape`` as a new C-contiguous float64 array (on the device)."""
+        a = a if is_device_array(a) or isinstance(a, StridedView) else self.from_host(a)
+        return _materialise(StridedView.of(a).broadcast_to(shape), np.float64)
+
+    def cast(self, a, dtype) -> DeviceArray:
+        """``a`` (a device array, a view or a host value) as a C-contiguous device array of
+        ``dtype``, 0-d included; values beyond a narrow dtype's range become +-inf.
+        """
+        if not is_device_array(a) and not isinstance(a, StridedView):
+            return self.from_host(_backend.cast(a, dtype))
+        return self.contiguous(a, dtype)
+
+    def unbroadcast(self, grad, shape) -> DeviceArray:
+        """Sum ``grad`` over the axes that broadcasting added to an argument of ``shape``.
+
+        On the host: these are gradients of ``alpha``, ``k`` and ``q``, a few values per row.
+        """
+        host = self.contiguous(grad).copy_to_host()
+        return self.from_host(_backend.unbroadcast(host, tuple(shape)))
+
+    def negate_(self, a) -> None:
+        """``a = -a`` in place (a C-contiguous float64 array)."""
+        _launch.for_each(_scale, a.size, _flat(a), -1.0, _flat(a))
+
+    def scale(self, a, factor: float) -> DeviceArray:
+        """A new array ``a * factor`` (float dtypes kept, others give float64)."""
+        a = self.contiguous(a)
+        dtype = a.dtype if a.dtype.kind == "f" else np.dtype(np.float64)
+        out = self.empty(a.shape, dtype)
+        _launch.for_each(_scale, a.size, _flat(a), float(factor), _flat(out))
+        return out
+
+    def total(self, a) -> DeviceArray:
+        """The sum of all elements of a float64 array, as a 0-d device array."""
+        out = self.empty(1)
+        scan.row_sums(self.contiguous(a).reshape(1, a.size), out)
+        return out.reshape(())
+
+    def row_dots(self, a, b) -> DeviceArray:
+        """``(a * b).sum(axis=1)`` of two C-contiguous float64 (rows, n) arrays."""
+        products = self.empty(a.shape)
+        _launch.for_each(_multiply, a.size, _flat(a), _flat(b), _flat(products))
+        out = self.empty(a.shape[0])
+        scan.row_sums(products, out)
+        return out
+
+    def add_product(self, out, a, b) -> None:
+        """``out += a * b`` in place (C-contiguous float64 arrays of one shape)."""
+        _launch.for_each(_add_product, out.size, _flat(out), _flat(a), _flat(b))
+
+
+DEVICE = NumbaDeviceBackend()
+
+
+def lookup(x):
+    """:data:`DEVICE` for a device array that is not a PyTorch tensor (the torch bridge has
+    its own backend for those), for :func:`softorder._backend.register`.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return None
+    return DEVICE if is_device_array(x) else None
+
+
+_backend.register(lookup)
