@@ -60,8 +60,10 @@ class NumpyBackend:
     def moveaxis(self, a, source, destination):
         return np.moveaxis(a, source, destination)
 
-    def rows_f64(self, a, negate: bool = False):
-        """A (rows, n) view as a C-contiguous float64 array, negated on request."""
+    def contiguous_f64(self, a, negate: bool = False):
+        """An array or view (any shape) as a C-contiguous float64 array, negated on request;
+        the rules never write it (no copy when it already is one).
+        """
         if negate:
             a = np.negative(a, dtype=np.float64)
         return np.ascontiguousarray(a, dtype=np.float64)
@@ -92,7 +94,7 @@ class NumpyBackend:
 
     def from_host(self, arr: np.ndarray):
         """A host array (validated arguments, targets) as this backend's array."""
-        return np.ascontiguousarray(arr)
+        return np.asarray(arr, order="C")  # (ascontiguousarray makes 0-d arrays 1-d)
 
     def tile_rows(self, row: np.ndarray, rows: int):
         """``rows`` copies of the host vector ``row`` as a (rows, len(row)) array."""
@@ -104,6 +106,12 @@ class NumpyBackend:
 
     def cast(self, a, dtype):
         return cast(a, dtype)
+
+    def to_result(self, value, dtype):
+        """``value`` as a result of ``dtype``: a 0-d value becomes a scalar (NumPy's
+        convention; device backends keep a 0-d device array).
+        """
+        return cast(value, dtype)[()]
 
     def unbroadcast(self, grad, shape):
         return unbroadcast(grad, shape)
@@ -144,9 +152,32 @@ def unregister(lookup) -> None:
 
 
 def backend_of(x):
-    """The backend for an input ``x``: the first registered lookup's answer, or NumPy."""
+    """The backend for an input ``x``: the first registered lookup's answer, or NumPy.
+
+    A device array (``__cuda_array_interface__``) loads the GPU kernels, whose module
+    registers the backend for device arrays, the first time one is seen.
+    """
     for lookup in _lookups:
         backend = lookup(x)
         if backend is not None:
             return backend
+    if not _device_kernels_loaded and _is_device_array(x):
+        _load_device_kernels()
+        return backend_of(x)
     return NUMPY
+
+
+_device_kernels_loaded = False
+
+
+def _load_device_kernels() -> None:
+    global _device_kernels_loaded
+    _device_kernels_loaded = True
+    import softorder.core.cuda  # noqa: F401  (registers its backend)
+
+
+def _is_device_array(x) -> bool:
+    try:
+        return hasattr(x, "__cuda_array_interface__")
+    except Exception:  # e.g. a sharded JAX array: not one device array
+        return False

@@ -136,7 +136,7 @@ class Rows:
         arr, dtype = backend.float_input(x, name)
         layout = Layout.of(arr.shape, axis, name)
         moved = backend.moveaxis(arr, layout.axis, -1)
-        rows2d = backend.rows_f64(moved.reshape(-1, moved.shape[-1]), negate)  # never written
+        rows2d = backend.contiguous_f64(moved, negate).reshape(-1, layout.n)  # never written
         xs, order = backend.sort_rows(rows2d, order)
         return cls(xs, order, layout, dtype, -1.0 if negate else 1.0, backend)
 
@@ -171,7 +171,7 @@ class Rows:
         if tuple(arr.shape) != expected:
             raise ValueError(f"{name} must have shape {expected}; got {tuple(arr.shape)}")
         moved = self.backend.moveaxis(arr, dst, list(range(nb, nb + ncore)))
-        return self.backend.rows_f64(moved.reshape((self.rows,) + core_shape))
+        return self.backend.contiguous_f64(moved).reshape((self.rows,) + core_shape)
 
     def grad_to_user(self, rbar: np.ndarray) -> np.ndarray:
         """Gradient in the sorted-row variable ``r = sign * x`` -> gradient in ``x``."""
@@ -181,7 +181,7 @@ class Rows:
 
     def tangent_to_core(self, x_dot, name: str = "x tangent") -> np.ndarray:
         """Tangent of ``x`` in the caller's layout -> tangent of ``r = sign * x`` as (rows, n)."""
-        return self.to_core(x_dot, "row", (self.n,), name) * self.sign
+        return self.backend.scale(self.to_core(x_dot, "row", (self.n,), name), self.sign)
 
 
 @dataclass

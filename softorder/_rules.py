@@ -65,13 +65,13 @@ class Context:
         return self.saved["anchor"], self.saved["offset"]
 
     def scalar(self, value) -> np.floating:
-        return self.backend.cast(value, self.rows.dtype)[()]
+        return self.backend.to_result(value, self.rows.dtype)
 
     def alpha_grad(self, alpha_bar: np.ndarray) -> np.ndarray:
         """Per-row gradient of alpha -> gradient of the caller's alpha (its shape)."""
         shaped = alpha_bar.reshape(self.rows.batch_shape)
         reduced = self.backend.unbroadcast(shaped, self.alpha_shape).reshape(self.alpha_shape)
-        return self.backend.cast(reduced, self.rows.dtype)[()]
+        return self.backend.to_result(reduced, self.rows.dtype)
 
     def alpha_tangent(self, tangents: dict) -> np.ndarray:
         """The tangent of alpha once per row, as the kernels take it (0 when absent)."""

@@ -62,7 +62,7 @@ class TorchDeviceBackend:
     def moveaxis(self, a, source, destination):
         return torch.movedim(a, source, destination)
 
-    def rows_f64(self, a, negate: bool = False):
+    def contiguous_f64(self, a, negate: bool = False):
         a = a.to(torch.float64)
         return (-a if negate else a).contiguous()
 
@@ -103,6 +103,9 @@ class TorchDeviceBackend:
 
     def cast(self, a, dtype):
         return torch.as_tensor(a, device=self.device).to(_torch_dtype(dtype))
+
+    def to_result(self, value, dtype):
+        return self.cast(value, dtype)
 
     def unbroadcast(self, grad, shape):
         extra = grad.dim() - len(shape)

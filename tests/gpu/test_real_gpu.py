@@ -83,3 +83,24 @@ def test_torch_compile_on_cuda():
     expected = torch.autograd.grad(f(x), x)[0]
     got = torch.autograd.grad(torch.compile(f, fullgraph=True)(x), x)[0]
     torch.testing.assert_close(got, expected)
+
+
+def test_numpy_api_on_numba_device_arrays():
+    """Plain device arrays (``__cuda_array_interface__``) go through the same rules."""
+    import numpy as np
+    from numba import cuda
+
+    import softorder
+
+    x = np.random.default_rng(0).normal(size=(5, 7))
+    d = cuda.to_device(x)
+    cases = [(d, x), (cuda.to_device(np.asfortranarray(x)), x), (d[:, ::-1], x[:, ::-1])]
+    for device_array, host in cases:
+        out = softorder.soft_rank(device_array, 0.5)
+        np.testing.assert_allclose(out.copy_to_host(), softorder.soft_rank(host, 0.5), rtol=1e-12)
+    _, pullback = softorder.vjp(softorder.soft_topk, d, 2.0, 0.5)
+    _, expected_pullback = softorder.vjp(softorder.soft_topk, x, 2.0, 0.5)
+    got = pullback(cuda.to_device(np.ones_like(x)))
+    for value, want in zip(got, expected_pullback(np.ones_like(x)), strict=True):
+        value = value.copy_to_host() if hasattr(value, "copy_to_host") else value
+        np.testing.assert_allclose(value, want, rtol=1e-10, atol=1e-12)

@@ -93,10 +93,13 @@ def for_each(kernel, total: int, *args) -> None:
 
 
 def per_tile(kernel, rows: int, n: int, *args) -> None:
-    """Launch ``kernel`` with one block per (tile, row): grid ``(tiles(n), rows)``."""
+    """Launch ``kernel`` with one block per (row, tile): ``rows * tiles(n)`` blocks, numbered
+    tile-fastest along the grid's x axis (up to 2**31 - 1 blocks; its y axis would cap a
+    batch at 65535 rows).
+    """
     if rows <= 0 or n <= 0:
         return
-    kernel[(tiles(n), rows), _config["threads"], stream_()](*args)
+    kernel[rows * tiles(n), _config["threads"], stream_()](*args)
 
 
 def as_device(obj):

@@ -9,12 +9,12 @@ input's dtype, C-contiguous in the caller's layout.
 
 * Moving axes copies nothing: :meth:`NumbaDeviceBackend.moveaxis` gives a
   :class:`StridedView` (a walk over the array's memory), which reshapes in C order without a
-  copy where numba's ``reshape`` of a permuted view raises; ``rows_f64`` and ``cast``
-  materialise it with one gather kernel.
+  copy (numba's ``DeviceNDArray.reshape`` raises for a permuted view, and reads an F-ordered
+  array in memory order); ``contiguous_f64`` and ``cast`` materialise it with one gather kernel.
 * Host round trips: the small arguments the rules validate on the host (``alpha``, ``k``,
   ``q``, labels, ``p_k``), as for every backend, and the gradients of ``alpha``, ``k`` and
-  ``q``, summed over their broadcast axes on the host (:meth:`NumbaDeviceBackend.unbroadcast`:
-  one value per row, at most).
+  ``q`` when they must be summed over broadcast axes (:meth:`NumbaDeviceBackend.unbroadcast`:
+  a few values per row at most).
 
 Kernels launch on the stream of :func:`softorder.core.cuda.on_stream` (the default stream
 otherwise); the lookup is registered when :mod:`softorder.core.cuda` is imported.
@@ -23,7 +23,6 @@ otherwise); the lookup is registered when :mod:`softorder.core.cuda` is imported
 from __future__ import annotations
 
 import dataclasses
-import numbers
 import sys
 
 import numpy as np
@@ -42,23 +41,15 @@ else:
 
 
 class DeviceArray(_Base):
-    """A numba device array (numba's stand-in under the simulator) as this backend allocates
-    and returns them, with the two operations the rules apply to arrays: ``a[()]`` is ``a``
-    (a 0-d result stays on the device, as a 0-d tensor does), and ``a * factor`` with a real
-    scalar ``factor`` is :meth:`NumbaDeviceBackend.scale`.
+    """A numba device array (numba's stand-in under the simulator), as this backend allocates
+    and returns them.
     """
 
-    def __getitem__(self, item):
-        if isinstance(item, tuple) and not item:
-            return self
-        return super().__getitem__(item)
+    if _launch.SIMULATOR:
 
-    def __mul__(self, factor):
-        if isinstance(factor, numbers.Real):
-            return DEVICE.scale(self, float(factor))
-        return NotImplemented
-
-    __rmul__ = __mul__
+        def reshape(self, *shape) -> DeviceArray:
+            """A reshaped view of the same class, as ``DeviceNDArray.reshape`` gives."""
+            return DeviceArray(self._ary.reshape(*shape))
 
 
 def _wrap(a) -> DeviceArray:
@@ -271,22 +262,23 @@ class NumbaDeviceBackend:
         """``x`` as a device array (host values are copied there) and the result dtype:
         float16/32/64 kept, integers and booleans give float64, complex raises ``TypeError``.
         """
-        arr = _launch.as_device(x) if is_device_array(x) else np.asarray(x)
+        on_device = is_device_array(x)
+        arr = _launch.as_device(x) if on_device else np.asarray(x)
         kind = arr.dtype.kind
         if kind == "c":
             raise TypeError(f"{name} must be real; got a complex array of dtype {arr.dtype}")
         if kind not in "biuf":
             raise TypeError(f"{name} must be a numeric array; got dtype {arr.dtype}")
-        arr = arr if is_device_array(arr) else self.from_host(arr)
+        arr = arr if on_device else self.from_host(arr)
         return arr, np.dtype(arr.dtype) if kind == "f" else np.dtype(np.float64)
 
     def moveaxis(self, a, source, destination) -> StridedView:
         """``np.moveaxis`` without a copy: a :class:`StridedView`."""
         return StridedView.of(a).moveaxis(source, destination)
 
-    def rows_f64(self, a, negate: bool = False) -> DeviceArray:
-        """A (rows, n) array or view as a C-contiguous float64 array, negated on request (no
-        copy when it already is one and ``negate`` is false; the rules never write it).
+    def contiguous_f64(self, a, negate: bool = False) -> DeviceArray:
+        """An array or view (any shape) as a C-contiguous float64 array, negated on request
+        (no copy when it already is one and ``negate`` is false; the rules never write it).
         """
         view = StridedView.of(a)
         same = view.array() if view.dtype == np.float64 and not negate else None
@@ -333,7 +325,7 @@ class NumbaDeviceBackend:
 
     def from_host(self, arr: np.ndarray) -> DeviceArray:
         """A copy of a host array (validated arguments, targets) on the device."""
-        return _wrap(cuda.to_device(np.ascontiguousarray(arr), stream=_launch.stream_()))
+        return _wrap(cuda.to_device(np.asarray(arr, order="C"), stream=_launch.stream_()))
 
     def tile_rows(self, row: np.ndarray, rows: int) -> DeviceArray:
         """``rows`` copies of the host vector ``row`` as (rows, len(row)): ``row`` is copied to
@@ -355,11 +347,18 @@ class NumbaDeviceBackend:
             return self.from_host(_backend.cast(a, dtype))
         return self.contiguous(a, dtype)
 
+    def to_result(self, value, dtype) -> DeviceArray:
+        """``value`` as a result of ``dtype``; 0-d results stay 0-d device arrays."""
+        return self.cast(value, dtype)
+
     def unbroadcast(self, grad, shape) -> DeviceArray:
         """Sum ``grad`` over the axes that broadcasting added to an argument of ``shape``.
 
-        On the host: these are gradients of ``alpha``, ``k`` and ``q``, a few values per row.
+        On the host when there is a sum to do: these are gradients of ``alpha``, ``k`` and
+        ``q``, a few values per row.
         """
+        if tuple(grad.shape) == tuple(shape):
+            return grad
         host = self.contiguous(grad).copy_to_host()
         return self.from_host(_backend.unbroadcast(host, tuple(shape)))
 

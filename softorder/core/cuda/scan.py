@@ -29,6 +29,15 @@ def _kernels(threads: int, items: int):
     tile = threads * items
 
     @cuda.jit(device=True, inline="always")
+    def tile_of(n):
+        """``(tile, row)`` of this block: blocks are numbered tile-fastest along one grid axis
+        (gridDim.y would cap a batch at 65535 rows).
+        """
+        count = (n + tile - 1) // tile
+        row = cuda.blockIdx.x // count
+        return cuda.blockIdx.x - row * count, row
+
+    @cuda.jit(device=True, inline="always")
     def term(a, c, row, lo, n, reverse):
         """The map ``(a_l, c_l)`` of logical position ``lo`` and its physical index."""
         if reverse:
@@ -41,13 +50,12 @@ def _kernels(threads: int, items: int):
 
     @_launch.kernel(*[_launch.F2] * 6, "boolean", "boolean")
     def tile_pass(a, c, out, carry, total_p, total_q, reverse, replay):
-        """Compose the maps of tile ``blockIdx.x`` of row ``blockIdx.y``; with ``replay``
+        """Compose the maps of one tile of one row (:func:`tile_of`); with ``replay``
         write ``out`` from the tile's carry, otherwise store the tile's total map.
         """
-        t = cuda.blockIdx.x
-        row = cuda.blockIdx.y
-        tid = cuda.threadIdx.x
         n = c.shape[1]
+        t, row = tile_of(n)
+        tid = cuda.threadIdx.x
         sp = cuda.shared.array(threads, float64)
         sq = cuda.shared.array(threads, float64)
         start = t * tile + tid * items
@@ -92,11 +100,10 @@ def _kernels(threads: int, items: int):
 
     @_launch.kernel(_launch.F2, _launch.F1)
     def tile_sums(values, out):
-        """Add the sum of tile ``blockIdx.x`` of row ``blockIdx.y`` to ``out[row]``."""
-        t = cuda.blockIdx.x
-        row = cuda.blockIdx.y
-        tid = cuda.threadIdx.x
+        """Add the sum of one tile of one row (:func:`tile_of`) to ``out[row]``."""
         n = values.shape[1]
+        t, row = tile_of(n)
+        tid = cuda.threadIdx.x
         s = cuda.shared.array(threads, float64)
         start = t * tile + tid * items
         acc = 0.0
