@@ -9,7 +9,8 @@ Usage::
 The functions take the same arguments as the NumPy API (:mod:`softorder.operations`) with
 JAX conventions, and compute the same values through the same rules: the bridge holds no
 mathematics. Each operation is a :func:`jax.custom_vjp` function whose forward and backward
-passes are :func:`jax.pure_callback` calls into the numba core; the forward pass keeps the
+passes are :func:`jax.pure_callback` calls into the numba core (on a CUDA backend,
+``buffer_callback`` calls into its GPU kernels: see "Devices"); the forward pass keeps the
 O(n)-per-row residuals of the rule (the argsort of each row and the inversion targets), so the
 backward pass never sorts again.
 
@@ -30,8 +31,25 @@ Threads
     (:func:`softorder.core.set_parallel`): next to XLA's thread pool, a 256 x 1000
     ``soft_rank`` forward + backward took 33 ms with numba's parallel rows and 11 ms without.
 Devices
-    The callbacks run on the host CPU. On a GPU or TPU backend every call copies its inputs
-    to the host and its results back, which is correct but adds a transfer per call.
+    On the CPU backend the callbacks are :func:`jax.pure_callback` calls into the CPU
+    kernels. When JAX's default backend is CUDA and ``numba-cuda`` is installed, they are
+    :func:`jax.experimental.buffer_callback.buffer_callback` calls instead: the input, the
+    cotangent and the residuals stay in XLA's buffers, seen as numba device arrays; the rules
+    run on them through the numba device backend (:mod:`softorder.core.cuda.backend`), with
+    the GPU kernels of :mod:`softorder.core.cuda` on XLA's compute stream; results, residuals
+    and gradients are copied into the output buffers device to device. Only the small
+    arguments the rules validate (``alpha``, ``k``, ``q``, labels, ``p_k``,
+    ``target_ranks``) are copied to the host, once per call after synchronizing the stream,
+    and the backend sums the gradients of ``alpha``, ``k`` and ``q`` over broadcast axes on
+    the host. On ROCm, TPU, or CUDA without ``numba-cuda`` (with a warning) every call copies
+    its inputs to the host and its results back. The path is chosen when a function is traced
+    (``jax.default_backend()``); a computation placed on the CPU under a GPU default runs the
+    CPU kernels in place. Verified without a GPU only: in numba's simulator, forcing the
+    ``buffer_callback`` path on the CPU backend (``_DEVICE_CALLBACKS = True``, host buffers as
+    simulated device arrays, GPU kernels simulated) gives the ``pure_callback`` path's values
+    and gradients for every operation under ``jit`` and ``grad``, and for a ``vmap`` of
+    ``soft_rank`` (one batched call); XLA's GPU buffers, its stream and the device-to-device
+    copies have not run on a GPU.
 Bad input
     Shapes, ``axis``, flags and every concrete (non-traced) value are checked when the
     function is traced, raising the same ``ValueError`` / ``TypeError`` as the NumPy API.
@@ -45,9 +63,11 @@ Bad input
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import types
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -80,6 +100,14 @@ core.set_parallel(False)  # see "Threads" above
 #: front (tiled when it is not batched), so one callback serves the whole batch.
 VMAP_METHOD = "broadcast_all"
 
+#: Which callbacks a call is traced with (see "Devices" above): ``"auto"`` takes
+#: ``buffer_callback`` and the GPU kernels when JAX's default backend is CUDA and
+#: ``pure_callback`` and the CPU kernels otherwise; ``True`` / ``False`` force one of them
+#: (``True`` on the CPU backend runs the GPU kernels in numba's simulator when
+#: ``NUMBA_ENABLE_CUDASIM=1``, and the CPU kernels in place otherwise). Read when a call is
+#: traced: functions already jitted keep the path they were traced with.
+_DEVICE_CALLBACKS: str | bool = "auto"
+
 _FLOAT_ARGUMENTS = ("alpha", "k", "q", "p_k")  # converted to the compute dtype
 
 
@@ -107,28 +135,46 @@ class _Call:
     def rule(self):
         return getattr(_ops, self.op).rule
 
-    def arguments(self, arrays: tuple) -> dict:
-        """The rule's arguments from the arrays a callback received (maybe with vmap axes)."""
-        lead = np.ndim(arrays[0]) - self.x_ndim
+    def arguments(self, arrays: tuple, host: bool = True) -> dict:
+        """The rule's arguments from the arrays a callback received (maybe with vmap axes).
+
+        ``host=False`` (the device path): the input is a device array and is passed on as it
+        is (it never gets unit axes); the other arguments are already host arrays.
+        """
+        lead = len(np.shape(arrays[0])) - self.x_ndim
         arguments = dict(self.statics)
         for name, arr, insert in zip(self.names, arrays, self.inserts, strict=True):
-            arr = np.asarray(arr)
+            arr = np.asarray(arr) if host else arr
             if insert:
                 arr = arr.reshape(arr.shape[:lead] + (1,) * insert + arr.shape[lead:])
             arguments[name] = arr
         return arguments
 
-    def pack(self, residuals: dict) -> list:
+    def pack(self, residuals: dict, device=None) -> list:
         """Residuals as JAX can hold them: 64-bit arrays viewed as pairs of 32-bit words
-        when x64 is off (bit-exact, along the last axis).
+        when x64 is off (bit-exact, along the last axis). With ``device`` (a
+        :class:`_Device`) the residuals are device arrays and stay on the device.
         """
         out = []
         for name, _, dtype, stored in self.residuals:
-            arr = np.ascontiguousarray(residuals[name], dtype=dtype)
+            if device is None:
+                arr = np.ascontiguousarray(residuals[name], dtype=dtype)
+            else:
+                arr = device.backend.cast(residuals[name], dtype)  # no copy when it is one
             out.append(arr if stored == dtype else arr.view(stored))
         return out
 
-    def unpack(self, stored: tuple) -> dict:
+    def unpack(self, stored: tuple, device=None) -> dict:
+        """The residuals from what :meth:`pack` stored. With ``device`` (a :class:`_Device`)
+        from device arrays, as the numba backend's views of them (no copy; a view's shape is
+        a tuple, which :meth:`Rule.restore` indexes with -1 where the simulator's device
+        arrays refuse negative indices).
+        """
+        if device is not None:
+            return {
+                name: device.view(arr if stored_dtype == dtype else arr.view(dtype))
+                for (name, _, dtype, stored_dtype), arr in zip(self.residuals, stored, strict=True)
+            }
         return {
             name: np.ascontiguousarray(arr).view(dtype)
             for (name, _, dtype, _), arr in zip(self.residuals, stored, strict=True)
@@ -145,6 +191,13 @@ class _Forward:
         ctx = rule.prepare(**call.arguments(arrays))
         out = np.asarray(rule.forward(ctx), dtype=call.result[1])
         return (out, *call.pack(rule.residuals(ctx))) if self.keep else (out,)
+
+    def on_device(self, device: _Device, buffers: tuple) -> list:
+        """The same on device arrays: the result (and residuals), on the device."""
+        rule, call = self.call.rule, self.call
+        ctx = rule.prepare(**call.arguments(device.arguments(buffers), host=False))
+        out = rule.forward(ctx)
+        return [out, *call.pack(rule.residuals(ctx), device)] if self.keep else [out]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,36 +216,182 @@ class _Backward:
             for i in call.differentiable
         )
 
+    def on_device(self, device: _Device, buffers: tuple) -> list:
+        """The same on device arrays: the gradients, on the device (cast and reshaped to
+        their arguments' buffers when written).
+        """
+        rule, call = self.call.rule, self.call
+        count = len(call.names)
+        arrays = device.arguments(buffers[:count])
+        stored = [device.wrap(b) for b in buffers[count:-1]]
+        ctx = rule.restore(call.arguments(arrays, host=False), call.unpack(stored, device))
+        grads = dict(zip(rule.differentiable, rule.vjp(ctx, device.wrap(buffers[-1])), strict=True))
+        return [grads[call.names[i]] for i in call.differentiable]
+
+
+# --------------------------------------------------------------------------------------------
+# The device path: buffer_callback hands the callbacks XLA's own buffers, which become numba
+# device arrays for the rules (the numba device backend, softorder.core.cuda.backend), and
+# the results are copied into the output buffers on the device.
+
+_DLPACK_CPU = 1  # DLDeviceType kDLCPU
+
+
+@dataclasses.dataclass(frozen=True)
+class _InPlace:
+    """A callback of :func:`jax.experimental.buffer_callback.buffer_callback`: ``fn`` (a
+    :class:`_Forward` or :class:`_Backward`) on the input buffers, its results written into
+    the output buffers ``out``.
+
+    GPU buffers, and host buffers under numba's simulator, run the GPU kernels
+    (``fn.on_device``). Host buffers otherwise (a computation placed on the CPU) run ``fn``
+    itself, the CPU kernels, on NumPy views of the buffers.
+    """
+
+    fn: _Forward | _Backward
+
+    def __call__(self, ctx, out, *buffers) -> None:
+        if _on_host(buffers[0]) and not _simulator():
+            for target, value in zip(out, self.fn(*buffers), strict=True):
+                np.asarray(target)[...] = value
+            return
+        with _Device.launching(ctx, buffers[0]) as device:
+            device.write(out, self.fn.on_device(device, buffers))
+
+
+def _on_host(buffer) -> bool:
+    return buffer.__dlpack_device__()[0] == _DLPACK_CPU
+
+
+def _simulator() -> bool:
+    """``NUMBA_ENABLE_CUDASIM=1``: numba's CUDA simulator stands in for a GPU."""
+    import numba
+
+    return bool(numba.config.ENABLE_CUDASIM)
+
+
+@dataclasses.dataclass
+class _Device:
+    """The kernels' side of one buffer callback: numba device arrays viewing XLA's buffers,
+    the stream the kernels launch on (XLA's compute stream; 0 in the simulator), and the numba
+    device backend of the rules (:mod:`softorder.core.cuda.backend`).
+    """
+
+    stream: Any
+    backend: Any  # softorder.core.cuda.backend.DEVICE
+    wrap: Callable  # a buffer (or device array) as a numba device array, no copy
+    view: Callable  # a device array as the backend's StridedView (see _Call.unpack)
+
+    @classmethod
+    @contextlib.contextmanager
+    def launching(cls, ctx, buffer):
+        """Launch every kernel inside the block on XLA's stream of ``buffer``'s device."""
+        from numba import cuda
+
+        from softorder.core import cuda as gpu  # registers the numba device backend
+        from softorder.core.cuda import _launch, backend
+
+        if gpu.SIMULATOR:
+            if not _on_host(buffer):
+                raise RuntimeError(
+                    "NUMBA_ENABLE_CUDASIM=1 runs softorder's GPU kernels in numba's simulator, "
+                    "which cannot read JAX's GPU buffers; unset it to use the GPU"
+                )
+            with gpu.on_stream(0):
+                yield cls(0, backend.DEVICE, _launch.as_device, backend.StridedView.of)
+            return
+        with cuda.gpus[buffer.__dlpack_device__()[1]]:
+            stream = cuda.external_stream(ctx.stream)
+            with gpu.on_stream(stream):
+                yield cls(stream, backend.DEVICE, _launch.as_device, backend.StridedView.of)
+
+    def arguments(self, buffers: tuple) -> list:
+        """The input as a device array; the small arguments the rules validate (alpha, k, q,
+        labels, p_k, target_ranks) copied to the host, after the stream has computed them.
+        """
+        arrays = [self.wrap(buffers[0])]
+        arrays += [self.wrap(b).copy_to_host(stream=self.stream) for b in buffers[1:]]
+        if self.stream and len(buffers) > 1:
+            self.stream.synchronize()
+        return arrays
+
+    def write(self, out, values: list) -> None:
+        """Copy each value into its output buffer, device to device, on the stream: cast on
+        the device to the buffer's dtype (no copy when it has it) and reshaped to its shape.
+        """
+        for buffer, value in zip(out, values, strict=True):
+            target = self.wrap(buffer)
+            value = self.backend.cast(value, target.dtype)  # C-contiguous, on the device
+            if target.size:
+                target.copy_to_device(value.reshape(tuple(target.shape)), stream=self.stream)
+
+
+def _device_callbacks() -> bool:
+    """Whether a call traced now takes the device path (:data:`_DEVICE_CALLBACKS`)."""
+    if _DEVICE_CALLBACKS == "auto":
+        return jax.default_backend() == "gpu" and _cuda_kernels_available()
+    return bool(_DEVICE_CALLBACKS)
+
+
+@functools.cache
+def _cuda_kernels_available() -> bool:
+    """The default backend is CUDA and softorder's GPU kernels can be imported; with a
+    warning (once) when they cannot.
+    """
+    import jax.extend.backend
+
+    if "cuda" not in jax.extend.backend.get_backend().platform_version.lower():
+        return False  # ROCm: numba-cuda has no kernels for it
+    try:
+        from jax.experimental import buffer_callback  # noqa: F401
+
+        import softorder.core.cuda  # noqa: F401
+    except ImportError as error:
+        warnings.warn(
+            f"softorder's JAX bridge copies GPU arrays to the host ({error}); the GPU kernels "
+            'need the numba-cuda package: pip install "softorder[cuda]"',
+            stacklevel=3,
+        )
+        return False
+    return True
+
+
+def _callback(fn, shapes: tuple, arrays: tuple, device: bool) -> tuple:
+    """``fn`` on ``arrays`` through ``buffer_callback`` (device) or ``pure_callback``."""
+    if device:
+        from jax.experimental.buffer_callback import buffer_callback
+
+        return tuple(buffer_callback(_InPlace(fn), shapes, vmap_method=VMAP_METHOD)(*arrays))
+    return jax.pure_callback(fn, shapes, *arrays, vmap_method=VMAP_METHOD)
+
 
 def _struct(shape, dtype) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))
 
 
-def _forward(call: _Call, arrays: tuple, keep: bool) -> tuple:
+def _forward(call: _Call, device: bool, arrays: tuple, keep: bool) -> tuple:
     residuals = [
         _struct(_stored_shape(shape, dtype, stored), stored)
         for _, shape, dtype, stored in call.residuals
     ]
     shapes = (_struct(*call.result), *(residuals if keep else ()))
-    return jax.pure_callback(_Forward(call, keep), shapes, *arrays, vmap_method=VMAP_METHOD)
+    return _callback(_Forward(call, keep), shapes, arrays, device)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _apply(call: _Call, *arrays):
-    return _forward(call, arrays, keep=False)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _apply(call: _Call, device: bool, *arrays):
+    return _forward(call, device, arrays, keep=False)[0]
 
 
-def _apply_fwd(call: _Call, *arrays):
-    out, *residuals = _forward(call, arrays, keep=True)
+def _apply_fwd(call: _Call, device: bool, *arrays):
+    out, *residuals = _forward(call, device, arrays, keep=True)
     return out, (arrays, tuple(residuals))
 
 
-def _apply_bwd(call: _Call, saved, cotangent):
+def _apply_bwd(call: _Call, device: bool, saved, cotangent):
     arrays, residuals = saved
     shapes = tuple(_struct(arrays[i].shape, arrays[i].dtype) for i in call.differentiable)
-    grads = jax.pure_callback(
-        _Backward(call), shapes, *arrays, *residuals, cotangent, vmap_method=VMAP_METHOD
-    )
+    grads = _callback(_Backward(call), shapes, (*arrays, *residuals, cotangent), device)
     out: list = [None] * len(arrays)  # None: no gradient (labels, p_k, target_ranks)
     for i, grad in zip(call.differentiable, grads, strict=True):
         out[i] = grad
@@ -335,7 +534,7 @@ def _run(op: Callable, **kwargs: Any) -> jax.Array:
         ),
         differentiable=tuple(names.index(name) for name in rule.differentiable),
     )
-    out = _apply(call, *(arrays[name] for name in names))
+    out = _apply(call, _device_callbacks(), *(arrays[name] for name in names))
     if is_loss and arguments["reduction"] != "none":
         out = jnp.sum(out) if arguments["reduction"] == "sum" else jnp.mean(out)
     return out.astype(out_dtype)

@@ -359,7 +359,10 @@ class NumbaDeviceBackend:
         """
         if tuple(grad.shape) == tuple(shape):
             return grad
-        host = self.contiguous(grad).copy_to_host()
+        stream = _launch.stream_()
+        host = self.contiguous(grad).copy_to_host(stream=stream)  # after the kernels on it
+        if not isinstance(stream, int):
+            stream.synchronize()
         return self.from_host(_backend.unbroadcast(host, tuple(shape)))
 
     def negate_(self, a) -> None:
