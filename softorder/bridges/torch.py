@@ -155,7 +155,8 @@ def _as_tensor(arr, dtype: torch.dtype | None = None) -> Tensor:
 
 def _gradient(grad, like: Tensor) -> Tensor:
     """A gradient from the rules as a tensor of its argument's dtype and device."""
-    return _as_tensor(grad, like.dtype).to(like.device)
+    out = _as_tensor(grad, like.dtype)
+    return out if out.device == like.device else out.to(like.device)
 
 
 # --- the three custom operators -------------------------------------------------------------
