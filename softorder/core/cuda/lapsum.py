@@ -65,21 +65,37 @@ def _moment_terms(xs, alpha, E, A, B, left, right):
         )
 
 
+def prefix_sums(xs, alpha, E, A, B, decays: bool = True) -> None:
+    """GPU :func:`softorder.core.lapsum.prefix_sums` for all rows: the decays into ``E`` (or,
+    without ``decays``, ``E`` as given: saved by a forward pass), then ``A`` and ``B``.
+    """
+    if decays:
+        _launch.for_each(_decays, xs.size, xs, alpha, E, A, B)
+    else:
+        fill(A, 1.0)
+        fill(B, 1.0)
+    affine_scan(E, A, A)
+    affine_scan(E, B, B, reverse=True)
+
+
+def prefix_moments(xs, alpha, E, A, B, Ad, Bd) -> None:
+    """GPU :func:`softorder.core.lapsum.prefix_moments` for all rows (needs ``E, A, B``)."""
+    _launch.for_each(_moment_terms, xs.size, xs, alpha, E, A, B, Ad, Bd)
+    affine_scan(E, Ad, Ad)
+    affine_scan(E, Bd, Bd, reverse=True)
+
+
 def row_tables(xs, alpha, moments: bool, work):
     """Fill ``E, A, B, S`` (and ``Ad, Bd`` with ``moments``) into ``work`` (rows, >= 6, n),
     as :func:`softorder.core.lapsum.row_tables` does per row; returns the six (rows, n) views.
     """
     E, A, B, S = (work[:, k, :] for k in range(4))
     Ad = Bd = None
-    _launch.for_each(_decays, xs.size, xs, alpha, E, A, B)
-    affine_scan(E, A, A)
-    affine_scan(E, B, B, reverse=True)
+    prefix_sums(xs, alpha, E, A, B)
     _launch.for_each(_lapsum_at_points, xs.size, A, B, S)
     if moments:
         Ad, Bd = work[:, 4, :], work[:, 5, :]
-        _launch.for_each(_moment_terms, xs.size, xs, alpha, E, A, B, Ad, Bd)
-        affine_scan(E, Ad, Ad)
-        affine_scan(E, Bd, Bd, reverse=True)
+        prefix_moments(xs, alpha, E, A, B, Ad, Bd)
     return E, A, B, Ad, Bd, S
 
 

@@ -13,16 +13,18 @@ per element inside those loops is an elementwise kernel before or after the scan
   (``lv``) and to the right (``rv``) by one scan each, then one elementwise kernel for
   ``J v + (d rank / d alpha) alpha_v``, and a row sum for the alpha cotangent.
 
-``row_tables`` itself does not fit: it computes ``E`` into ``work[:, 0]`` and needs 4 (6 with
-moments) slots of ``work``, while the rank kernels get 2 (3) and keep ``E`` in ``decay``. Its
-two private kernels (``_decays``, ``_moment_terms``) are composed here instead.
+``row_tables`` itself does not fit (it needs 4, or 6, slots of ``work`` where the rank
+kernels get 2, or 3, and keeps ``E`` in ``work``): its steps
+(:func:`~softorder.core.cuda.lapsum.prefix_sums`,
+:func:`~softorder.core.cuda.lapsum.prefix_moments`) are composed here, with ``E`` in
+``decay``.
 """
 
 from __future__ import annotations
 
 from softorder.core.cuda import _launch
 from softorder.core.cuda._launch import F1, F2
-from softorder.core.cuda.lapsum import _decays, _moment_terms
+from softorder.core.cuda.lapsum import prefix_moments, prefix_sums
 from softorder.core.cuda.rows import element, gather_finite, nan_rows, scatter
 from softorder.core.cuda.scan import affine_scan, fill, row_sums
 
@@ -52,9 +54,7 @@ def rank_forward(xs, order, alpha, out, decay, work) -> None:
     """
     n = xs.shape[1]
     A, B = work[:, 0, :n], work[:, 1, :n]
-    _launch.for_each(_decays, xs.size, xs, alpha, decay, A, B)
-    affine_scan(decay, A, A)
-    affine_scan(decay, B, B, reverse=True)
+    prefix_sums(xs, alpha, decay, A, B)
     _launch.for_each(_sorted_ranks, xs.size, xs, A, B)
     affine_scan(A, B, B)
     scatter(xs, order, B, out)
@@ -93,13 +93,8 @@ def _rank_linear(xs, order, alpha, decay, v, alpha_v, out, dot, work):
     temps = _launch.empty((rows, _LINEAR_TEMPS, n))
     Ad, Bd, left, right = (temps[:, k, :] for k in range(_LINEAR_TEMPS))
     gather_finite(xs, order, v, vs)
-    fill(A, 1.0)
-    fill(B, 1.0)
-    affine_scan(decay, A, A)
-    affine_scan(decay, B, B, reverse=True)
-    _launch.for_each(_moment_terms, xs.size, xs, alpha, decay, A, B, Ad, Bd)
-    affine_scan(decay, Ad, Ad)
-    affine_scan(decay, Bd, Bd, reverse=True)
+    prefix_sums(xs, alpha, decay, A, B, decays=False)
+    prefix_moments(xs, alpha, decay, A, B, Ad, Bd)
     affine_scan(decay, vs, left)
     affine_scan(decay, vs, right, reverse=True)
     _launch.for_each(
