@@ -36,6 +36,13 @@ def configure(threads: int | None = None, items: int | None = None) -> dict:
 
     256 x 4: a 1000-element row is one block (one launch per scan, no carries), and a
     1e7-element row is 9766 blocks whose carries take two more levels of the same scan.
+
+    Examples
+    --------
+    >>> from softorder.core import cuda as gpu  # needs numba-cuda, not a GPU
+    >>> previous = gpu.configure(threads=4, items=2)  # what the simulator tests use
+    >>> gpu.configure(**previous)
+    {'threads': 4, 'items': 2}
     """
     previous = dict(_config)
     if threads is not None:
@@ -70,6 +77,14 @@ def tiles(n: int) -> int:
 def on_stream(stream, allocate=None):
     """Launch every kernel inside the block on ``stream`` (a numba stream), and take
     temporaries from ``allocate(shape, dtype)`` when given (see :func:`empty`).
+
+    Examples
+    --------
+    >>> from softorder.core import cuda as gpu
+    >>> from softorder.core.cuda import _launch
+    >>> with gpu.on_stream(0):  # on a GPU: numba.cuda.external_stream(handle), for instance
+    ...     _launch.stream_()
+    0
     """
     previous = (stream_(), getattr(_state, "allocate", None))
     _state.stream, _state.allocate = stream, allocate
