@@ -94,7 +94,8 @@ class Rule:
         rows = ctx.rows.rows
         for name, arr in residuals.items():
             if name != "order":
-                ctx.saved[name] = ctx.rows.backend.contiguous(arr).reshape(rows, arr.shape[-1])
+                width = tuple(arr.shape)[-1]  # (numba's simulated device shapes refuse -1)
+                ctx.saved[name] = ctx.rows.backend.contiguous(arr).reshape(rows, width)
         return ctx
 
 

@@ -165,14 +165,12 @@ class _Call:
         return out
 
     def unpack(self, stored: tuple, device=None) -> dict:
-        """The residuals from what :meth:`pack` stored. With ``device`` (a :class:`_Device`)
-        from device arrays, as the numba backend's views of them (no copy; a view's shape is
-        a tuple, which :meth:`Rule.restore` indexes with -1 where the simulator's device
-        arrays refuse negative indices).
+        """The residuals from what :meth:`pack` stored; with ``device`` (a :class:`_Device`)
+        they are device arrays and stay on the device (no copy).
         """
         if device is not None:
             return {
-                name: device.view(arr if stored_dtype == dtype else arr.view(dtype))
+                name: arr if stored_dtype == dtype else arr.view(dtype)
                 for (name, _, dtype, stored_dtype), arr in zip(self.residuals, stored, strict=True)
             }
         return {
@@ -280,7 +278,6 @@ class _Device:
     stream: Any
     backend: Any  # softorder.core.cuda.backend.DEVICE
     wrap: Callable  # a buffer (or device array) as a numba device array, no copy
-    view: Callable  # a device array as the backend's StridedView (see _Call.unpack)
 
     @classmethod
     @contextlib.contextmanager
@@ -298,12 +295,12 @@ class _Device:
                     "which cannot read JAX's GPU buffers; unset it to use the GPU"
                 )
             with gpu.on_stream(0):
-                yield cls(0, backend.DEVICE, _launch.as_device, backend.StridedView.of)
+                yield cls(0, backend.DEVICE, _launch.as_device)
             return
         with cuda.gpus[buffer.__dlpack_device__()[1]]:
             stream = cuda.external_stream(ctx.stream)
             with gpu.on_stream(stream):
-                yield cls(stream, backend.DEVICE, _launch.as_device, backend.StridedView.of)
+                yield cls(stream, backend.DEVICE, _launch.as_device)
 
     def arguments(self, buffers: tuple) -> list:
         """The input as a device array; the small arguments the rules validate (alpha, k, q,
