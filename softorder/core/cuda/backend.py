@@ -202,13 +202,6 @@ def _gather(memory, offset, shape, strides, out, negate):
             out[j] = -out[j]
 
 
-@_launch.kernel(F1, "float64")
-def _fill(out, value):
-    i = cuda.grid(1)
-    if i < out.shape[0]:
-        out[i] = value
-
-
 @_launch.kernel(F1, "float64", F1)
 def _scale(a, factor, out):
     i = cuda.grid(1)
@@ -320,7 +313,7 @@ class NumbaDeviceBackend:
     def full(self, shape, value: float) -> DeviceArray:
         """A float64 device array filled with ``value``."""
         out = self.empty(shape)
-        _launch.for_each(_fill, out.size, _flat(out), float(value))
+        scan.fill(out.reshape(1, out.size), float(value))
         return out
 
     def from_host(self, arr: np.ndarray) -> DeviceArray:
