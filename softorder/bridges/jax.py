@@ -20,6 +20,10 @@ Transformations
     kernels as one batched call (``vmap_method="broadcast_all"``: the vmapped axes become
     leading batch axes), not as a loop over rows. Forward mode (``jax.jvp``, ``jax.jacfwd``)
     is not available: ``custom_vjp`` functions only have reverse-mode derivatives.
+    Inside :func:`jax.shard_map` each device's callbacks get only that device's rows, and
+    the gradient of a replicated argument (``alpha``) is summed over the devices; a plain
+    ``jax.jit`` of a sharded batch gathers it onto one device for the callbacks (see the
+    "Scaling out" page of the docs).
 dtypes
     Results are float32 by default and float64 when ``jax_enable_x64`` is on: floating inputs
     keep their dtype, integer inputs give the default float dtype. float16 and bfloat16 inputs
@@ -375,13 +379,46 @@ def _forward(call: _Call, device: bool, arrays: tuple, keep: bool) -> tuple:
     return _callback(_Forward(call, keep), shapes, arrays, device)
 
 
+def _varying(value) -> frozenset:
+    """The manual mesh axes ``value`` varies over (empty outside :func:`jax.shard_map`)."""
+    typeof = getattr(jax, "typeof", None)
+    if typeof is None:  # JAX before varying-axes types
+        return frozenset()
+    aval = typeof(value)
+    manual = getattr(aval, "manual_axis_type", None)  # JAX >= 0.10
+    return frozenset(manual.varying if manual is not None else getattr(aval, "vma", ()))
+
+
+def _varying_axes(arrays) -> tuple:
+    """Inside :func:`jax.shard_map`: the mesh axes that any of ``arrays`` varies over."""
+    return tuple(sorted(set().union(*(_varying(arr) for arr in arrays))))
+
+
+def _vary(values, axes: tuple) -> tuple:
+    """``values`` typed as varying over ``axes``.
+
+    A callback's results are typed as the same on every device, yet inside
+    :func:`jax.shard_map` each device computes them from its own rows: they vary over the
+    axes their inputs vary over. Arguments that do not vary (a replicated ``alpha``) are made
+    varying before the call, so that the transpose of this cast sums their per-device
+    gradients over the devices (a ``psum``).
+    """
+    if not axes:
+        return tuple(values)
+    out = []
+    for value in values:
+        missing = tuple(a for a in axes if a not in _varying(value))
+        out.append(jax.lax.pcast(value, missing, to="varying") if missing else value)
+    return tuple(out)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _apply(call: _Call, device: bool, *arrays):
-    return _forward(call, device, arrays, keep=False)[0]
+    return _vary(_forward(call, device, arrays, keep=False), _varying_axes(arrays))[0]
 
 
 def _apply_fwd(call: _Call, device: bool, *arrays):
-    out, *residuals = _forward(call, device, arrays, keep=True)
+    out, *residuals = _vary(_forward(call, device, arrays, keep=True), _varying_axes(arrays))
     return out, (arrays, tuple(residuals))
 
 
@@ -389,6 +426,7 @@ def _apply_bwd(call: _Call, device: bool, saved, cotangent):
     arrays, residuals = saved
     shapes = tuple(_struct(arrays[i].shape, arrays[i].dtype) for i in call.differentiable)
     grads = _callback(_Backward(call), shapes, (*arrays, *residuals, cotangent), device)
+    grads = _vary(grads, _varying_axes(arrays))
     out: list = [None] * len(arrays)  # None: no gradient (labels, p_k, target_ranks)
     for i, grad in zip(call.differentiable, grads, strict=True):
         out[i] = grad
@@ -531,7 +569,8 @@ def _run(op: Callable, **kwargs: Any) -> jax.Array:
         ),
         differentiable=tuple(names.index(name) for name in rule.differentiable),
     )
-    out = _apply(call, _device_callbacks(), *(arrays[name] for name in names))
+    operands = tuple(arrays[name] for name in names)
+    out = _apply(call, _device_callbacks(), *_vary(operands, _varying_axes(operands)))
     if is_loss and arguments["reduction"] != "none":
         out = jnp.sum(out) if arguments["reduction"] == "sum" else jnp.mean(out)
     return out.astype(out_dtype)
