@@ -1,142 +1,32 @@
-"""Where a call's arrays live and which kernels run on them.
+"""Where a call's arrays live and which kernels run on them: the choice of a backend.
 
 The rules (:mod:`softorder._rules`) and the shape handling (:mod:`softorder._layout`) are
-written once against this small interface. :class:`NumpyBackend` keeps arrays in host memory
-and runs the CPU kernels of :mod:`softorder.core`; a bridge registers a backend for its own
-device arrays (the PyTorch bridge does for CUDA tensors: ``torch`` operations for the layout,
-:mod:`softorder.core.cuda` kernels for the mathematics). Small arguments that must be
+written once against one small interface, implemented by the backends of
+:mod:`softorder._backends`: :data:`NUMPY` keeps arrays in host memory and runs the CPU kernels
+of :mod:`softorder.core`; device arrays of any framework (``__cuda_array_interface__``) go to
+the numba device backend, loaded the first time one is seen; a bridge registers a backend for
+its own device arrays (the PyTorch bridge does for CUDA tensors). Small arguments that must be
 validated (``alpha``, ``k``, ``q``, labels, ``p_k``) are always validated in host memory and
-moved with :meth:`NumpyBackend.from_host`.
+moved with the backend's ``from_host``.
 """
 
 from __future__ import annotations
 
-import numpy as np
+import sys
 
-from softorder import core
+from softorder._backends.numpy_host import NUMPY, NumpyBackend, cast, float_array, unbroadcast
 
+__all__ = [
+    "NUMPY",
+    "NumpyBackend",
+    "backend_of",
+    "cast",
+    "float_array",
+    "register",
+    "unbroadcast",
+    "unregister",
+]
 
-def float_array(x, name: str) -> tuple[np.ndarray, np.dtype]:
-    """``x`` as a real array and the floating dtype results are returned in.
-
-    Integers and booleans give float64, float16 gives float16 (computed in float64).
-    Complex, object and string arrays raise ``TypeError`` naming the argument.
-    """
-    arr = np.asarray(x)
-    kind = arr.dtype.kind
-    if kind == "c":
-        raise TypeError(f"{name} must be real; got a complex array of dtype {arr.dtype}")
-    if kind not in "biuf":
-        raise TypeError(f"{name} must be a numeric array; got dtype {arr.dtype}")
-    out_dtype = arr.dtype if kind == "f" else np.dtype(np.float64)
-    return arr, out_dtype
-
-
-def cast(value, dtype) -> np.ndarray:
-    """``value`` as a C-ordered array of ``dtype``; values beyond a narrow dtype's range become
-    +-inf there (as the true result would), without a warning.
-    """
-    with np.errstate(over="ignore"):
-        return np.asarray(value, dtype=dtype, order="C")
-
-
-def unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:
-    """Sum ``grad`` over the axes that broadcasting added to an argument of ``shape``."""
-    extra = grad.ndim - len(shape)
-    grad = grad.sum(axis=tuple(range(extra))) if extra > 0 else grad
-    axes = tuple(i for i, s in enumerate(shape) if s == 1 and grad.shape[i] != 1)
-    return grad.sum(axis=axes, keepdims=True) if axes else grad
-
-
-class NumpyBackend:
-    """Host arrays and the CPU kernels: the NumPy API, the JAX bridge and CPU tensors."""
-
-    kernels = core
-
-    def float_input(self, x, name: str):
-        """``x`` as a real array of this backend and the dtype results are returned in."""
-        return float_array(x, name)
-
-    def moveaxis(self, a, source, destination):
-        return np.moveaxis(a, source, destination)
-
-    def contiguous_f64(self, a, negate: bool = False):
-        """An array or view (any shape) as a C-contiguous float64 array, negated on request;
-        the rules never write it (no copy when it already is one).
-        """
-        if negate:
-            a = np.negative(a, dtype=np.float64)
-        return np.ascontiguousarray(a, dtype=np.float64)
-
-    def sort_rows(self, rows2d, order=None):
-        """``(xs, order)``: each row sorted ascending (NaN last) and its argsort; with
-        ``order`` (a saved argsort) only the gather.
-        """
-        if order is None:
-            order = np.argsort(rows2d, axis=1)
-        else:
-            order = np.ascontiguousarray(order, dtype=np.int64).reshape(rows2d.shape)
-        xs = np.empty(rows2d.shape)
-        core.take_rows(rows2d, order, xs)  # np.take_along_axis was 8x slower at n = 1e6
-        return xs, order
-
-    def contiguous(self, a):
-        return np.ascontiguousarray(a)
-
-    def empty(self, shape, dtype=np.float64):
-        return np.empty(shape, dtype=dtype)
-
-    def zeros(self, shape):
-        return np.zeros(shape)
-
-    def full(self, shape, value: float):
-        return np.full(shape, value, dtype=np.float64)
-
-    def from_host(self, arr: np.ndarray):
-        """A host array (validated arguments, targets) as this backend's array."""
-        return np.asarray(arr, order="C")  # (ascontiguousarray makes 0-d arrays 1-d)
-
-    def tile_rows(self, row: np.ndarray, rows: int):
-        """``rows`` copies of the host vector ``row`` as a (rows, len(row)) array."""
-        return np.broadcast_to(row, (rows, row.shape[0])).copy()
-
-    def broadcast_f64(self, a, shape):
-        """``a`` broadcast to ``shape`` as a new C-contiguous float64 array."""
-        return np.ascontiguousarray(np.broadcast_to(a, shape), dtype=np.float64)
-
-    def cast(self, a, dtype):
-        return cast(a, dtype)
-
-    def to_result(self, value, dtype):
-        """``value`` as a result of ``dtype``: a 0-d value becomes a scalar (NumPy's
-        convention; device backends keep a 0-d device array).
-        """
-        return cast(value, dtype)[()]
-
-    def unbroadcast(self, grad, shape):
-        return unbroadcast(grad, shape)
-
-    def negate_(self, a) -> None:
-        np.negative(a, out=a)
-
-    def scale(self, a, factor: float):
-        """A new array ``a * factor``."""
-        return a * factor
-
-    def total(self, a):
-        """The sum of all elements, as a 0-d array of this backend."""
-        return a.sum()
-
-    def row_dots(self, a, b):
-        """``(a * b).sum(axis=1)`` of two (rows, n) arrays."""
-        return (a * b).sum(axis=1)
-
-    def add_product(self, out, a, b) -> None:
-        """``out += a * b`` in place."""
-        out += a * b
-
-
-NUMPY = NumpyBackend()
 _lookups: list = []
 
 
@@ -147,6 +37,7 @@ def register(lookup) -> None:
 
 
 def unregister(lookup) -> None:
+    """Stop consulting ``lookup``."""
     if lookup in _lookups:
         _lookups.remove(lookup)
 
@@ -154,30 +45,41 @@ def unregister(lookup) -> None:
 def backend_of(x):
     """The backend for an input ``x``: the first registered lookup's answer, or NumPy.
 
-    A device array (``__cuda_array_interface__``) loads the GPU kernels, whose module
-    registers the backend for device arrays, the first time one is seen.
+    A device array (``__cuda_array_interface__``) loads the numba device backend (and
+    registers its lookup) the first time one is seen.
     """
     for lookup in _lookups:
         backend = lookup(x)
         if backend is not None:
             return backend
-    if not _device_kernels_loaded and _is_device_array(x):
-        _load_device_kernels()
+    if not _device_backend_loaded and _is_device_array(x):
+        _load_device_backend()
         return backend_of(x)
     return NUMPY
 
 
-_device_kernels_loaded = False
+_device_backend_loaded = False
 
 
-def _load_device_kernels() -> None:
-    global _device_kernels_loaded
-    _device_kernels_loaded = True
-    import softorder.core.cuda  # noqa: F401  (registers its backend)
+def _load_device_backend() -> None:
+    global _device_backend_loaded
+    try:
+        from softorder._backends import numba_cuda
+    except ImportError as error:
+        raise ImportError(
+            "softorder runs device arrays (__cuda_array_interface__) on its GPU kernels, "
+            "which need numba-cuda: pip install 'softorder[cuda]'"
+        ) from error
+    register(numba_cuda.lookup)
+    _device_backend_loaded = True
 
 
 def _is_device_array(x) -> bool:
     try:
-        return hasattr(x, "__cuda_array_interface__")
+        if hasattr(x, "__cuda_array_interface__"):
+            return True
     except Exception:  # e.g. a sharded JAX array: not one device array
         return False
+    # numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) stands host arrays in for device arrays
+    simulated = sys.modules.get("numba.cuda.simulator.cudadrv.devicearray")
+    return simulated is not None and isinstance(x, simulated.FakeCUDAArray)

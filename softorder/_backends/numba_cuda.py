@@ -2,8 +2,8 @@
 
 Anything with ``__cuda_array_interface__`` (numba device arrays, CuPy arrays, JAX GPU arrays;
 not PyTorch tensors, which the torch bridge's own backend takes) goes through the same rules
-as the NumPy API: the layout by the small elementwise kernels here, the sort by
-:mod:`softorder.core.cuda.sort_rows`, the mathematics by the kernels of
+as the NumPy API: the layout by the kernels of :mod:`softorder.core.cuda.elementwise`, the
+sort by :mod:`softorder.core.cuda.sort_rows`, the mathematics by the kernels of
 :mod:`softorder.core.cuda`. Results are numba device arrays (:class:`DeviceArray`) of the
 input's dtype, C-contiguous in the caller's layout.
 
@@ -17,7 +17,8 @@ input's dtype, C-contiguous in the caller's layout.
   a few values per row at most).
 
 Kernels launch on the stream of :func:`softorder.core.cuda.on_stream` (the default stream
-otherwise); the lookup is registered when :mod:`softorder.core.cuda` is imported.
+otherwise). :func:`softorder._backend.backend_of` imports this module and registers
+:func:`lookup` the first time it sees a device array; importing it registers nothing.
 """
 
 from __future__ import annotations
@@ -28,9 +29,8 @@ import sys
 import numpy as np
 from numba import cuda
 
-from softorder import _backend
-from softorder.core.cuda import _launch, scan
-from softorder.core.cuda._launch import F1
+from softorder._backends import numpy_host
+from softorder.core.cuda import _launch, elementwise, scan
 from softorder.core.cuda.rows import take_rows
 from softorder.core.cuda.sort_rows import sort_rows as argsort_rows
 
@@ -184,52 +184,14 @@ def _memory(a, low: int, count: int):
     return cuda.from_cuda_array_interface(desc, owner=a, sync=False)
 
 
-@_launch.kernel(F1, "int64", "UniTuple(int64, 2)", "UniTuple(int64, 2)", F1, "boolean")
-def _gather(memory, offset, shape, strides, out, negate):
-    """``out[j]`` = element ``j`` (C order) of the walk ``(shape, strides)`` over ``memory``
-    from ``offset``, converted to ``out``'s dtype and negated on request. numba compiles it
-    for each dtype pair and each number of axes.
-    """
-    j = cuda.grid(1)
-    if j < out.shape[0]:
-        k = offset
-        rest = j
-        for d in range(len(shape) - 1, -1, -1):
-            k += (rest % shape[d]) * strides[d]
-            rest //= shape[d]
-        out[j] = memory[k]
-        if negate:
-            out[j] = -out[j]
-
-
-@_launch.kernel(F1, "float64", F1)
-def _scale(a, factor, out):
-    i = cuda.grid(1)
-    if i < out.shape[0]:
-        out[i] = a[i] * factor
-
-
-@_launch.kernel(F1, F1, F1)
-def _multiply(a, b, out):
-    i = cuda.grid(1)
-    if i < out.shape[0]:
-        out[i] = a[i] * b[i]
-
-
-@_launch.kernel(F1, F1, F1)
-def _add_product(out, a, b):
-    i = cuda.grid(1)
-    if i < out.shape[0]:
-        out[i] += a[i] * b[i]
-
-
 def _materialise(view: StridedView, dtype, negate: bool = False) -> DeviceArray:
     """A new C-contiguous array of ``dtype`` holding the view's elements (negated on request)."""
     out = DEVICE.empty(view.shape, dtype)
     if view.size:
         shape, strides = (view.walk_shape, view.walk_strides) if view.walk_shape else ((1,), (0,))
         flat = out.reshape(view.size)
-        _launch.for_each(_gather, view.size, view.memory, view.offset, shape, strides, flat, negate)
+        args = (view.memory, view.offset, shape, strides, flat, negate)
+        _launch.for_each(elementwise.gather, view.size, *args)
     return out
 
 
@@ -241,7 +203,7 @@ def _flat(a):
 class NumbaDeviceBackend:
     """Device arrays (numba's, or any ``__cuda_array_interface__``); ``kernels`` are the GPU
     kernels of :mod:`softorder.core.cuda`. The methods are those of
-    :class:`softorder._backend.NumpyBackend`.
+    :class:`softorder._backends.numpy_host.NumpyBackend`.
     """
 
     @property
@@ -337,7 +299,7 @@ class NumbaDeviceBackend:
         ``dtype``, 0-d included; values beyond a narrow dtype's range become +-inf.
         """
         if not is_device_array(a) and not isinstance(a, StridedView):
-            return self.from_host(_backend.cast(a, dtype))
+            return self.from_host(numpy_host.cast(a, dtype))
         return self.contiguous(a, dtype)
 
     def to_result(self, value, dtype) -> DeviceArray:
@@ -356,18 +318,18 @@ class NumbaDeviceBackend:
         host = self.contiguous(grad).copy_to_host(stream=stream)  # after the kernels on it
         if not isinstance(stream, int):
             stream.synchronize()
-        return self.from_host(_backend.unbroadcast(host, tuple(shape)))
+        return self.from_host(numpy_host.unbroadcast(host, tuple(shape)))
 
     def negate_(self, a) -> None:
         """``a = -a`` in place (a C-contiguous float64 array)."""
-        _launch.for_each(_scale, a.size, _flat(a), -1.0, _flat(a))
+        _launch.for_each(elementwise.scale, a.size, _flat(a), -1.0, _flat(a))
 
     def scale(self, a, factor: float) -> DeviceArray:
         """A new array ``a * factor`` (float dtypes kept, others give float64)."""
         a = self.contiguous(a)
         dtype = a.dtype if a.dtype.kind == "f" else np.dtype(np.float64)
         out = self.empty(a.shape, dtype)
-        _launch.for_each(_scale, a.size, _flat(a), float(factor), _flat(out))
+        _launch.for_each(elementwise.scale, a.size, _flat(a), float(factor), _flat(out))
         return out
 
     def total(self, a) -> DeviceArray:
@@ -379,14 +341,14 @@ class NumbaDeviceBackend:
     def row_dots(self, a, b) -> DeviceArray:
         """``(a * b).sum(axis=1)`` of two C-contiguous float64 (rows, n) arrays."""
         products = self.empty(a.shape)
-        _launch.for_each(_multiply, a.size, _flat(a), _flat(b), _flat(products))
+        _launch.for_each(elementwise.multiply, a.size, _flat(a), _flat(b), _flat(products))
         out = self.empty(a.shape[0])
         scan.row_sums(products, out)
         return out
 
     def add_product(self, out, a, b) -> None:
         """``out += a * b`` in place (C-contiguous float64 arrays of one shape)."""
-        _launch.for_each(_add_product, out.size, _flat(out), _flat(a), _flat(b))
+        _launch.for_each(elementwise.add_product, out.size, _flat(out), _flat(a), _flat(b))
 
 
 DEVICE = NumbaDeviceBackend()
@@ -400,6 +362,3 @@ def lookup(x):
     if torch is not None and isinstance(x, torch.Tensor):
         return None
     return DEVICE if is_device_array(x) else None
-
-
-_backend.register(lookup)

@@ -39,7 +39,7 @@ Devices
     kernels. When JAX's default backend is CUDA and ``numba-cuda`` is installed, they are
     :func:`jax.experimental.buffer_callback.buffer_callback` calls instead: the input, the
     cotangent and the residuals stay in XLA's buffers, seen as numba device arrays; the rules
-    run on them through the numba device backend (:mod:`softorder.core.cuda.backend`), with
+    run on them through the numba device backend (:mod:`softorder._backends.numba_cuda`), with
     the GPU kernels of :mod:`softorder.core.cuda` on XLA's compute stream; results, residuals
     and gradients are copied into the output buffers device to device. Only the small
     arguments the rules validate (``alpha``, ``k``, ``q``, labels, ``p_k``,
@@ -233,7 +233,7 @@ class _Backward:
 
 # --------------------------------------------------------------------------------------------
 # The device path: buffer_callback hands the callbacks XLA's own buffers, which become numba
-# device arrays for the rules (the numba device backend, softorder.core.cuda.backend), and
+# device arrays for the rules (the numba device backend, softorder._backends.numba_cuda), and
 # the results are copied into the output buffers on the device.
 
 _DLPACK_CPU = 1  # DLDeviceType kDLCPU
@@ -276,11 +276,11 @@ def _simulator() -> bool:
 class _Device:
     """The kernels' side of one buffer callback: numba device arrays viewing XLA's buffers,
     the stream the kernels launch on (XLA's compute stream; 0 in the simulator), and the numba
-    device backend of the rules (:mod:`softorder.core.cuda.backend`).
+    device backend of the rules (:mod:`softorder._backends.numba_cuda`).
     """
 
     stream: Any
-    backend: Any  # softorder.core.cuda.backend.DEVICE
+    backend: Any  # softorder._backends.numba_cuda.DEVICE
     wrap: Callable  # a buffer (or device array) as a numba device array, no copy
 
     @classmethod
@@ -289,8 +289,9 @@ class _Device:
         """Launch every kernel inside the block on XLA's stream of ``buffer``'s device."""
         from numba import cuda
 
-        from softorder.core import cuda as gpu  # registers the numba device backend
-        from softorder.core.cuda import _launch, backend
+        from softorder._backends import numba_cuda as backend
+        from softorder.core import cuda as gpu
+        from softorder.core.cuda import _launch
 
         if gpu.SIMULATOR:
             if not _on_host(buffer):

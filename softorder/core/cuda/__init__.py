@@ -59,4 +59,3 @@ __all__ = [
     "topk_loss_vjp",
     "topk_vjp",
 ]
-from softorder.core.cuda import backend  # noqa: E402, F401  (registers the device-array backend)

@@ -1,4 +1,4 @@
-"""The NumPy API on plain device arrays (:mod:`softorder.core.cuda.backend`), in numba's
+"""The NumPy API on plain device arrays (:mod:`softorder._backends.numba_cuda`), in numba's
 simulator: every operation, its VJP and a JVP on ``cuda.to_device(x)`` must equal the NumPy
 API on ``x``, return device arrays of the input's dtype and leave the input alone; and the
 device merge sort must order rows as ``np.argsort(kind="stable")``.
@@ -12,7 +12,8 @@ from numba import cuda
 
 import softorder
 from softorder import _backend
-from softorder.core.cuda import backend, sort_rows
+from softorder._backends import numba_cuda as backend
+from softorder.core.cuda import sort_rows
 
 INF, NAN = np.inf, np.nan
 TOL = {"rtol": 1e-9, "atol": 1e-11}

@@ -1,0 +1,133 @@
+"""Host arrays and the CPU kernels of :mod:`softorder.core`: the backend of the NumPy API, of
+the JAX bridge on the CPU and of CPU tensors, and the host helpers every backend shares (the
+dtype policy of :func:`float_array`, :func:`cast`, :func:`unbroadcast`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from softorder import core
+
+
+def float_array(x, name: str) -> tuple[np.ndarray, np.dtype]:
+    """``x`` as a real array and the floating dtype results are returned in.
+
+    Integers and booleans give float64, float16 gives float16 (computed in float64).
+    Complex, object and string arrays raise ``TypeError`` naming the argument.
+    """
+    arr = np.asarray(x)
+    kind = arr.dtype.kind
+    if kind == "c":
+        raise TypeError(f"{name} must be real; got a complex array of dtype {arr.dtype}")
+    if kind not in "biuf":
+        raise TypeError(f"{name} must be a numeric array; got dtype {arr.dtype}")
+    out_dtype = arr.dtype if kind == "f" else np.dtype(np.float64)
+    return arr, out_dtype
+
+
+def cast(value, dtype) -> np.ndarray:
+    """``value`` as a C-ordered array of ``dtype``; values beyond a narrow dtype's range become
+    +-inf there (as the true result would), without a warning.
+    """
+    with np.errstate(over="ignore"):
+        return np.asarray(value, dtype=dtype, order="C")
+
+
+def unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:
+    """Sum ``grad`` over the axes that broadcasting added to an argument of ``shape``."""
+    extra = grad.ndim - len(shape)
+    grad = grad.sum(axis=tuple(range(extra))) if extra > 0 else grad
+    axes = tuple(i for i, s in enumerate(shape) if s == 1 and grad.shape[i] != 1)
+    return grad.sum(axis=axes, keepdims=True) if axes else grad
+
+
+class NumpyBackend:
+    """Host arrays and the CPU kernels: the NumPy API, the JAX bridge and CPU tensors."""
+
+    kernels = core
+
+    def float_input(self, x, name: str):
+        """``x`` as a real array of this backend and the dtype results are returned in."""
+        return float_array(x, name)
+
+    def moveaxis(self, a, source, destination):
+        return np.moveaxis(a, source, destination)
+
+    def contiguous_f64(self, a, negate: bool = False):
+        """An array or view (any shape) as a C-contiguous float64 array, negated on request;
+        the rules never write it (no copy when it already is one).
+        """
+        if negate:
+            a = np.negative(a, dtype=np.float64)
+        return np.ascontiguousarray(a, dtype=np.float64)
+
+    def sort_rows(self, rows2d, order=None):
+        """``(xs, order)``: each row sorted ascending (NaN last) and its argsort; with
+        ``order`` (a saved argsort) only the gather.
+        """
+        if order is None:
+            order = np.argsort(rows2d, axis=1)
+        else:
+            order = np.ascontiguousarray(order, dtype=np.int64).reshape(rows2d.shape)
+        xs = np.empty(rows2d.shape)
+        core.take_rows(rows2d, order, xs)  # faster than np.take_along_axis (CHANGELOG)
+        return xs, order
+
+    def contiguous(self, a):
+        return np.ascontiguousarray(a)
+
+    def empty(self, shape, dtype=np.float64):
+        return np.empty(shape, dtype=dtype)
+
+    def zeros(self, shape):
+        return np.zeros(shape)
+
+    def full(self, shape, value: float):
+        return np.full(shape, value, dtype=np.float64)
+
+    def from_host(self, arr: np.ndarray):
+        """A host array (validated arguments, targets) as this backend's array."""
+        return np.asarray(arr, order="C")  # (ascontiguousarray makes 0-d arrays 1-d)
+
+    def tile_rows(self, row: np.ndarray, rows: int):
+        """``rows`` copies of the host vector ``row`` as a (rows, len(row)) array."""
+        return np.broadcast_to(row, (rows, row.shape[0])).copy()
+
+    def broadcast_f64(self, a, shape):
+        """``a`` broadcast to ``shape`` as a new C-contiguous float64 array."""
+        return np.ascontiguousarray(np.broadcast_to(a, shape), dtype=np.float64)
+
+    def cast(self, a, dtype):
+        return cast(a, dtype)
+
+    def to_result(self, value, dtype):
+        """``value`` as a result of ``dtype``: a 0-d value becomes a scalar (NumPy's
+        convention; device backends keep a 0-d device array).
+        """
+        return cast(value, dtype)[()]
+
+    def unbroadcast(self, grad, shape):
+        return unbroadcast(grad, shape)
+
+    def negate_(self, a) -> None:
+        np.negative(a, out=a)
+
+    def scale(self, a, factor: float):
+        """A new array ``a * factor``."""
+        return a * factor
+
+    def total(self, a):
+        """The sum of all elements, as a 0-d array of this backend."""
+        return a.sum()
+
+    def row_dots(self, a, b):
+        """``(a * b).sum(axis=1)`` of two (rows, n) arrays."""
+        return (a * b).sum(axis=1)
+
+    def add_product(self, out, a, b) -> None:
+        """``out += a * b`` in place."""
+        out += a * b
+
+
+NUMPY = NumpyBackend()
