@@ -241,8 +241,16 @@ def _(t):
     return torch.empty_like(t)
 
 
+_SECOND_ORDER = (
+    "softorder: second derivatives of softorder operations are not supported (the derivative "
+    "of a gradient or of a forward-mode tangent: backward through a create_graph=True "
+    "gradient, gradgradcheck, torch.func.grad of grad, hessian, jacfwd(jacrev(...)), jvp of "
+    "grad); first derivatives are exact, in reverse and forward mode"
+)
+
+
 def _no_second_derivative(ctx, *grads):
-    raise NotImplementedError("softorder operations have first derivatives only")
+    raise NotImplementedError(_SECOND_ORDER)
 
 
 def _save_nothing(ctx, inputs, output):
@@ -255,6 +263,61 @@ for _op in (_backward_op, _pushforward_op, _plain_copy):
 
 def _detached(tensors) -> list[Tensor]:
     return [t.detach() for t in tensors]
+
+
+class _FirstOrderOnly(torch.autograd.Function):
+    """The identity on eager gradients (or tangents) computed outside autograd, recorded as
+    depending on the call's tensors, so that differentiating them raises :data:`_SECOND_ORDER`
+    instead of treating them as constants (which would give wrong second derivatives).
+    ``apply(count, *values_then_anchors)``: the first ``count`` tensors are returned.
+    """
+
+    generate_vmap_rule = True  # (a view: vmap needs no rule of its own)
+
+    @staticmethod
+    def forward(count: int, *tensors: Tensor):
+        return tuple(t.view_as(t) for t in tensors[:count])
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError(_SECOND_ORDER)
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise NotImplementedError(_SECOND_ORDER)
+
+
+def _first_order_only(values: list, anchors) -> list:
+    """``values`` (tensors or ``None``) tied to ``anchors`` by :class:`_FirstOrderOnly` when
+    the values may be differentiated: grad mode is on (``create_graph=True``, or a tangent
+    computed in grad mode) and an anchor is tracked by autograd or forward AD.
+    """
+    if _wrapped(*anchors):  # torch.func: each transform level decides for itself
+        anchors = [t for t in anchors if t is not None]
+    elif torch.is_grad_enabled():
+        anchors = [t for t in anchors if t is not None and (t.requires_grad or _has_tangent(t))]
+    else:
+        return values
+    present = [i for i, v in enumerate(values) if v is not None]
+    if not anchors or not present:
+        return values
+    tied = _FirstOrderOnly.apply(len(present), *(values[i] for i in present), *anchors)
+    out = list(values)
+    for i, t in zip(present, tied, strict=True):
+        out[i] = t
+    return out
+
+
+def _has_tangent(t: Tensor) -> bool:
+    return torch.autograd.forward_ad.unpack_dual(t).tangent is not None
+
+
+def _forward_ad_level():
+    return getattr(torch.autograd.forward_ad, "_current_level", -1) if False else None
 
 
 def _select(spec: str, needs_grad, gradients) -> list:
@@ -287,7 +350,9 @@ def _backward_compiled(ctx, grads):
     needs = [t.is_floating_point() for t in tensors]
 
     def gradients():
-        return _backward_op(ctx.spec, _detached(tensors), _detached(residuals), grads[0])
+        # the tensors stay attached: differentiating the gradient reaches the backward
+        # operator's autograd formula, which refuses (_no_second_derivative)
+        return _backward_op(ctx.spec, list(tensors), _detached(residuals), grads[0])
 
     if grads[0] is None:  # the result was not used
         return None, [None] * len(tensors)
@@ -324,6 +389,11 @@ class _Call:
             for name, t in zip(self.names, tensors, strict=True)
         )
         return {**self.statics, **dict(zip(self.names, values, strict=True))}
+
+
+def _wrapped(*tensors) -> bool:
+    """Whether any tensor is wrapped by a torch.func transform."""
+    return any(t is not None and _functorch.is_functorch_wrapped_tensor(t) for t in tensors)
 
 
 def _refuse_batched(*tensors) -> None:
@@ -397,7 +467,7 @@ class _Operation(torch.autograd.Function):
     def backward(ctx, cotangent):
         _refuse_batched(cotangent)
         call, tensors = ctx.call, ctx.saved_tensors
-        if _functorch.is_functorch_wrapped_tensor(cotangent):
+        if _wrapped(cotangent, *tensors):
             # under torch.func the values reach NumPy only through a custom operator
             def gradients():
                 return _backward_op(
@@ -411,7 +481,8 @@ class _Operation(torch.autograd.Function):
                 wanted = _differentiable(call.rule, call.names)
                 return [_gradient(grads[n], tensors[call.names.index(n)]) for n in wanted]
 
-        return None, *_select(call.spec, ctx.needs_input_grad[1:], gradients)
+        grads = _select(call.spec, ctx.needs_input_grad[1:], gradients)
+        return None, *_first_order_only(grads, (*tensors, cotangent))
 
     @staticmethod
     def jvp(ctx, _call_tangent, *tangents):
@@ -422,17 +493,20 @@ class _Operation(torch.autograd.Function):
             for name, t in zip(call.names, tangents, strict=True)
             if t is not None and name in call.rule.differentiable
         ]
-        if any(_functorch.is_functorch_wrapped_tensor(t) for _, t in given):
-            return _pushforward_op(
+        saved = ctx.saved_tensors
+        if _wrapped(*(t for _, t in given), *saved):
+            out = _pushforward_op(
                 call.spec,
-                _detached(ctx.saved_tensors),
+                _detached(saved),
                 call.residual_tensors(),
                 repr([name for name, _ in given]),
                 _detached(t for _, t in given),
                 ctx.like,
             )
-        tangent_of = {name: _as_array(t) for name, t in given}
-        return _as_tensor(call.rule.jvp(call.ctx, tangent_of), ctx.like.dtype)
+        else:
+            tangent_of = {name: _as_array(t) for name, t in given}
+            out = _as_tensor(call.rule.jvp(call.ctx, tangent_of), ctx.like.dtype)
+        return _first_order_only([out], (*saved, *tangents))[0]
 
 
 # --- the public functions -------------------------------------------------------------------
