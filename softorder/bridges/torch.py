@@ -45,9 +45,10 @@ How it plugs into PyTorch:
 
 from __future__ import annotations
 
-import ast
 import functools
+import json
 import numbers
+import operator
 
 import numpy as np
 import torch
@@ -95,18 +96,26 @@ _COMPUTE_DTYPE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
 # --- what a call is: an operation name, which arguments are tensors, and the static rest ---
 # A call is encoded as one string (custom operators take strings, and torch.compile treats
-# them as constants): repr((name, tensor_names, statics)).
+# them as constants): JSON of [name, tensor_names, statics]. JSON round-trips every static
+# exactly: floats as their shortest repr, NaN and infinities as NaN/Infinity (a non-finite
+# alpha then reaches the rules' validation, which names the argument), -0.0 as -0.0.
 
 
 @torch.compiler.assume_constant_result  # run, not traced, by torch.compile: a constant
 def _encode(name: str, tensor_names: tuple, statics: tuple) -> str:
-    return repr((name, tensor_names, statics))
+    return json.dumps([name, tensor_names, statics])
 
 
 @functools.lru_cache(maxsize=1024)
 def _decode(spec: str) -> tuple[Rule, tuple, dict]:
-    name, tensor_names, statics = ast.literal_eval(spec)
-    return _OPERATIONS[name].rule, tuple(tensor_names), dict(statics)
+    name, tensor_names, statics = _parts(spec)
+    return _OPERATIONS[name].rule, tensor_names, dict(statics)
+
+
+def _parts(spec: str) -> tuple[str, tuple, tuple]:
+    """The operation's name, the tensor argument names and the static (name, value) pairs."""
+    name, tensor_names, statics = json.loads(spec)
+    return name, tuple(tensor_names), tuple((key, value) for key, value in statics)
 
 
 def _arguments(spec: str, tensors) -> tuple[Rule, tuple, dict]:
@@ -222,7 +231,7 @@ def _pushforward_op(
     like: Tensor,
 ) -> Tensor:
     rule, _, ctx = _restore(spec, tensors, residuals)
-    tangent_of = dict(zip(ast.literal_eval(tangent_names), map(_as_array, tangents), strict=True))
+    tangent_of = dict(zip(json.loads(tangent_names), map(_as_array, tangents), strict=True))
     return _as_tensor(rule.jvp(ctx, tangent_of), like.dtype)
 
 
@@ -412,7 +421,7 @@ def _vmapped(info, in_dims, call: _Call, tensors) -> tuple[Tensor, int]:
     dimension of every argument (expanded where it is not batched); per-row arguments get unit
     dimensions after it so they still line up with the batch dimensions.
     """
-    name, names, statics = ast.literal_eval(call.spec)
+    name, names, statics = _parts(call.spec)
     statics = dict(statics)
     index = names.index(call.rule.input_name)
     batch_ndim = tensors[index].dim() - (in_dims[index] is not None) - 1
@@ -499,7 +508,7 @@ class _Operation(torch.autograd.Function):
                 call.spec,
                 _detached(saved),
                 call.residual_tensors(),
-                repr([name for name, _ in given]),
+                json.dumps([name for name, _ in given]),
                 _detached(t for _, t in given),
                 ctx.like,
             )
@@ -542,10 +551,16 @@ def _check_input(x, name: str) -> Tensor:
     return x
 
 
-def _check_dim(x: Tensor, dim) -> None:
-    """``dim`` checked as PyTorch checks it (``IndexError``), and a non-empty dimension."""
-    if not isinstance(dim, int) or isinstance(dim, bool):
+def _check_dim(x: Tensor, dim) -> int:
+    """``dim`` as a Python int (anything :func:`operator.index` takes, as NumPy does, but not a
+    bool), checked as PyTorch checks it (``IndexError``), of a non-empty dimension.
+    """
+    if isinstance(dim, (bool, np.bool_)):
         raise TypeError(f"dim must be an integer; got {dim!r}")
+    try:
+        dim = operator.index(dim)
+    except TypeError:
+        raise TypeError(f"dim must be an integer; got {dim!r}") from None
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension; got a 0-d tensor")
     if not -x.dim() <= dim < x.dim():
@@ -555,12 +570,15 @@ def _check_dim(x: Tensor, dim) -> None:
         )
     if x.shape[dim] == 0:
         raise ValueError(f"dim {dim} of the input is empty (shape {tuple(x.shape)}); need n >= 1")
+    return dim
 
 
 def _run(fn, input_name: str, **arguments) -> Tensor:
     """Call the operation ``fn`` with ``arguments`` (named as in the NumPy API)."""
     x = _check_input(arguments[input_name], input_name)
-    _check_dim(x, arguments.get("axis", -1))
+    dim = _check_dim(x, arguments.get("axis", -1))
+    if "axis" in arguments:
+        arguments["axis"] = dim
     dtype = x.dtype
     compiling = torch.compiler.is_compiling()
     tensor_names, tensors, statics = [], [], {}

@@ -1,0 +1,110 @@
+"""Non-tensor arguments of the PyTorch bridge: non-finite Python floats reach the validation
+that names the argument (the call spec encodes every float exactly), and ``dim`` takes any
+integer type that ``operator.index`` accepts."""
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import softorder as so  # noqa: E402
+import softorder.bridges.torch as sot  # noqa: E402
+
+X = torch.tensor([[0.5, -1.0, 3.0, 2.0, 0.0], [1.0, 2.0, 3.0, 4.0, 5.0]], dtype=torch.float64)
+LABELS = torch.tensor([0, 3])
+RANKS = torch.tensor([[3, 1, 5, 4, 2], [1, 2, 3, 4, 5]])
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("bad", [NAN, INF, -INF, np.float64("nan"), np.float32("inf")], ids=repr)
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda a: sot.soft_rank(X, a),
+        lambda a: sot.soft_sort(X, a),
+        lambda a: sot.soft_permutation(X, a),
+        lambda a: sot.soft_topk(X, 2, a),
+        lambda a: sot.log_soft_topk(X, 2, a),
+        lambda a: sot.soft_quantile(X, 0.5, a),
+        lambda a: sot.topk_cross_entropy(X, LABELS, [0.5, 0.5], a),
+        lambda a: sot.permutation_cross_entropy(X, RANKS, a),
+        lambda a: sot.TopKCrossEntropyLoss([0.5, 0.5], alpha=a)(X, LABELS),
+        lambda a: sot.PermutationCrossEntropyLoss(alpha=a)(X, RANKS),
+    ],
+    ids=[
+        "rank",
+        "sort",
+        "permutation",
+        "topk",
+        "log_topk",
+        "quantile",
+        "topk_ce",
+        "perm_ce",
+        "TopKCrossEntropyLoss",
+        "PermutationCrossEntropyLoss",
+    ],
+)
+def test_non_finite_alpha_is_named(call, bad):
+    with pytest.raises(ValueError, match="alpha must be positive and finite"):
+        call(bad)
+
+
+@pytest.mark.parametrize("bad", [NAN, INF, -INF, np.float64("nan")], ids=repr)
+def test_non_finite_k_q_and_p_k_are_named(bad):
+    with pytest.raises(ValueError, match="k must lie strictly between 0 and n=5"):
+        sot.soft_topk(X, bad, 0.5)
+    with pytest.raises(ValueError, match="k must lie strictly between 0 and n=5"):
+        sot.log_soft_topk(X, [1.0, bad], 0.5)
+    with pytest.raises(ValueError, match="q must lie strictly between 0 and 1"):
+        sot.soft_quantile(X, bad, 0.5)
+    with pytest.raises(ValueError, match="p_k must be a probability distribution"):
+        sot.topk_cross_entropy(X, LABELS, [0.5, bad], 0.5)
+    with pytest.raises(ValueError, match="p_k must be a probability distribution"):
+        sot.TopKCrossEntropyLoss([bad, 0.5])(X, LABELS)
+
+
+@pytest.mark.parametrize(
+    "value", [NAN, INF, -INF, -0.0, 0.0, 5e-324, 1.7976931348623157e308, 0.1 + 0.2, 1 / 3]
+)
+def test_call_spec_round_trips_every_float_exactly(value):
+    spec = sot._encode("soft_topk", ("x",), (("k", value), ("alpha", [value, 1.0])))
+    _, names, statics = sot._decode(spec)
+    assert names == ("x",)
+    for got in (statics["k"], statics["alpha"][0]):
+        assert type(got) is float
+        if math.isnan(value):
+            assert math.isnan(got)
+        else:
+            assert got.hex() == value.hex()  # bit for bit, the sign of zero included
+
+
+def test_finite_numpy_scalars_give_the_numpy_api_values():
+    got = sot.soft_topk(X, np.float64(2.5), np.float32(0.5))
+    np.testing.assert_array_equal(got.numpy(), so.soft_topk(X.numpy(), 2.5, np.float32(0.5)))
+
+
+@pytest.mark.parametrize(
+    "dim", [np.int64(1), np.int32(-1), np.uint8(1), np.int16(0), torch.tensor(1)], ids=repr
+)
+def test_dim_takes_any_integer_index(dim):
+    index = int(dim)
+    ranks = sot.soft_rank(X, 0.5, dim=dim)
+    np.testing.assert_array_equal(ranks.numpy(), so.soft_rank(X.numpy(), 0.5, axis=index))
+    x = X.clone().requires_grad_()
+    sot.soft_topk(x, 1.5, 0.5, dim=dim).square().sum().backward()
+    expected = X.clone().requires_grad_()
+    sot.soft_topk(expected, 1.5, 0.5, dim=index).square().sum().backward()
+    torch.testing.assert_close(x.grad, expected.grad, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dim", [True, False, np.bool_(True), 1.0, np.float64(1.0), "1", None])
+def test_dim_refuses_bool_and_non_integers(dim):
+    with pytest.raises(TypeError, match="dim must be an integer"):
+        sot.soft_rank(X, 0.5, dim=dim)
+
+
+def test_dim_index_out_of_range_is_an_index_error():
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        sot.soft_rank(X, 0.5, dim=np.int64(2))
