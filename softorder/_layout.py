@@ -24,32 +24,75 @@ KINDS = ("row", "targets_row", "targets", "none", "matrix")
 _SMALLEST_ALPHA = float(np.finfo(np.float64).tiny)
 
 
-def check_alpha(alpha, batch_shape: tuple = ()) -> tuple[np.ndarray, tuple]:
+def refuse_masked(value, name: str) -> None:
+    """``TypeError`` for a :class:`numpy.ma.MaskedArray`: its mask would be silently lost."""
+    if isinstance(value, np.ma.MaskedArray):
+        raise TypeError(
+            f"{name} is a numpy.ma.MaskedArray; softorder does not read masks (np.asarray would "
+            f"silently drop it): fill the masked entries explicitly, e.g. {name}.filled(-np.inf) "
+            "as padding for soft_topk(largest=True), or pass np.ma.getdata"
+            f"({name}) to ignore the mask"
+        )
+
+
+def check_flag(value, name: str) -> bool:
+    """``value`` as a bool, or ``TypeError`` naming ``name``: only ``True``/``False`` (or NumPy
+    bools) are flags; a string such as ``"False"`` would otherwise count as true.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool (True or False); got {value!r}")
+
+
+def alpha_batch_shape(alpha_shape: tuple, batch_ndim: int, axis: int) -> tuple:
+    """The shape of an ``alpha`` argument lined up with the batch axes: an ``alpha`` with as
+    many axes as ``x`` (NumPy's ``keepdims`` shape, e.g. ``x.std(axis, keepdims=True)``) loses
+    the operation's ``axis`` (its length is 1); any other shape is already aligned.
+    """
+    if len(alpha_shape) == batch_ndim + 1:
+        return alpha_shape[:axis] + alpha_shape[axis + 1 :]
+    return alpha_shape
+
+
+def check_alpha(
+    alpha, batch_shape: tuple = (), axis: int | None = None
+) -> tuple[np.ndarray, tuple]:
     """``alpha`` once per row as float64 ``(rows,)``, and the shape the caller gave it.
 
     ``alpha`` is a positive finite scalar, or an array of them broadcastable to
-    ``batch_shape`` (one temperature per row). Anything else raises ``TypeError`` or
-    ``ValueError`` naming alpha and the offending value.
+    ``batch_shape`` (one temperature per row). With ``axis`` (the operation's axis, counted
+    from 0 in ``x``, which has ``len(batch_shape) + 1`` axes) ``alpha`` may also have ``x``'s
+    number of axes with length 1 along ``axis`` (NumPy's ``keepdims`` shape). Anything else
+    raises ``TypeError`` or ``ValueError`` naming alpha and the offending value.
     """
-    # the common case first, fast: one valid scalar
+    # the common case first, fast: one valid scalar (np.ndarray exactly: not a masked array)
     value = math.nan
     if isinstance(alpha, float):
         value = alpha
-    elif isinstance(alpha, np.ndarray) and alpha.shape == () and alpha.dtype.kind in "iuf":
+    elif type(alpha) is np.ndarray and alpha.shape == () and alpha.dtype.kind in "iuf":
         value = float(alpha)
     rows = math.prod(batch_shape)
     if math.isfinite(value) and value >= _SMALLEST_ALPHA and rows:
         return np.full(rows, value), ()
+    refuse_masked(alpha, "alpha")
     if isinstance(alpha, bool) or (
         not isinstance(alpha, numbers.Real) and np.asarray(alpha).dtype.kind not in "iuf"
     ):
         raise TypeError(f"alpha must be a positive real scalar or array; got {alpha!r}")
     arr = np.asarray(alpha, dtype=np.float64)
+    nb = len(batch_shape)
     try:
-        full = np.broadcast_to(arr, batch_shape)
+        if axis is not None and arr.ndim == nb + 1:  # the keepdims shape: length 1 along axis
+            if arr.shape[axis] != 1:
+                raise ValueError
+            full = np.broadcast_to(arr.reshape(alpha_batch_shape(arr.shape, nb, axis)), batch_shape)
+        else:
+            full = np.broadcast_to(arr, batch_shape)
     except ValueError:
+        keepdims = batch_shape[:axis] + (1,) + batch_shape[axis:] if axis is not None else None
         raise ValueError(
             f"alpha of shape {arr.shape} does not broadcast to the batch shape {batch_shape}"
+            + (f" or to the keepdims shape {keepdims} (one alpha per row)" if keepdims else "")
         ) from None
     bad = ~(np.isfinite(arr) & (arr > 0.0))
     if bad.any():
@@ -132,6 +175,7 @@ class Rows:
         """Validate and sort ``x``; with ``order`` (its saved argsort, from a forward pass)
         the sort is skipped and the rows are only gathered.
         """
+        refuse_masked(x, name)
         backend = backend_of(x)
         arr, dtype = backend.float_input(x, name)
         layout = Layout.of(arr.shape, axis, name)
@@ -164,6 +208,7 @@ class Rows:
         """A cotangent or tangent given in the caller's layout, as ``(rows, *core_shape)``
         float64; ``ValueError`` when its shape is not the shape of the result it belongs to.
         """
+        refuse_masked(value, name)
         arr, _ = self.backend.float_input(value, name)
         dst, ncore = self.layout._positions(kind)
         nb = len(self.batch_shape)
@@ -195,7 +240,10 @@ class Targets:
 
     @classmethod
     def parse(cls, value, rows: Rows, name: str, high: float, high_text: str) -> Targets:
+        refuse_masked(value, name)
         arr, _ = float_array(value, name)
+        if arr.dtype.kind == "b":  # True would silently be 1
+            raise TypeError(f"{name} must be a real number or array, not a bool; got {value!r}")
         nb = len(rows.batch_shape)
         multi = arr.ndim == nb + 1
         if arr.ndim > nb + 1:

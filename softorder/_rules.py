@@ -12,7 +12,15 @@ import numpy as np
 
 from softorder import core
 from softorder._autodiff import Rule
-from softorder._layout import Rows, Targets, check_alpha, float_array
+from softorder._layout import (
+    Rows,
+    Targets,
+    alpha_batch_shape,
+    check_alpha,
+    check_flag,
+    float_array,
+    refuse_masked,
+)
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -32,7 +40,7 @@ class Context:
 
     @classmethod
     def of(cls, rows: Rows, alpha) -> Context:
-        per_row, alpha_shape = check_alpha(alpha, rows.batch_shape)
+        per_row, alpha_shape = check_alpha(alpha, rows.batch_shape, rows.layout.axis)
         return cls(rows, rows.backend.from_host(per_row), alpha_shape)
 
     @property
@@ -70,7 +78,7 @@ class Context:
     def alpha_grad(self, alpha_bar: np.ndarray) -> np.ndarray:
         """Per-row gradient of alpha -> gradient of the caller's alpha (its shape)."""
         shaped = alpha_bar.reshape(self.rows.batch_shape)
-        reduced = self.backend.unbroadcast(shaped, self.alpha_shape).reshape(self.alpha_shape)
+        reduced = self.backend.unbroadcast(shaped, self._alpha_aligned()).reshape(self.alpha_shape)
         return self.backend.to_result(reduced, self.rows.dtype)
 
     def alpha_tangent(self, tangents: dict) -> np.ndarray:
@@ -83,7 +91,13 @@ class Context:
                 f"the tangent of alpha must have alpha's shape {self.alpha_shape}; "
                 f"got {tuple(arr.shape)}"
             )
-        return self.backend.broadcast_f64(arr, self.rows.batch_shape).reshape(-1)
+        aligned = arr.reshape(self._alpha_aligned())
+        return self.backend.broadcast_f64(aligned, self.rows.batch_shape).reshape(-1)
+
+    def _alpha_aligned(self) -> tuple:
+        """The shape of alpha lined up with the batch axes (keepdims alpha loses the axis)."""
+        rows = self.rows
+        return alpha_batch_shape(self.alpha_shape, len(rows.batch_shape), rows.layout.axis)
 
 
 def _targets_to_user(ctx: Context, out, kind: str):
@@ -107,7 +121,8 @@ class RankRule(Rule):
     residual_names = ("order", "decay")
 
     def prepare(self, x, alpha, axis, descending, order=None):
-        return Context.of(Rows.from_input(x, axis, negate=descending, order=order), alpha)
+        negate = check_flag(descending, "descending")
+        return Context.of(Rows.from_input(x, axis, negate=negate, order=order), alpha)
 
     def result(self, layout, arguments):
         return "row", (layout.n,)
@@ -224,7 +239,8 @@ class SortRule(InverseRule):
 
     def prepare(self, x, alpha, axis, descending, order=None):
         # descending = -(ascending sort of -x): negate on the way in and on the way out.
-        return Context.of(Rows.from_input(x, axis, negate=descending, order=order), alpha)
+        negate = check_flag(descending, "descending")
+        return Context.of(Rows.from_input(x, axis, negate=negate, order=order), alpha)
 
     def result(self, layout, arguments):
         return "row", (layout.n,)
@@ -312,7 +328,8 @@ class TopKRule(Rule):
 
     def prepare(self, x, k, alpha, axis, largest, order=None):
         # The kernels select the k smallest; the k largest of x are the k smallest of -x.
-        ctx = Context.of(Rows.from_input(x, axis, negate=largest, order=order), alpha)
+        negate = check_flag(largest, "largest")
+        ctx = Context.of(Rows.from_input(x, axis, negate=negate, order=order), alpha)
         n = ctx.rows.n
         ctx.params["targets"] = Targets.parse(k, ctx.rows, "k", float(n), f"n={n}")
         return ctx
@@ -400,7 +417,8 @@ class PermutationRule(Rule):
 
     def prepare(self, x, alpha, axis, descending, order=None):
         # P computed on -x sorts -x ascending, i.e. P @ x is x sorted descending.
-        return Context.of(Rows.from_input(x, axis, negate=descending, order=order), alpha)
+        negate = check_flag(descending, "descending")
+        return Context.of(Rows.from_input(x, axis, negate=negate, order=order), alpha)
 
     def result(self, layout, arguments):
         return "matrix", (layout.n, layout.n)
@@ -522,6 +540,7 @@ class LossRule(Rule):
 
 
 def _labels_in_rows(labels, rows: Rows, name: str, low: int, high: int, core_shape: tuple):
+    refuse_masked(labels, name)
     arr = np.asarray(labels)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{name} must be an integer array; got dtype {arr.dtype}")
@@ -534,12 +553,42 @@ def _labels_in_rows(labels, rows: Rows, name: str, low: int, high: int, core_sha
     return np.ascontiguousarray(arr, dtype=np.int64).reshape((rows.rows,) + core_shape)
 
 
+def check_target_ranks(target_ranks, rows: Rows) -> np.ndarray:
+    """``target_ranks`` as int64 ``(rows, n)``: in each row a permutation of ``1..n`` (the
+    loss is the cross-entropy of a permutation), or ``ValueError``/``TypeError`` naming it.
+    """
+    n = rows.n
+    ranks = _labels_in_rows(target_ranks, rows, "target_ranks", 1, n, (n,))
+    seen = np.zeros((ranks.shape[0], n + 1), dtype=bool)
+    np.put_along_axis(seen, ranks, True, axis=1)  # ranks lie in [1, n]: all seen iff no repeat
+    missing = ~seen[:, 1:].all(axis=1)
+    if missing.any():
+        row = int(np.argmax(missing))
+        repeated = int(np.argmax(np.bincount(ranks[row], minlength=n + 1) > 1))
+        where = np.unravel_index(row, rows.batch_shape) if rows.batch_shape else ()
+        raise ValueError(
+            f"target_ranks must be a permutation of 1..{n} along the last axis (each rank "
+            f"once); row {tuple(int(i) for i in where)} repeats rank {repeated}"
+        )
+    return ranks
+
+
+#: how far each row of ``p_k`` may sum from 1 (in float64), beyond the rounding of its dtype
+P_K_TOLERANCE = 1e-6
+
+
 def check_p_k(p_k, batch_shape: tuple, n: int) -> np.ndarray:
     """``p_k`` broadcast to ``batch_shape + (K,)`` as float64, or ``ValueError`` saying what
     is wrong: no trailing K axis, K >= n classes, a shape that does not broadcast, or not a
     probability distribution.
     """
+    refuse_masked(p_k, "p_k")
     pk, _ = float_array(p_k, "p_k")
+    if pk.dtype.kind == "b":
+        raise TypeError(f"p_k must hold probabilities, not bools; got {p_k!r}")
+    tolerance = P_K_TOLERANCE
+    if pk.dtype.kind == "f":  # float16 cannot sum to 1 within 1e-6: a few of its own steps
+        tolerance = max(tolerance, 4 * float(np.finfo(pk.dtype).eps))
     if pk.ndim == 0 or pk.shape[-1] == 0:
         raise ValueError(
             f"p_k must list P_K(k) for k = 1..K along its last axis; got shape {pk.shape}"
@@ -557,9 +606,19 @@ def check_p_k(p_k, batch_shape: tuple, n: int) -> np.ndarray:
             f"p_k of shape {np.shape(p_k)} does not broadcast to {batch_shape + (K,)}"
         ) from None
     pk = pk.astype(np.float64)
-    if not np.all(np.isfinite(pk) & (pk >= 0)) or not np.allclose(pk.sum(-1), 1.0, atol=1e-4):
+    if not np.all(np.isfinite(pk) & (pk >= 0)):
+        bad = pk[~(np.isfinite(pk) & (pk >= 0))].flat[0]
         raise ValueError(
-            "p_k must be a probability distribution over k = 1..K (non-negative, summing to 1)"
+            "p_k must be a probability distribution over k = 1..K (non-negative, summing to "
+            f"1); got an entry {bad.item()!r}"
+        )
+    deviation = np.abs(pk.sum(-1) - 1.0)
+    if deviation.size and deviation.max() > tolerance:
+        worst = pk.sum(-1).flat[int(np.argmax(deviation))]
+        raise ValueError(
+            "p_k must be a probability distribution over k = 1..K (non-negative, summing to "
+            f"1 within {tolerance:.3g}); got a sum of {worst.item()!r}. It is used as given, "
+            "not renormalised: divide it by its sum first if that is what you mean"
         )
     return pk
 
@@ -582,7 +641,7 @@ class TopKCrossEntropyRule(LossRule):
         with np.errstate(divide="ignore"):
             ctx.params["log_pk"] = rows.backend.from_host(np.log(pk))
         ctx.params["pk1"] = rows.backend.from_host(np.ascontiguousarray(pk[:, 0]))
-        ctx.params["split"] = bool(split_top1)
+        ctx.params["split"] = check_flag(split_top1, "split_top1")
         return ctx
 
     def forward(self, ctx):
@@ -633,12 +692,10 @@ class PermutationCrossEntropyRule(LossRule):
     differentiable = ("x", "alpha")
 
     def prepare(self, x, target_ranks, alpha, reduction, descending, order=None):
-        rows = Rows.from_input(x, -1, negate=descending, order=order)
+        rows = Rows.from_input(x, -1, negate=check_flag(descending, "descending"), order=order)
         ctx = Context.of(rows, alpha)
         ctx.params["reduction"] = self._reduction(reduction)
-        ctx.params["target"] = rows.backend.from_host(
-            _labels_in_rows(target_ranks, rows, "target_ranks", 1, rows.n, (rows.n,))
-        )
+        ctx.params["target"] = rows.backend.from_host(check_target_ranks(target_ranks, rows))
         return ctx
 
     def target_count(self, layout, arguments):

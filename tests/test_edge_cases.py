@@ -506,3 +506,177 @@ def test_an_infinite_split_loss_has_zero_gradient():
     loss, pullback = so.vjp(so.topk_cross_entropy, logits, [1], [1.0], 1.0, split_top1=True)
     assert loss == np.inf
     np.testing.assert_array_equal(pullback(1.0)[0], 0.0)
+
+
+# --- arguments that used to be accepted silently (issue 12) ---------------------------------
+
+
+def call_api(api, name, x, *args, **kwargs):
+    """``name`` called through the NumPy API, the PyTorch bridge or the JAX bridge, with
+    ``x`` and every array argument converted to the bridge's arrays.
+    """
+    if api == "numpy":
+        return getattr(so, name)(x, *args, **kwargs)
+    if api == "torch":
+        torch = pytest.importorskip("torch")
+        import softorder.bridges.torch as sot
+
+        kwargs = {("dim" if key == "axis" else key): v for key, v in kwargs.items()}
+        args = tuple(torch.as_tensor(a) if isinstance(a, np.ndarray) else a for a in args)
+        return getattr(sot, name)(torch.as_tensor(x), *args, **kwargs)
+    pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    import softorder.bridges.jax as soj
+
+    args = tuple(jnp.asarray(a) if isinstance(a, np.ndarray) else a for a in args)
+    return getattr(soj, name)(jnp.asarray(x), *args, **kwargs)
+
+
+LABELS = np.array([0, 1, 3])
+RANKS = np.array([[1, 2, 3, 4], [4, 3, 2, 1], [2, 2, 3, 1]])  # row 2 repeats rank 2
+
+
+@pytest.mark.parametrize("api", ["numpy", "torch", "jax"])
+@pytest.mark.parametrize(
+    ("name", "args", "kwargs", "error", "match"),
+    [
+        ("soft_topk", (2, 0.5), {"largest": "False"}, TypeError, "largest must be a bool"),
+        ("log_soft_topk", (2, 0.5), {"largest": 0}, TypeError, "largest must be a bool"),
+        ("soft_rank", (0.5,), {"descending": "no"}, TypeError, "descending must be a bool"),
+        ("soft_sort", (0.5,), {"descending": 1}, TypeError, "descending must be a bool"),
+        ("soft_permutation", (0.5,), {"descending": None}, TypeError, "descending must be"),
+        (
+            "topk_cross_entropy",
+            (LABELS, [0.5, 0.5], 0.5),
+            {"split_top1": "True"},
+            TypeError,
+            "split_top1 must be a bool",
+        ),
+        (
+            "permutation_cross_entropy",
+            (RANKS[:2], 0.5),
+            {"descending": "True"},
+            TypeError,
+            "descending must be a bool",
+        ),
+        ("soft_topk", (True, 0.5), {}, TypeError, "k must be a real number .*not a bool"),
+        ("soft_quantile", (True, 0.5), {}, TypeError, "q must be a real number .*not a bool"),
+        ("soft_rank", (True,), {}, TypeError, "alpha must be a positive real"),
+        ("topk_cross_entropy", (LABELS, [True], 0.5), {}, TypeError, "p_k must hold"),
+        (
+            "permutation_cross_entropy",
+            (RANKS, 0.5),
+            {},
+            ValueError,
+            r"target_ranks must be a permutation of 1\.\.4 .*row \(2,\) repeats rank 2",
+        ),
+        (
+            "topk_cross_entropy",
+            (LABELS, [0.5, 0.49995], 0.5),
+            {},
+            ValueError,
+            r"p_k .*summing to 1 within 1e-06.*sum of 0\.9999",
+        ),
+        (
+            "topk_cross_entropy",
+            (LABELS, [0.5, 0.6], 0.5),
+            {},
+            ValueError,
+            r"p_k .*sum of 1\.1",
+        ),
+        (
+            "topk_cross_entropy",
+            (LABELS, [1.2, -0.2], 0.5),
+            {},
+            ValueError,
+            r"p_k .*non-negative.*got an entry -0\.2",
+        ),
+    ],
+)
+def test_arguments_once_accepted_silently_are_refused(api, name, args, kwargs, error, match):
+    """The same rule, and the same message, in the NumPy API and both bridges."""
+    x = np.random.default_rng(1).normal(size=(3, 4))
+    with pytest.raises(error, match=match):
+        call_api(api, name, x, *args, **kwargs)
+
+
+def test_numpy_bools_are_flags(rng):
+    x = rng.normal(size=(3, 5))
+    for value in (np.True_, np.False_):
+        np.testing.assert_array_equal(
+            so.soft_topk(x, 2, 0.5, largest=value), so.soft_topk(x, 2, 0.5, largest=bool(value))
+        )
+        np.testing.assert_array_equal(
+            so.soft_sort(x, 0.5, descending=value), so.soft_sort(x, 0.5, descending=bool(value))
+        )
+
+
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda m: so.soft_rank(m, 0.5), "x"),
+        (lambda m: so.soft_topk(np.ones(4), m[0, :1], 0.5), "k"),
+        (lambda m: so.soft_quantile(np.ones(4), m[0, :1] / 4, 0.5), "q"),
+        (lambda m: so.soft_rank(np.ones((2, 4)), m[:, :1]), "alpha"),
+        (lambda m: so.soft_rank(np.ones(4), m[0, :1].reshape(())), "alpha"),  # 0-d, unmasked
+        (lambda m: so.topk_cross_entropy(np.ones((2, 4)), [0, 1], m[0, :1] / m[0, 0], 1.0), "p_k"),
+        (
+            lambda m: so.topk_cross_entropy(np.ones((2, 4)), m[:, 0].astype(int) - 1, [1.0]),
+            "labels",
+        ),
+        (
+            lambda m: so.permutation_cross_entropy(np.ones((2, 4)), m.astype(int), 1.0),
+            "target_ranks",
+        ),
+    ],
+)
+def test_masked_arrays_are_refused(call, name):
+    """A mask would be silently dropped (np.asarray ignores it): refused, naming the argument.
+    The JAX bridge refuses them too; PyTorch takes tensors and plain numbers only.
+    """
+    masked = np.ma.masked_array([[1.0, 2.0, 3.0, 4.0], [2.0, 1.0, 4.0, 3.0]], mask=False)
+    masked.mask[0, 1] = True
+    with pytest.raises(TypeError, match=rf"^{name} is a numpy\.ma\.MaskedArray"):
+        call(masked)
+
+
+def test_masked_arrays_are_refused_by_the_jax_bridge():
+    pytest.importorskip("jax")
+    import softorder.bridges.jax as soj
+
+    masked = np.ma.masked_array([[1.0, 2.0, 3.0, 4.0]], mask=[[0, 1, 0, 0]])
+    with pytest.raises(TypeError, match="x is a numpy.ma.MaskedArray"):
+        soj.soft_rank(masked, 0.5)
+    with pytest.raises(TypeError, match="alpha is a numpy.ma.MaskedArray"):
+        soj.soft_rank(np.ones((1, 4)), np.ma.masked_array([0.5], mask=[True]))
+    with pytest.raises(TypeError, match="k is a numpy.ma.MaskedArray"):
+        soj.soft_topk(np.ones((1, 4)), np.ma.masked_array([2.0], mask=[False]), 0.5)
+
+
+def test_p_k_within_the_tolerance_is_used_as_given(rng):
+    """|sum(p_k) - 1| <= 1e-6 is accepted and not renormalised: the loss is the formula's
+    with the given weights.
+    """
+    logits = rng.normal(size=(3, 6))
+    labels = np.array([0, 2, 5])
+    p_k = np.array([0.3, 0.7 - 9e-7])
+    loss = so.topk_cross_entropy(logits, labels, p_k, 0.4, reduction="none")
+    expected = [
+        naive.topk_cross_entropy_row(r, y, p_k, 0.4) for r, y in zip(logits, labels, strict=True)
+    ]
+    np.testing.assert_allclose(loss, expected, rtol=1e-12)
+    # float32 probabilities from a softmax (rounding far below the tolerance) are accepted...
+    z = rng.normal(size=50).astype(np.float32)
+    softmax = np.exp(z) / np.exp(z).sum(dtype=np.float32)
+    so.topk_cross_entropy(rng.normal(size=(2, 60)), [0, 1], softmax, 0.5)
+    # ...and float16 ones within a few of float16's own rounding steps (sum 1.00012 here)
+    so.topk_cross_entropy(logits, labels, np.array([0.1, 0.2, 0.7], np.float16), 0.5)
+
+
+def test_duplicate_target_ranks_name_the_row_in_a_batch():
+    ranks = np.tile(np.arange(1, 5), (2, 3, 1))
+    ranks[1, 2] = [1, 2, 4, 4]
+    with pytest.raises(ValueError, match=r"row \(1, 2\) repeats rank 4"):
+        so.permutation_cross_entropy(np.zeros((2, 3, 4)), ranks, 0.5)
+    so.permutation_cross_entropy(np.zeros((2, 3, 4)), np.tile(np.arange(1, 5), (2, 3, 1)), 0.5)

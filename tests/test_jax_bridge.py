@@ -496,10 +496,113 @@ def test_linear_model_on_digits_learns_top5(rng):
 
 
 def test_forward_mode_is_not_available():
-    """custom_vjp functions have reverse-mode derivatives only (documented in the module)."""
+    """custom_vjp functions have reverse-mode derivatives only (documented in the module):
+    refused naming softorder where the refusal happens while tracing the call; under
+    jit(jvp) JAX refuses when lowering, in its own words.
+    """
     x = jnp.array([0.5, -1.0, 3.0])
-    with pytest.raises(TypeError, match="forward-mode"):
+    match = "softorder's JAX operations have reverse-mode derivatives only.*forward mode"
+    with pytest.raises(TypeError, match=match):
         jax.jvp(soj.soft_rank, (x,), (x,))
+    with pytest.raises(TypeError, match=match):
+        jax.jacfwd(lambda x: soj.soft_topk(x, 1.5, 0.5))(x)
+    with pytest.raises(TypeError, match=match):
+        jax.jit(jax.jacfwd(lambda x: soj.soft_sort(x, 0.5)))(x)
+    with pytest.raises(TypeError, match="forward-mode autodiff"):
+        jax.jit(lambda x: jax.jvp(soj.soft_rank, (x,), (x,)))(x)
+
+
+SECOND_ORDER = "softorder's JAX operations have first derivatives only: second derivatives"
+SECOND_ORDER_OPS = {
+    "soft_rank": lambda x: soj.soft_rank(x, 0.5),
+    "soft_topk": lambda x: soj.soft_topk(x, 1.5, 0.5),
+    "soft_quantile": lambda x: soj.soft_quantile(x, 0.4, 0.5),
+    "permutation_cross_entropy": lambda x: soj.permutation_cross_entropy(
+        x, jnp.array([2, 1, 3]), 0.5
+    ),
+}
+
+
+def _squares(op):
+    return lambda x: jnp.sum(op(x) ** 2)
+
+
+SECOND_ORDER_PATHS = {
+    "hessian": lambda op, x: jax.hessian(_squares(op))(x),
+    "jit(hessian)": lambda op, x: jax.jit(jax.hessian(_squares(op)))(x),
+    "jacfwd(jacrev)": lambda op, x: jax.jacfwd(jax.jacrev(op))(x),
+    "jacrev(jacrev)": lambda op, x: jax.jacrev(jax.jacrev(op))(x),
+    "grad(grad)": lambda op, x: jax.grad(lambda x: jnp.sum(jax.grad(_squares(op))(x)))(x),
+    "jvp(grad)": lambda op, x: jax.jvp(jax.grad(_squares(op)), (x,), (x,)),
+    "mixed with jnp": lambda op, x: jax.hessian(lambda x: _squares(op)(x) + jnp.sin(x).sum())(x),
+}
+
+
+@pytest.mark.parametrize("path", list(SECOND_ORDER_PATHS))
+@pytest.mark.parametrize("op", list(SECOND_ORDER_OPS))
+def test_second_derivatives_are_refused(op, path):
+    """Every second-order path names softorder and says what is unsupported (the callbacks
+    have no derivative of their own), at trace time: no silent zeros.
+    """
+    x = jnp.array([0.5, -1.0, 3.0])
+    with pytest.raises(NotImplementedError, match=SECOND_ORDER):
+        SECOND_ORDER_PATHS[path](SECOND_ORDER_OPS[op], x)
+
+
+def test_first_derivatives_still_work_where_a_jvp_runs_inside_reverse_mode(rng):
+    """grad through lax.scan linearizes the body with JVP tracers: no refusal there, and the
+    gradient equals the one of the unrolled loop.
+    """
+    x = jnp.asarray(distinct(rng, (5,)), dtype=jnp.float32)
+
+    def scanned(x):
+        step = lambda c, _: (soj.soft_sort(c, 0.7) * 0.9, None)  # noqa: E731
+        return jnp.sum(jax.lax.scan(step, x, None, length=2)[0] ** 2)
+
+    def unrolled(x):
+        for _ in range(2):
+            x = soj.soft_sort(x, 0.7) * 0.9
+        return jnp.sum(x**2)
+
+    np.testing.assert_allclose(jax.grad(scanned)(x), jax.grad(unrolled)(x), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda x: soj.soft_rank(x, 1e-40), r"alpha=1e-40 rounds to 0\.0 in float32"),
+        (lambda x: soj.soft_rank(x, 1e308), r"alpha=1e\+308 rounds to inf in float32"),
+        (lambda x: soj.soft_rank(x, np.float32(1e-40)), r"rounds to 0\.0 in float32"),
+        (lambda x: soj.soft_rank(x, np.array([0.5, 1e-40])), r"alpha=1e-40 rounds to 0\.0"),
+        (lambda x: soj.soft_topk(x, 5 - 1e-12, 0.5), r"k=4\.999999999999 rounds to 5\.0"),
+        (
+            lambda x: soj.soft_quantile(x, np.nextafter(1.0, 0.0), 0.5),
+            r"q=0\.9999999999999999 rounds to 1\.0 in float32",
+        ),
+        (
+            lambda x: soj.topk_cross_entropy(x, jnp.array([0, 1]), [0.5, 0.5 - 9.99e-7], 0.5),
+            r"p_k, which sums to 0\.99999900.*sums to 0\.99999898.* once rounded .*float32",
+        ),
+    ],
+)
+def test_float32_checks_the_value_the_kernels_see(call, match):
+    """Concrete values are checked after rounding to float32 (subnormals flush to zero, as
+    XLA does), at trace time, naming the value given and the value it becomes.
+    """
+    x = jnp.arange(10.0).reshape(2, 5)
+    with pytest.raises(ValueError, match=match + ".*, the dtype this call computes in"):
+        call(x)
+    with pytest.raises(ValueError, match=match):
+        jax.jit(call)(x)
+
+
+def test_float64_keeps_values_that_float32_would_round_away(x64):
+    x = jnp.arange(10.0).reshape(2, 5)
+    assert x.dtype == jnp.float64
+    assert bool(jnp.all(jnp.isfinite(soj.soft_rank(x, 1e-40))))
+    assert bool(jnp.all(jnp.isfinite(soj.soft_topk(x, 5 - 1e-12, 0.5))))
+    with pytest.raises(ValueError, match=r"alpha=1e-40 rounds to 0\.0 in float32"):
+        soj.soft_rank(x.astype(jnp.float32), 1e-40)  # float32 input computes in float32
 
 
 def test_primal_call_skips_the_residuals(rng):

@@ -19,7 +19,11 @@ Transformations
     ``q``, which may all be traced) and ``jax.vmap`` (nested too). A vmapped call reaches the
     kernels as one batched call (``vmap_method="broadcast_all"``: the vmapped axes become
     leading batch axes), not as a loop over rows. Forward mode (``jax.jvp``, ``jax.jacfwd``)
-    is not available: ``custom_vjp`` functions only have reverse-mode derivatives.
+    is not available: ``custom_vjp`` functions only have reverse-mode derivatives; it raises
+    ``TypeError`` naming softorder (under ``jit(jvp(...))`` JAX's own "can't apply
+    forward-mode autodiff (jvp) to a custom_vjp function", when lowering). Second derivatives
+    (``jax.hessian``, ``jax.grad`` of ``jax.grad``, ``jax.jacrev`` of ``jax.jacrev``) raise
+    ``NotImplementedError`` naming softorder when traced: the callbacks have no derivatives.
     Inside :func:`jax.shard_map` each device's callbacks get only that device's rows, and
     the gradient of a replicated argument (``alpha``) is summed over the devices; a plain
     ``jax.jit`` of a sharded batch gathers it onto one device for the callbacks (see the
@@ -57,6 +61,10 @@ Devices
 Bad input
     Shapes, ``axis``, flags and every concrete (non-traced) value are checked when the
     function is traced, raising the same ``ValueError`` / ``TypeError`` as the NumPy API.
+    A call that computes in float32 (float32 input, or JAX's default without
+    ``jax_enable_x64``) also checks concrete ``alpha``, ``k``, ``q`` and ``p_k`` as the kernels
+    will see them, rounded to float32 with subnormals flushed to zero: ``alpha=1e-40`` raises
+    "alpha=1e-40 rounds to 0.0 in float32, ...".
     Values that are traced (e.g. an ``alpha`` that is an argument of a jitted function) can
     only be checked when the callback runs: a bad value then raises
     :class:`jax.errors.JaxRuntimeError` whose message contains the NumPy API's error (e.g.
@@ -84,8 +92,16 @@ from softorder import core
 from softorder import operations as _ops
 from softorder._autodiff import _bind
 from softorder._backend import NUMPY
-from softorder._layout import Layout, Targets, axes_after_leading, check_alpha, float_array
-from softorder._rules import _labels_in_rows, check_p_k
+from softorder._layout import (
+    Layout,
+    Targets,
+    axes_after_leading,
+    check_alpha,
+    check_flag,
+    float_array,
+    refuse_masked,
+)
+from softorder._rules import _labels_in_rows, check_p_k, check_target_ranks
 
 __all__ = [
     "log_soft_topk",
@@ -358,13 +374,56 @@ def _cuda_kernels_available() -> bool:
     return True
 
 
+#: why a softorder function cannot be differentiated twice, or in forward mode
+_SECOND_ORDER = (
+    "softorder's JAX operations have first derivatives only: second derivatives (jax.hessian, "
+    "jax.jacfwd of a gradient, jax.grad of jax.grad, jax.jvp of a gradient) are not supported"
+)
+_FORWARD_MODE = (
+    "softorder's JAX operations have reverse-mode derivatives only (jax.grad, jax.vjp, "
+    "jax.jacrev): forward mode (jax.jvp, jax.jacfwd, jax.linearize) is not supported; "
+    "softorder.jvp gives forward-mode derivatives in the NumPy API"
+)
+
+
 def _callback(fn, shapes: tuple, arrays: tuple, device: bool) -> tuple:
-    """``fn`` on ``arrays`` through ``buffer_callback`` (device) or ``pure_callback``."""
+    """``fn`` on ``arrays`` through ``buffer_callback`` (device) or ``pure_callback``; a
+    derivative of the callback itself (a second derivative) raises ``NotImplementedError``.
+    """
+    return _first_order_only(fn, shapes, device, *arrays)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))
+def _first_order_only(fn, shapes: tuple, device: bool, *arrays) -> tuple:
     if device:
         from jax.experimental.buffer_callback import buffer_callback
 
         return tuple(buffer_callback(_InPlace(fn), shapes, vmap_method=VMAP_METHOD)(*arrays))
     return jax.pure_callback(fn, shapes, *arrays, vmap_method=VMAP_METHOD)
+
+
+@_first_order_only.defjvp
+def _refuse_second_order(fn, shapes, device, primals, tangents):
+    # JAX asks for this only when a callback's inputs carry tangents: the forward callback
+    # under an outer jvp (jax.hessian), or the backward one under a derivative of a gradient
+    raise NotImplementedError(_SECOND_ORDER)
+
+
+def _naming_forward_mode(run: Callable) -> Callable:
+    """JAX's "can't apply forward-mode autodiff (jvp) to a custom_vjp function", raised while
+    ``run`` traces (eager ``jax.jvp``, ``jax.jacfwd``), as an error that names softorder.
+    """
+
+    @functools.wraps(run)
+    def wrapped(op: Callable, **kwargs: Any) -> jax.Array:
+        try:
+            return run(op, **kwargs)
+        except TypeError as error:
+            if "forward-mode autodiff" not in str(error):
+                raise
+            raise TypeError(_FORWARD_MODE) from error
+
+    return wrapped
 
 
 def _struct(shape, dtype) -> jax.ShapeDtypeStruct:
@@ -476,33 +535,88 @@ def _placeholder(value, fill) -> np.ndarray:
     return np.broadcast_to(np.asarray(fill).astype(dtype), value.shape)
 
 
-def _check(name: str, value, layout: Layout) -> None:
-    """Raise the NumPy API's error for a bad array argument other than the input."""
+def _check(name: str, value, layout: Layout, compute=np.float64) -> None:
+    """Raise the NumPy API's error for a bad array argument other than the input; a concrete
+    ``alpha``, ``k``, ``q`` or ``p_k`` is checked also as the kernels will see it, rounded to
+    the ``compute`` dtype.
+    """
     n, batch_shape = layout.n, layout.batch_shape
     rows = types.SimpleNamespace(
-        batch_shape=batch_shape, rows=int(np.prod(batch_shape)), backend=NUMPY
+        batch_shape=batch_shape, rows=int(np.prod(batch_shape)), n=n, backend=NUMPY
     )
+    refuse_masked(value, name)
     fills = {
         "alpha": 1.0,
         "k": n / 2.0,
         "q": 0.5,
         "labels": 0,
-        "target_ranks": 1,
+        # a permutation where the shape allows it (else the shape check speaks)
+        "target_ranks": np.arange(1, n + 1) if np.shape(value)[-1:] == (n,) else 1,
         "p_k": 1.0 / max(np.shape(value)[-1], 1) if np.ndim(value) else 1.0,
     }
-    host = _placeholder(value, fills[name]) if _is_traced(value) else _host_value(value)
-    if name == "alpha":
-        check_alpha(host, batch_shape)
-    elif name == "k":
-        Targets.parse(host, rows, "k", float(n), f"n={n}")
-    elif name == "q":
-        Targets.parse(host, rows, "q", 1.0, "1")
-    elif name == "labels":
-        _labels_in_rows(host, rows, "labels", 0, n - 1, ())
-    elif name == "target_ranks":
-        _labels_in_rows(host, rows, "target_ranks", 1, n, (n,))
-    elif name == "p_k":
-        check_p_k(host, batch_shape, n)
+
+    def validate(host) -> None:
+        if name == "alpha":
+            check_alpha(host, batch_shape, layout.axis)
+        elif name == "k":
+            Targets.parse(host, rows, "k", float(n), f"n={n}")
+        elif name == "q":
+            Targets.parse(host, rows, "q", 1.0, "1")
+        elif name == "labels":
+            _labels_in_rows(host, rows, "labels", 0, n - 1, ())
+        elif name == "target_ranks":
+            check_target_ranks(host, rows)
+        elif name == "p_k":
+            check_p_k(host, batch_shape, n)
+
+    if _is_traced(value):
+        validate(_placeholder(value, fills[name]))
+        return
+    host = _host_value(value)
+    validate(host)
+    if name in _FLOAT_ARGUMENTS and np.dtype(compute) != np.float64:
+        rounded = _as_computed(host, compute)
+        try:
+            validate(rounded)
+        except ValueError as error:
+            raise ValueError(f"{_rounding(name, host, rounded, n, compute)}: {error}") from None
+
+
+def _as_computed(host, compute) -> np.ndarray:
+    """A concrete float argument as the kernels see it: rounded to ``compute`` (float32),
+    subnormals flushed to zero as XLA does.
+    """
+    with np.errstate(over="ignore"):
+        arr = np.asarray(host, dtype=np.float64).astype(compute)
+    return np.where(np.abs(arr) < np.finfo(compute).tiny, np.zeros((), compute), arr)
+
+
+def _rounding(name: str, host, rounded: np.ndarray, n: int, compute) -> str:
+    """Which value the rounding to ``compute`` spoils, e.g. "alpha=1e-40 rounds to 0.0 in
+    float32".
+    """
+    where = (
+        f"in {np.dtype(compute).name}, the dtype this call computes in (the input's; JAX's "
+        "default float32 without jax_enable_x64)"
+    )
+    original = np.broadcast_to(np.asarray(host, dtype=np.float64), rounded.shape)
+    bounds = {"alpha": (0.0, np.inf), "k": (0.0, float(n)), "q": (0.0, 1.0)}
+    if name in bounds:
+        low, high = bounds[name]
+        bad = np.flatnonzero(~((rounded > low) & (rounded < high)))
+        if bad.size:
+            i = bad[0]
+            return (
+                f"{name}={original.flat[i].item()!r} rounds to {rounded.flat[i].item()!r} {where}"
+            )
+    if name == "p_k":
+        sums = rounded.astype(np.float64).sum(-1)
+        i = int(np.argmax(np.abs(sums - 1.0)))
+        return (
+            f"p_k, which sums to {original.sum(-1).flat[i].item()!r}, sums to "
+            f"{sums.flat[i].item()!r} once rounded {where}"
+        )
+    return f"{name} changes when rounded {where}"
 
 
 def _compute_dtype(dtype) -> tuple[np.dtype, np.dtype]:
@@ -517,6 +631,7 @@ def _compute_dtype(dtype) -> tuple[np.dtype, np.dtype]:
     return default, default
 
 
+@_naming_forward_mode
 def _run(op: Callable, **kwargs: Any) -> jax.Array:
     """Call the NumPy operation ``op``'s rule through the callbacks, from JAX."""
     signature = op.signature
@@ -530,9 +645,10 @@ def _run(op: Callable, **kwargs: Any) -> jax.Array:
         statics["reduction"] = "none"  # reduced below, in JAX, per vmapped element
     for flag in ("largest", "descending", "split_top1"):
         if flag in statics:
-            statics[flag] = bool(statics[flag])
+            statics[flag] = check_flag(statics[flag], flag)
 
     input_name = names[0]
+    refuse_masked(arguments[input_name], input_name)
     x = jnp.asarray(arguments[input_name])
     compute, out_dtype = _compute_dtype(x.dtype)
     x = x.astype(compute)
@@ -543,7 +659,7 @@ def _run(op: Callable, **kwargs: Any) -> jax.Array:
     arrays = {input_name: x}
     for name in names[1:]:
         value = arguments[name]
-        _check(name, value, layout)
+        _check(name, value, layout, compute)
         if name in _FLOAT_ARGUMENTS:
             value = jnp.asarray(value).astype(compute)
         else:
