@@ -2,8 +2,10 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
+from scipy.optimize import linprog
 
 from softorder import baselines as bl
 
@@ -11,12 +13,13 @@ torch.set_default_dtype(torch.float32)
 F64 = torch.float64
 PERM = bl.PERMUTATION_METHODS
 # Temperatures at which each method is within 1e-3 of the hard result on inputs one unit apart,
-# and the options it needs to get there (Sinkhorn converges slowly at small temperatures).
+# and the options it needs to get there (Sinkhorn converges slowly at small temperatures; SOFT's
+# epsilon is on the cost normalised by its maximum, 49 for 0..7).
 SHARP = {
     "neuralsort": (0.02, {}),
     "softsort": (0.02, {}),
-    "sinkhorn": (0.1, {"n_iter": 3000}),
-    "soft_topk_ot": (0.1, {"n_iter": 3000}),
+    "sinkhorn": (0.1, {"n_iter": 5000, "tol": 1e-4}),
+    "soft_topk_ot": (0.002, {"tol": 1e-6}),
     "odd_even_network": (0.02, {}),
     "bitonic_network": (0.02, {}),
 }
@@ -60,9 +63,12 @@ def naive_softsort(x, tau):
     return torch.stack([torch.softmax(-(si - x).abs() / tau, 0) for si in s])
 
 
-def naive_ot_plan(x, anchors, mu, nu, eps, iters=20000):
+def naive_ot_plan(x, anchors, mu, nu, eps, iters=20000, normalise=False):
     """Linear-domain Sinkhorn with the full squared cost (no reduction)."""
-    kernel = torch.exp(-((x[:, None] - anchors[None, :]) ** 2) / eps)
+    cost = (x[:, None] - anchors[None, :]) ** 2
+    if normalise:
+        cost = cost / cost.max()
+    kernel = torch.exp(-cost / eps)
     q = torch.ones_like(nu)
     for _ in range(iters):
         p = mu / (kernel @ q)
@@ -70,16 +76,48 @@ def naive_ot_plan(x, anchors, mu, nu, eps, iters=20000):
     return p[:, None] * kernel * q[None, :]
 
 
-def logistic_topk(x, k, eps):
-    """The closed form of SOFT top-k: sigmoid((2 x - t) / eps) summing to k (bisection in t)."""
-    lo, hi = float(2 * x.min()) - 60 * eps, float(2 * x.max()) + 60 * eps
+def naive_log_ot_plan(cost, mu, nu, eps, iters):
+    """Log-domain Sinkhorn on the dual potentials f, g (Peyre & Cuturi, remark 4.23)."""
+    f = torch.zeros_like(mu)
+    g = torch.zeros_like(nu)
+    for _ in range(iters):
+        f = eps * torch.log(mu) - eps * torch.logsumexp((g[None, :] - cost) / eps, dim=1)
+        g = eps * torch.log(nu) - eps * torch.logsumexp((f[:, None] - cost) / eps, dim=0)
+    return torch.exp((f[:, None] + g[None, :] - cost) / eps)
+
+
+def lp_plan(cost, mu, nu):
+    """The unregularised optimal plan (epsilon -> 0), by linear programming."""
+    n, m = cost.shape
+    rows = np.kron(np.eye(n), np.ones(m))
+    cols = np.kron(np.ones(n), np.eye(m))
+    result = linprog(
+        cost.numpy().ravel(),
+        A_eq=np.vstack((rows, cols)),
+        b_eq=np.concatenate((mu.numpy(), nu.numpy())),
+        bounds=(0, None),
+        method="highs",
+    )
+    assert result.status == 0
+    return torch.tensor(result.x.reshape(n, m))
+
+
+def soft_cost(x):
+    """SOFT's normalised cost for the anchors {0, 1}."""
+    cost = (x[:, None] - torch.tensor([0.0, 1.0], dtype=x.dtype)) ** 2
+    return cost / cost.max()
+
+
+def logistic_topk(x, k, scale):
+    """sigmoid((2 x - t) / scale) summing to k (bisection in t): SOFT top-k's closed form."""
+    lo, hi = float(2 * x.min()) - 60 * scale, float(2 * x.max()) + 60 * scale
     for _ in range(200):
         t = (lo + hi) / 2
-        if float(torch.sigmoid((2 * x - t) / eps).sum()) > k:
+        if float(torch.sigmoid((2 * x - t) / scale).sum()) > k:
             lo = t
         else:
             hi = t
-    return torch.sigmoid((2 * x - t) / eps)
+    return torch.sigmoid((2 * x - t) / scale)
 
 
 # --- definitions ---------------------------------------------------------------------------
@@ -104,21 +142,119 @@ def test_sinkhorn_sort_is_the_full_cost_transport_plan():
     anchors = torch.arange(n, dtype=F64)
     mass = torch.full((n,), 1 / n, dtype=F64)
     plan = naive_ot_plan(x, anchors, mass, mass, eps)
-    torch.testing.assert_close(bl.sinkhorn_sort(x, eps, n_iter=2000), n * plan.T)
+    torch.testing.assert_close(bl.sinkhorn_sort(x, eps, tol=1e-13), n * plan.T)
 
 
-def test_soft_topk_ot_is_the_two_anchor_plan_and_logistic():
-    n, k, eps = 7, 3, 0.8
+def test_soft_topk_ot_is_the_normalised_two_anchor_plan_and_logistic():
+    n, k, eps = 7, 3, 0.3
     x = torch.randn(n, dtype=F64, generator=torch.Generator().manual_seed(4))
-    a = bl.soft_topk_ot(x, k, eps, n_iter=2000)
+    a = bl.soft_topk_ot(x, k, eps, tol=1e-13)
     mu = torch.full((n,), 1 / n, dtype=F64)
     nu = torch.tensor([(n - k) / n, k / n], dtype=F64)
-    plan = naive_ot_plan(x, torch.tensor([0.0, 1.0], dtype=F64), mu, nu, eps)
+    anchors = torch.tensor([0.0, 1.0], dtype=F64)
+    plan = naive_ot_plan(x, anchors, mu, nu, eps, normalise=True)
     torch.testing.assert_close(a, n * plan[:, 1])
-    torch.testing.assert_close(a, logistic_topk(x, k, eps))
+    biggest = float(((x[:, None] - anchors) ** 2).max())  # the authors' C / max C
+    torch.testing.assert_close(a, logistic_topk(x, k, biggest * eps))
+    biggest = float(((-x[:, None] - anchors) ** 2).max())
     torch.testing.assert_close(
-        bl.soft_topk_ot(x, k, eps, largest=False, n_iter=2000), logistic_topk(-x, k, eps)
+        bl.soft_topk_ot(x, k, eps, largest=False, tol=1e-13), logistic_topk(-x, k, biggest * eps)
     )
+
+
+def test_converged_plans_match_a_long_log_domain_sinkhorn():
+    """Small epsilon, where the linear-domain kernel underflows: an independent dual loop."""
+    x = torch.randn(6, dtype=F64, generator=torch.Generator().manual_seed(21))
+    mu = torch.full((6,), 1 / 6, dtype=F64)
+    nu = torch.tensor([4 / 6, 2 / 6], dtype=F64)
+    plan = naive_log_ot_plan(soft_cost(x), mu, nu, 0.01, 20000)
+    torch.testing.assert_close(bl.soft_topk_ot(x, 2, 0.01, n_iter=20000, tol=1e-12), 6 * plan[:, 1])
+    anchors = torch.arange(6, dtype=F64)
+    plan = naive_log_ot_plan((3 * x[:, None] - anchors) ** 2, mu, mu, 1.0, 10000)
+    torch.testing.assert_close(bl.sinkhorn_sort(3 * x, 1.0, tol=1e-12), 6 * plan.T)
+
+
+@pytest.mark.parametrize("k", [2, 2.5])
+def test_soft_topk_ot_tends_to_the_linear_programme(k):
+    """epsilon -> 0: the unregularised optimal plan (scipy's linprog), fractional k included."""
+    x = torch.tensor([0.3, 2.0, -1.0, 1.1, 0.9, -0.4], dtype=F64)
+    mu = torch.full((6,), 1 / 6, dtype=F64)
+    nu = torch.tensor([(6 - k) / 6, k / 6], dtype=F64)
+    exact = 6 * lp_plan(soft_cost(x), mu, nu)[:, 1]
+    a = bl.soft_topk_ot(x, k, 2e-3, n_iter=20000, tol=1e-10)
+    torch.testing.assert_close(a, exact, atol=1e-6, rtol=0)
+
+
+def test_sinkhorn_sort_tends_to_the_linear_programme():
+    x = torch.tensor([0.3, 4.0, -1.0, 2.2, 1.1], dtype=F64)
+    anchors = torch.arange(5, dtype=F64)
+    mu = torch.full((5,), 1 / 5, dtype=F64)
+    exact = 5 * lp_plan((x[:, None] - anchors) ** 2, mu, mu).T
+    torch.testing.assert_close(exact, hard_permutation(x, False))
+    p = bl.sinkhorn_sort(x, 0.05, n_iter=20000, tol=1e-10)
+    torch.testing.assert_close(p, exact, atol=1e-6, rtol=0)
+
+
+# --- convergence ---------------------------------------------------------------------------
+
+
+def test_iterations_stop_at_the_tolerance():
+    x = torch.randn(3, 8, dtype=F64, generator=torch.Generator().manual_seed(22))
+    for tol in (1e-3, 1e-9):
+        p = bl.sinkhorn_sort(x, 0.5, tol=tol)
+        assert float((p.sum(-2) - 1).abs().max()) <= tol
+        torch.testing.assert_close(p.sum(-1), torch.ones(3, 8, dtype=F64), atol=1e-12, rtol=0)
+        a = bl.soft_topk_ot(x, 3, 0.1, tol=tol)
+        torch.testing.assert_close(a.sum(-1), torch.full((3,), 3.0, dtype=F64))
+        assert float(a.max()) <= 1 + tol
+    log_k = bl.sinkhorn.soft_topk_log_kernel(x, 0.1)
+    mu = torch.full((3, 8), -math.log(8), dtype=F64)
+    nu = torch.log(torch.tensor([5 / 8, 3 / 8], dtype=F64)).expand(3, 2)
+    loose = bl.sinkhorn.sinkhorn_potentials(log_k, mu, nu, 10000, 1e-3)[2]
+    tight = bl.sinkhorn.sinkhorn_potentials(log_k, mu, nu, 10000, 1e-9)[2]
+    assert 1 <= loose < tight < 10000
+
+
+def test_reaching_the_cap_warns():
+    x = torch.arange(6, dtype=F64)
+    with pytest.warns(RuntimeWarning, match="sinkhorn_sort: Sinkhorn not converged"):
+        bl.sinkhorn_sort(x, 0.05, n_iter=10)
+    with pytest.warns(RuntimeWarning, match="soft_topk_ot: Sinkhorn not converged"):
+        bl.soft_topk_ot(x, 2, 1e-3, n_iter=10)
+
+
+@pytest.mark.parametrize("method", ["sinkhorn", "soft_topk_ot"])
+def test_rows_stop_on_their_own(method):
+    """Each row meets tol on its own, so batching moves a result by less than tol."""
+    x = torch.randn(4, 7, dtype=F64, generator=torch.Generator().manual_seed(23))
+    x[0] *= 8  # a sharper row that needs many more iterations
+    m = bl.topk_memberships(x, 3, method, 0.3, tol=1e-8)
+    for i in range(4):
+        alone = bl.topk_memberships(x[i], 3, method, 0.3, tol=1e-8)
+        torch.testing.assert_close(m[i], alone, rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("method", ["sinkhorn", "soft_topk_ot"])
+def test_newton_steps_reach_sinkhorns_fixed_point(method):
+    """The implicit path (Sinkhorn, then Newton steps) and plain Sinkhorn agree at tol."""
+    x = torch.randn(3, 6, dtype=F64, generator=torch.Generator().manual_seed(24))
+    fast = bl.topk_memberships(x, 3, method, 0.2, tol=1e-11)
+    slow = bl.topk_memberships(x, 3, method, 0.2, tol=1e-11, n_iter=100000, grad="unrolled")
+    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("method", ["sinkhorn", "soft_topk_ot"])
+def test_implicit_gradient_is_the_limit_of_the_unrolled_one(method):
+    """Appendix H of the SOFT paper: the unrolled gradient tends to the implicit one."""
+    x = torch.randn(2, 6, dtype=F64, generator=torch.Generator().manual_seed(25))
+    w = torch.randn(2, 3, 6, dtype=F64, generator=torch.Generator().manual_seed(26))
+    grads = []
+    for grad in ("implicit", "unrolled"):
+        z = x.clone().requires_grad_(True)
+        m = bl.topk_memberships(z, 3, method, 0.5, tol=1e-12, n_iter=20000, grad=grad)
+        (g,) = torch.autograd.grad((m * w).sum(), z)
+        grads.append(g)
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=1e-8)
 
 
 def test_sorting_network_single_comparator():
@@ -154,7 +290,7 @@ def test_rows_are_stochastic(method, descending):
 @pytest.mark.parametrize("tau", [0.3, 3.0])
 def test_columns_are_stochastic_where_the_paper_says(method, tau):
     x = torch.randn(2, 6, dtype=F64, generator=torch.Generator().manual_seed(6))
-    options = {"n_iter": 3000} if method == "sinkhorn" else {}
+    options = {"tol": 1e-10} if method == "sinkhorn" else {}
     p = bl.relaxed_permutation(x, method, tau, **options)
     torch.testing.assert_close(p.sum(-2), torch.ones(2, 6, dtype=F64))
 
@@ -212,7 +348,7 @@ def test_memberships_sum_to_k(method, tau):
 )
 def test_memberships_are_at_most_one_for_column_stochastic_methods(method):
     x = torch.randn(4, 9, dtype=F64, generator=torch.Generator().manual_seed(10))
-    m = bl.topk_memberships(x, 8, method, 0.5, **({"n_iter": 3000} if "s" in method[:2] else {}))
+    m = bl.topk_memberships(x, 8, method, 0.5, **({"tol": 1e-10} if "s" in method[:2] else {}))
     assert float(m.max()) <= 1 + 1e-9
     assert bool((m[..., 1:, :] >= m[..., :-1, :] - 1e-9).all())  # the top k grows with k
 
@@ -249,7 +385,7 @@ def test_gradcheck_memberships(method):
     x = torch.randn(2, 5, dtype=F64, generator=torch.Generator().manual_seed(13))
     x.requires_grad_(True)
     tau = torch.tensor(0.8, dtype=F64, requires_grad=True)
-    options = {"n_iter": 20} if method in ("sinkhorn", "soft_topk_ot") else {}
+    options = {"tol": 1e-12} if method in ("sinkhorn", "soft_topk_ot") else {}
     assert torch.autograd.gradcheck(
         lambda x, tau: bl.topk_memberships(x, 3, method, tau, **options), (x, tau)
     )
@@ -259,7 +395,7 @@ def test_gradcheck_memberships(method):
 def test_gradcheck_permutation(method):
     x = torch.randn(2, 5, dtype=F64, generator=torch.Generator().manual_seed(14))
     x.requires_grad_(True)
-    options = {"n_iter": 20} if method == "sinkhorn" else {}
+    options = {"tol": 1e-12} if method == "sinkhorn" else {}
     assert torch.autograd.gradcheck(
         lambda x: bl.relaxed_permutation(x, method, 0.6, **options), (x,)
     )
@@ -271,7 +407,7 @@ def test_gradcheck_topk_cross_entropy(method, split_top1):
     logits = torch.randn(3, 6, dtype=F64, generator=torch.Generator().manual_seed(15))
     logits.requires_grad_(True)
     labels = torch.tensor([0, 3, 5])
-    options = {"n_iter": 20} if method in ("sinkhorn", "soft_topk_ot") else {}
+    options = {"tol": 1e-12} if method in ("sinkhorn", "soft_topk_ot") else {}
     assert torch.autograd.gradcheck(
         lambda z: bl.topk_cross_entropy(
             z,
@@ -291,7 +427,7 @@ def test_gradcheck_permutation_cross_entropy(method):
     x = torch.randn(2, 5, dtype=F64, generator=torch.Generator().manual_seed(16))
     x.requires_grad_(True)
     ranks = torch.stack([torch.randperm(5) for _ in range(2)]) + 1
-    options = {"n_iter": 20} if method == "sinkhorn" else {}
+    options = {"tol": 1e-12} if method == "sinkhorn" else {}
     assert torch.autograd.gradcheck(
         lambda x: bl.permutation_cross_entropy(x, ranks, method=method, temperature=0.6, **options),
         (x,),
@@ -391,6 +527,10 @@ def test_bad_arguments_are_named():
         bl.soft_topk_ot(x, 5)
     with pytest.raises(ValueError, match="n_iter"):
         bl.sinkhorn_sort(x, n_iter=0)
+    with pytest.raises(ValueError, match="tol"):
+        bl.soft_topk_ot(x, 2, tol=-1.0)
+    with pytest.raises(ValueError, match="grad"):
+        bl.sinkhorn_sort(x, grad="autograd")
     labels = torch.tensor([0, 1])
     with pytest.raises(ValueError, match="p_k"):
         bl.topk_cross_entropy(x, labels, [0.5, 0.4], method="softsort")
@@ -428,3 +568,90 @@ def test_lapsum_through_the_entry_point():
         bl.topk_cross_entropy(x, labels, [0.5, 0.0, 0.5], method="lapsum", temperature=0.5),
         sot.topk_cross_entropy(x, labels, [0.5, 0.0, 0.5], 0.5),
     )
+
+
+# --- the top-m subset trick ------------------------------------------------------------------
+
+
+def far_below(seed, batch=4, classes=12, m=6, gap=60.0):
+    """Logits whose classes outside a top group of m lie ``gap`` below it; labels in the group."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(batch, classes, dtype=F64, generator=g)
+    logits[:, m:] -= gap
+    order = torch.stack([torch.randperm(classes, generator=g) for _ in range(batch)])
+    logits = logits.gather(-1, order)
+    group = torch.nonzero(logits > -gap / 2)[:, 1].reshape(batch, m)
+    labels = group[torch.arange(batch), torch.arange(batch) % m]
+    return logits, labels
+
+
+@pytest.mark.parametrize("method", ["neuralsort", "softsort", "sinkhorn", "lapsum"])
+@pytest.mark.parametrize("split_top1", [False, True])
+def test_top_m_equals_the_full_loss(method, split_top1):
+    """Classes far below the m-th leave these methods' top-K memberships unchanged."""
+    if method == "lapsum":
+        pytest.importorskip("softorder.bridges.torch")
+    logits, labels = far_below(27)
+    options = {"tol": 1e-12} if method == "sinkhorn" else {}
+    losses, grads = [], []
+    for top_m in (None, 6):
+        z = logits.clone().requires_grad_(True)
+        loss = bl.topk_cross_entropy(
+            z,
+            labels,
+            [0.2, 0.3, 0.5],
+            method=method,
+            temperature=0.7,
+            reduction="none",
+            split_top1=split_top1,
+            top_m=top_m,
+            **options,
+        )
+        losses.append(loss)
+        grads.append(torch.autograd.grad(loss.sum(), z)[0])
+    torch.testing.assert_close(losses[1], losses[0])
+    torch.testing.assert_close(grads[1], grads[0])
+
+
+@pytest.mark.parametrize("method", ["soft_topk_ot", "odd_even_network", "bitonic_network"])
+def test_top_m_is_a_relaxation_of_the_same_hard_loss(method):
+    """SOFT (cost normalised by the subset's maximum) and the networks (a network on m wires)
+    relax a subset differently; both tend to the same hard loss as the temperature falls."""
+    top = spaced(4, 6, seed=28)  # one unit apart
+    rest = spaced(4, 6, seed=29) - 16
+    logits = torch.cat((rest[:, :3], top, rest[:, 3:]), dim=-1)
+    labels = logits.topk(2, dim=-1).indices[:, 1]  # second largest: hard loss -log(0.8)
+    tau, options = {"soft_topk_ot": (2e-4, {"tol": 1e-6})}.get(method, (0.01, {}))
+    full, sub = (
+        bl.topk_cross_entropy(
+            logits,
+            labels,
+            [0.2, 0.3, 0.5],
+            method=method,
+            temperature=tau,
+            reduction="none",
+            top_m=top_m,
+            **options,
+        )
+        for top_m in (None, 6)
+    )
+    hard = torch.full((4,), -math.log(0.8), dtype=F64)
+    torch.testing.assert_close(full, hard, rtol=0, atol=1e-3)
+    torch.testing.assert_close(sub, hard, rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("method", bl.METHODS)
+def test_top_m_keeps_the_true_class(method):
+    """A true class below the m largest replaces the m-th: the loss of that subset."""
+    logits = torch.tensor([[3.0, 2.5, 2.0, 1.0, 0.5, -1.0, -2.0]], dtype=F64)
+    labels = torch.tensor([6])
+    got = bl.topk_cross_entropy(logits, labels, [0.5, 0.5], method=method, temperature=0.5, top_m=4)
+    subset = logits[:, [0, 1, 2, 6]]
+    expected = bl.topk_cross_entropy(
+        subset, torch.tensor([3]), [0.5, 0.5], method=method, temperature=0.5
+    )
+    torch.testing.assert_close(got, expected)
+    with pytest.raises(ValueError, match="top_m"):
+        bl.topk_cross_entropy(logits, labels, [0.5, 0.5], method=method, top_m=2)
+    with pytest.raises(ValueError, match="top_m"):
+        bl.topk_cross_entropy(logits, labels, [0.5, 0.5], method=method, top_m=8)

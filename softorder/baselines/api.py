@@ -238,6 +238,18 @@ def _check_labels(labels: torch.Tensor, shape: torch.Size, size: int, name: str)
         raise ValueError(f"{name} must lie in [0, {size}), got values outside")
 
 
+def _top_m_subset(
+    logits: torch.Tensor, labels: torch.Tensor, m: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``m`` largest logits with the true class among them, and its position there."""
+    index = logits.topk(m, dim=-1).indices  # (..., m), descending
+    present = (index == labels[..., None]).any(-1)
+    last = torch.where(present, index[..., -1], labels)
+    index = torch.cat((index[..., :-1], last[..., None]), dim=-1)
+    position = (index == labels[..., None]).to(torch.int64).argmax(-1)
+    return logits.gather(-1, index), position
+
+
 def topk_cross_entropy(
     logits: torch.Tensor,
     labels: torch.Tensor,
@@ -247,6 +259,7 @@ def topk_cross_entropy(
     temperature: Temperature | None = None,
     reduction: str = "mean",
     split_top1: bool = False,
+    top_m: int | None = None,
     **options: Any,
 ) -> torch.Tensor:
     """Top-k cross-entropy with k ~ P_K (Petersen et al., ICML 2022, eqs. 2 and 4), any method.
@@ -258,6 +271,12 @@ def topk_cross_entropy(
     the softmax instead (eq. 4):
     ``P_K(1) softmax_CE - (1 - P_K(1)) log sum_(k>=2) P_K(k) m^(k)_y``.
     ``method="lapsum"`` calls ``softorder.bridges.torch.topk_cross_entropy``.
+
+    With ``top_m`` (the DiffTopK paper's subset trick, m = 16 or 50 for 1000 classes), the
+    memberships are computed only among the ``top_m`` largest logits of each sample, the true
+    class always among them (it replaces the m-th largest when it is not); the softmax share of
+    ``split_top1`` still uses every logit. That equals the full loss up to the influence of the
+    classes left out, which vanishes as they fall below the m-th logit by many temperatures.
 
     Parameters
     ----------
@@ -276,8 +295,10 @@ def topk_cross_entropy(
         How to combine the per-sample losses.
     split_top1 : bool
         Use the softmax for the k = 1 share (eq. 4 of the paper).
+    top_m : int, optional
+        Relax only the ``top_m`` largest logits (``K < top_m <= C``); all by default.
     **options
-        Passed to the method (``n_iter`` for the Sinkhorn methods).
+        Passed to the method (``n_iter``, ``tol`` and ``grad`` for the Sinkhorn methods).
 
     Returns
     -------
@@ -290,7 +311,7 @@ def topk_cross_entropy(
         Labels that are not integers.
     ValueError
         An unknown method or reduction, labels of the wrong shape or out of range, ``p_k``
-        negative, not summing to 1, or with ``K >= C``.
+        negative, not summing to 1, or with ``K >= C``, or ``top_m`` not in ``(K, C]``.
 
     Examples
     --------
@@ -316,14 +337,21 @@ def topk_cross_entropy(
     ):
         raise ValueError("p_k must be non-negative and sum to 1 over its last axis")
     _check_labels(labels, logits.shape[:-1], c, "labels")
-    if method == "lapsum":  # per-sample losses from the bridge, reduced here like the others
+    big_k = p_k.shape[-1]
+    if top_m is not None and (
+        isinstance(top_m, bool) or not isinstance(top_m, int) or not big_k < top_m <= c
+    ):
+        raise ValueError(f"top_m must be an int in (K, C] = ({big_k}, {c}], got {top_m!r}")
+    if method == "lapsum" and top_m is None:  # per-sample losses from the bridge
         loss = _bridge().topk_cross_entropy(
             logits, labels, p_k, temperature, reduction="none", split_top1=split_top1
         )
         return _reduce(loss, reduction)
-    big_k = p_k.shape[-1]
-    log_m = _memberships(logits, big_k, method, temperature, options, log=True)
-    index = labels[..., None, None].expand(*labels.shape, big_k, 1)
+    relaxed, relaxed_labels = logits, labels
+    if top_m is not None and top_m < c:
+        relaxed, relaxed_labels = _top_m_subset(logits, labels, top_m)
+    log_m = _memberships(relaxed, big_k, method, temperature, options, log=True)
+    index = relaxed_labels[..., None, None].expand(*labels.shape, big_k, 1)
     log_m_y = log_m.gather(-1, index).squeeze(-1)  # (..., K)
     log_p_k = torch.log(p_k)
     if not split_top1:

@@ -4,29 +4,40 @@
   onto n sorted anchors (mass 1/n each) with squared-distance cost and entropy ``epsilon``;
   ``P = n Gamma^T`` is a relaxed permutation matrix (doubly stochastic at convergence).
 * SOFT top-k (Xie et al., NeurIPS 2020, sec. 2): transport the n scores onto the two anchors
-  {0, 1} with masses ``(n - k) / n`` and ``k / n``; the memberships are ``A = n Gamma[:, 1]``
-  (the paper's smallest-k form applied to the largest, by symmetry).
+  {0, 1} with masses ``(n - k) / n`` and ``k / n``, cost ``(x_i - y_j)^2`` divided by its
+  largest entry in the row (as the authors' code does, ``C / C.max()``, so ``epsilon`` is on the
+  paper's scale); the memberships are ``A = n Gamma[:, 1]`` (the paper's smallest-k form applied
+  to the largest, by symmetry).
 
-Both run a fixed number of log-domain Sinkhorn iterations (Cuturi 2013; Benamou et al. 2015)
-and are differentiated by autograd through the iterations, as Cuturi et al. and the DiffTopK
-paper do (Xie et al. derive an implicit O(n) backward instead; with two anchors autograd is
-O(n) per iteration too). The last iteration projects on the anchors' marginal, so every rank
-row of ``P`` sums to 1 exactly and the SOFT memberships sum to ``k`` exactly; the other marginal
-is reached only at convergence (as ``n_iter`` grows).
+**Convergence.** Both run log-domain Sinkhorn iterations (Cuturi 2013; Benamou et al. 2015, no
+underflow at small ``epsilon``) until the marginal error, ``max_i |n sum_j Gamma_ij - 1|`` (how
+far each element's total mass is from 1), is at most ``tol``, with ``n_iter`` as a cap; a call
+that reaches the cap warns (``RuntimeWarning``) with the error reached. The last iteration
+projects on the anchors' marginal, so every rank row of ``P`` sums to 1 exactly and the SOFT
+memberships sum to ``k`` exactly.
 
-Anchors are one unit apart (ranks ``0..n-1`` for the sort, ``{0, 1}`` for top-k) and the scores
-are used unscaled (Cuturi et al. squash them into [0, 1] first; we do not, so ``epsilon`` is in
-the units of ``x`` squared, as for the other methods). With a squared cost
-``(x_i - y_j)^2 = x_i^2 - 2 x_i y_j + y_j^2`` the squares are absorbed by the dual potentials,
-so the plan depends on ``x`` only through ``2 (x_i - mean(x)) y_j / epsilon``: the iterations use
-that reduced cost, which avoids the huge magnitudes of the full one. Hence the SOFT top-k
-memberships are logistic, ``A_i = sigmoid((2 x_i - t) / epsilon)`` with ``t`` such that they
-sum to ``k``: a logistic scale of ``epsilon / 2`` in the units of ``x``.
+**Gradients.** By default (``grad="implicit"``) the backward pass differentiates the converged
+plan by the implicit function theorem (SOFT paper, appendix H): with ``W`` the cotangent of
+``log Gamma``, ``dL/dlog K = W - Gamma (a 1^T + 1 b^T)`` where ``a, b`` make that matrix's row and
+column sums zero, which takes one ``m x m`` solve (``m`` anchors: 2 for SOFT, so O(n); ``n``
+for Sinkhorn sort, O(n^3)) and no stored iterations. ``grad="unrolled"`` differentiates through
+the iterations instead (as Cuturi et al. and the DiffTopK paper do; memory grows with the
+iteration count, and the result is the derivative of the truncated iteration).
+
+Sinkhorn sort's anchors are one unit apart (ranks ``0..n-1``) and the scores are used unscaled
+(Cuturi et al. squash them into [0, 1] first; we do not, so ``epsilon`` is in the units of ``x``
+squared, and on two elements its slope matches the other methods', see the examples). With a
+squared cost the squares are absorbed by the dual potentials, so the plan depends on ``x`` only
+through ``2 (x_i - mean(x)) y_j / epsilon``: the iterations use that reduced cost. SOFT top-k
+uses the full normalised cost, whose plan is a logistic in ``x``:
+``A_i = sigmoid((2 x_i - t) / (M epsilon))`` with ``M`` the largest cost entry of the row and
+``t`` such that the memberships sum to ``k``.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -37,20 +48,196 @@ from softorder.baselines._common import (
     check_temperature,
 )
 
+#: Default cap on the Sinkhorn iterations.
+DEFAULT_N_ITER = 1000
+#: Default tolerance on the marginal error ``max_i |n sum_j Gamma_ij - 1|``.
+DEFAULT_TOL = 1e-5
+GRADIENTS = ("implicit", "unrolled")
 
-def _log_sinkhorn(
-    log_kernel: torch.Tensor, log_mu: torch.Tensor, log_nu: torch.Tensor, n_iter: int
-) -> torch.Tensor:
-    """Log transport plan for ``exp(log_kernel)`` with marginals ``mu`` (rows), ``nu`` (columns).
 
-    ``log_kernel`` has shape ``(..., n, m)``; the result has the same shape and its column sums
-    are ``nu`` exactly (the last projection), its row sums ``mu`` at convergence.
+def _check_convergence_options(n_iter: int, tol: float, grad: str) -> None:
+    check_iterations(n_iter)
+    if isinstance(tol, bool) or not isinstance(tol, int | float) or not tol >= 0:
+        raise ValueError(f"tol must be a non-negative number, got {tol!r}")
+    if grad not in GRADIENTS:
+        raise ValueError(f"grad must be one of {GRADIENTS}, got {grad!r}")
+
+
+#: Sinkhorn iterations before the Newton steps take over (when ``newton`` is on).
+NEWTON_AFTER = 20
+_STEPS = 24  # backtracking step sizes 1, 1/2, ..., 2^-23, all tried at once
+
+
+def _row_projected(log_kernel: torch.Tensor, log_mu: torch.Tensor, v: torch.Tensor):
+    """Log plan with exact row sums ``mu`` for column scalings ``v``, and its log column sums."""
+    log_plan = log_mu.unsqueeze(-1) + torch.log_softmax(log_kernel + v.unsqueeze(-2), dim=-1)
+    return log_plan, torch.logsumexp(log_plan, dim=-2)
+
+
+def _newton_columns(
+    log_kernel: torch.Tensor,
+    log_mu: torch.Tensor,
+    log_nu: torch.Tensor,
+    v: torch.Tensor,
+    active: torch.Tensor,
+    tol: float,
+    steps: int,
+) -> tuple[torch.Tensor, int]:
+    """Damped Newton steps on the column scalings ``v`` of the rows still ``active``.
+
+    With the rows projected exactly, the column sums ``c(v)`` have Jacobian
+    ``diag(c) - Gamma^T diag(1/mu) Gamma`` in ``v`` (the matrix of the implicit backward,
+    singular along the gauge ``v + const``, hence the pseudo-inverse). Each step tries the
+    sizes 1, 1/2, 1/4, ... at once and keeps, per problem, the one with the smallest column
+    error. Sinkhorn's fixed point, reached in a few steps where Sinkhorn needs thousands (near
+    hard plans contract by a factor close to 1 per iteration). In float64 throughout.
+    """
+    dtype = v.dtype
+    lk, lm, ln = log_kernel.double(), log_mu.double(), log_nu.double()
+    v = v.double()
+    nu = ln.exp()
+    sizes = 2.0 ** -torch.arange(_STEPS, dtype=torch.float64, device=v.device)
+    sizes = sizes.reshape(_STEPS, *([1] * v.ndim))
+    done = 0
+    for done in range(1, steps + 1):  # noqa: B007 (the count is reported)
+        log_plan, log_c = _row_projected(lk, lm, v)
+        error = torch.expm1(log_c - ln).abs().amax(-1)
+        active = active & (error > tol)
+        if not bool(active.any()):
+            done -= 1
+            break
+        plan = log_plan.exp()
+        c = plan.sum(-2)
+        jacobian = torch.diag_embed(c) - plan.transpose(-1, -2) @ (plan / plan.sum(-1, True))
+        direction = (torch.linalg.pinv(jacobian, hermitian=True) @ (nu - c).unsqueeze(-1))[..., 0]
+        # Near-hard plans make the Jacobian nearly singular and the full step huge: no useful
+        # step is longer than the kernel's range, so the tries start there.
+        reach = (lk.amax((-2, -1)) - lk.amin((-2, -1)) + 1).unsqueeze(-1)
+        longest = direction.abs().amax(-1, keepdim=True)
+        direction = direction * torch.clamp(reach / longest, max=1.0).nan_to_num(0.0)
+        tries = v + sizes * direction  # (steps, ..., m)
+        _, log_c_tries = _row_projected(lk, lm, tries)
+        merit = torch.expm1(log_c_tries - ln).abs().amax(-1)  # (steps, ...)
+        merit = torch.nan_to_num(merit, nan=math.inf)
+        best_merit, best = merit.min(0)
+        chosen = tries.gather(0, best[None, ..., None].expand(1, *v.shape))[0]
+        improved = active & (best_merit < error)
+        v = torch.where(improved.unsqueeze(-1), chosen, v)
+        active = improved  # a problem Newton cannot improve goes back to Sinkhorn
+    return v.to(dtype), done
+
+
+def sinkhorn_potentials(
+    log_kernel: torch.Tensor,
+    log_mu: torch.Tensor,
+    log_nu: torch.Tensor,
+    n_iter: int,
+    tol: float,
+    newton: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, int, float]:
+    """Log-domain Sinkhorn scalings ``(u, v, iterations, marginal error)``.
+
+    ``log_kernel`` has shape ``(..., n, m)``, ``log_mu`` ``(..., n)``, ``log_nu`` ``(..., m)``;
+    ``u + log_kernel + v`` is the log plan, whose column sums are ``nu`` exactly and whose row
+    sums are ``mu`` to within a relative ``tol`` (unless ``n_iter`` ran out first). Each
+    problem of the batch stops on its own (its scalings are frozen once it meets ``tol``), so
+    a row's result does not depend on the rows it is batched with. With ``newton``, problems
+    not converged after :data:`NEWTON_AFTER` Sinkhorn iterations take damped Newton steps on
+    the column scalings (each counted as an iteration; not differentiable, for the implicit
+    backward). Runs under the caller's autograd mode (``grad="unrolled"`` records the
+    iterations).
     """
     v = torch.zeros_like(log_kernel[..., 0, :])
-    u = torch.zeros_like(log_kernel[..., :, 0])
-    for _ in range(n_iter):
-        u = log_mu - torch.logsumexp(log_kernel + v.unsqueeze(-2), dim=-1)
-        v = log_nu - torch.logsumexp(log_kernel + u.unsqueeze(-1), dim=-2)
+    rows = torch.logsumexp(log_kernel, dim=-1)  # log row sums of the kernel scaled by v
+    u = log_mu - rows
+    if log_kernel.numel() == 0:
+        return u, v, 0, 0.0
+    active = torch.ones(log_kernel.shape[:-2], dtype=torch.bool, device=log_kernel.device)
+    error = torch.full_like(active, math.inf, dtype=log_kernel.dtype)
+    done = 0
+    while done < n_iter:
+        done += 1
+        u_new = log_mu - rows
+        v_new = log_nu - torch.logsumexp(log_kernel + u_new.unsqueeze(-1), dim=-2)
+        rows_new = torch.logsumexp(log_kernel + v_new.unsqueeze(-2), dim=-1)
+        keep = active.unsqueeze(-1)
+        u = torch.where(keep, u_new, u)
+        v = torch.where(keep, v_new, v)
+        rows = torch.where(keep, rows_new, rows)
+        # the row marginal of the current plan over the target one is exp(u + rows - log_mu)
+        with torch.no_grad():
+            error = torch.expm1(u + rows - log_mu).abs().amax(-1)
+            active = active & (error > tol)  # NaN rows stop too (their result is NaN)
+        if not bool(active.any()):
+            break
+        if newton and done % NEWTON_AFTER == 0 and done < n_iter:
+            v, steps = _newton_columns(
+                log_kernel, log_mu, log_nu, v, active, tol / 4, n_iter - done - 1
+            )
+            done += steps
+            rows = torch.logsumexp(log_kernel + v.unsqueeze(-2), dim=-1)
+    return u, v, done, float(error.amax())
+
+
+def _warn_unconverged(who: str, n_iter: int, error: float, tol: float) -> None:
+    warnings.warn(
+        f"softorder.baselines.{who}: Sinkhorn not converged after n_iter={n_iter} iterations "
+        f"(marginal error {error:.2g} > tol={tol:g}); raise n_iter or the temperature",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+
+
+class _ImplicitLogPlan(torch.autograd.Function):
+    """Log transport plan with the implicit-function-theorem backward (SOFT, appendix H)."""
+
+    @staticmethod
+    def forward(ctx, log_kernel, log_mu, log_nu, n_iter, tol, who):  # noqa: D102
+        u, v, _, error = sinkhorn_potentials(log_kernel, log_mu, log_nu, n_iter, tol, newton=True)
+        if error > tol:
+            _warn_unconverged(who, n_iter, error, tol)
+        log_plan = u.unsqueeze(-1) + log_kernel + v.unsqueeze(-2)
+        ctx.save_for_backward(log_plan)
+        return log_plan
+
+    @staticmethod
+    def backward(ctx, w):  # noqa: D102
+        (log_plan,) = ctx.saved_tensors
+        plan = log_plan.exp()
+        # The plan's own marginals (not the targets), so the linear system below is consistent
+        # even where the iterations stopped at the tolerance.
+        mu = plan.sum(-1)
+        nu = plan.sum(-2)
+        s = w.sum(-1)
+        plan_over_mu = plan / mu.unsqueeze(-1)
+        # Row sums of W - Gamma (a + b) vanish: a = (s - Gamma b) / mu; column sums then give
+        # (diag(nu) - Gamma^T diag(1/mu) Gamma) b = r, singular along b = 1 (the potentials'
+        # gauge), hence the pseudo-inverse.
+        system = torch.diag_embed(nu) - plan.transpose(-1, -2) @ plan_over_mu
+        r = w.sum(-2) - (plan_over_mu * s.unsqueeze(-1)).sum(-2)
+        b = (torch.linalg.pinv(system, hermitian=True) @ r.unsqueeze(-1)).squeeze(-1)
+        a = (s - (plan @ b.unsqueeze(-1)).squeeze(-1)) / mu
+        grad_kernel = w - plan * (a.unsqueeze(-1) + b.unsqueeze(-2))
+        grad_log_mu = a * mu if ctx.needs_input_grad[1] else None
+        grad_log_nu = b * nu if ctx.needs_input_grad[2] else None
+        return grad_kernel, grad_log_mu, grad_log_nu, None, None, None
+
+
+def _log_plan(
+    log_kernel: torch.Tensor,
+    log_mu: torch.Tensor,
+    log_nu: torch.Tensor,
+    n_iter: int,
+    tol: float,
+    grad: str,
+    who: str,
+) -> torch.Tensor:
+    """Log transport plan for ``exp(log_kernel)`` with marginals ``mu`` (rows), ``nu`` (columns)."""
+    if grad == "implicit":
+        return _ImplicitLogPlan.apply(log_kernel, log_mu, log_nu, n_iter, tol, who)
+    u, v, _, error = sinkhorn_potentials(log_kernel, log_mu, log_nu, n_iter, tol)
+    if error > tol:
+        _warn_unconverged(who, n_iter, error, tol)
     return u.unsqueeze(-1) + log_kernel + v.unsqueeze(-2)
 
 
@@ -59,7 +246,9 @@ def log_sinkhorn_sort(
     temperature: Temperature = 1.0,
     *,
     descending: bool = False,
-    n_iter: int = 100,
+    n_iter: int = DEFAULT_N_ITER,
+    tol: float = DEFAULT_TOL,
+    grad: str = "implicit",
 ) -> torch.Tensor:
     """Logarithm of :func:`sinkhorn_sort`, from the log-domain iterations (no underflow).
 
@@ -72,7 +261,11 @@ def log_sinkhorn_sort(
     descending : bool
         Row 0 is the largest score (else the smallest).
     n_iter : int
-        Number of Sinkhorn iterations.
+        Cap on the Sinkhorn iterations.
+    tol : float
+        Stop when the marginal error (module docstring) is at most ``tol``.
+    grad : {"implicit", "unrolled"}
+        Backward pass (module docstring).
 
     Returns
     -------
@@ -83,20 +276,20 @@ def log_sinkhorn_sort(
     --------
     >>> import torch
     >>> from softorder.baselines import log_sinkhorn_sort
-    >>> log_sinkhorn_sort(torch.tensor([0.0, 3.0, 1.0]), 0.1).exp().round(decimals=3)
-    tensor([[0.9950, 0.0000, 0.0050],
-            [0.0000, 0.0000, 1.0000],
-            [0.0000, 1.0000, 0.0000]])
+    >>> log_sinkhorn_sort(torch.tensor([0.0, 3.0, 1.0]), 0.5).exp().round(decimals=3)
+    tensor([[0.8820, 0.0000, 0.1180],
+            [0.1180, 0.0170, 0.8650],
+            [0.0000, 0.9830, 0.0170]])
     """
     n = check_scores(x)
     check_temperature(temperature)
-    check_iterations(n_iter)
+    _check_convergence_options(n_iter, tol, grad)
     scores = -x if descending else x
     scores = scores - scores.mean(-1, keepdim=True)
     anchors = torch.arange(n, dtype=x.dtype, device=x.device) - (n - 1) / 2
     log_kernel = 2 * scores.unsqueeze(-1) * anchors / temperature  # (..., element, rank)
     log_mass = torch.full_like(scores, -math.log(n))
-    log_plan = _log_sinkhorn(log_kernel, log_mass, log_mass, n_iter)
+    log_plan = _log_plan(log_kernel, log_mass, log_mass, n_iter, tol, grad, "sinkhorn_sort")
     return (log_plan + math.log(n)).transpose(-1, -2)
 
 
@@ -105,17 +298,20 @@ def sinkhorn_sort(
     temperature: Temperature = 1.0,
     *,
     descending: bool = False,
-    n_iter: int = 100,
+    n_iter: int = DEFAULT_N_ITER,
+    tol: float = DEFAULT_TOL,
+    grad: str = "implicit",
 ) -> torch.Tensor:
     """Sinkhorn (optimal-transport) sort: relaxed permutation matrix (Cuturi et al., 2019).
 
     Entropic optimal transport ``min <C, Gamma> + epsilon sum Gamma log Gamma`` between the
     scores (mass 1/n each) and the sorted anchors ``0, 1, ..., n-1`` (mass 1/n each), cost
-    ``C_ij = (x_i - y_j)^2``, solved by ``n_iter`` Sinkhorn iterations in the log domain;
-    ``P = n Gamma^T`` (rows: ranks, columns: elements). Rows sum to 1 exactly; columns sum
-    to 1 at convergence. As ``epsilon -> 0`` (and ``n_iter -> inf``) it tends to the
-    permutation matrix of the sort. Time ``O(n^2 n_iter)``; autograd keeps every iteration,
-    so memory is ``O(n^2 n_iter)`` too. See the module docstring for the scaling choices.
+    ``C_ij = (x_i - y_j)^2``, solved by log-domain Sinkhorn iterations until the marginal error
+    is at most ``tol`` (at most ``n_iter`` of them); ``P = n Gamma^T`` (rows: ranks, columns:
+    elements). Rows sum to 1 exactly; columns to within ``tol``. As ``epsilon -> 0`` it tends
+    to the permutation matrix of the sort. Time ``O(n^2)`` per iteration; the default implicit
+    backward costs ``O(n^3)`` and stores only the plan. See the module docstring for the
+    scaling and the gradients.
 
     Parameters
     ----------
@@ -128,8 +324,12 @@ def sinkhorn_sort(
     descending : bool
         Row 0 is the largest score (else the smallest).
     n_iter : int
-        Number of Sinkhorn iterations (each a row and a column projection). Small
-        temperatures need more.
+        Cap on the Sinkhorn iterations (each a row and a column projection); reaching it
+        warns. Small temperatures need more.
+    tol : float
+        Stop when ``max_j |sum_i P_ij - 1| <= tol`` (relative marginal error).
+    grad : {"implicit", "unrolled"}
+        Implicit differentiation of the converged plan, or autograd through the iterations.
 
     Returns
     -------
@@ -141,33 +341,53 @@ def sinkhorn_sort(
     TypeError
         ``x`` is not a floating tensor.
     ValueError
-        Fewer than 2 elements, a temperature that is not positive, or ``n_iter < 1``.
+        Fewer than 2 elements, a temperature that is not positive, ``n_iter < 1``, a negative
+        ``tol`` or an unknown ``grad``.
 
     Examples
     --------
     >>> import torch
     >>> from softorder.baselines import sinkhorn_sort
     >>> x = torch.tensor([0.0, 3.0, 1.0], dtype=torch.float64)
-    >>> (sinkhorn_sort(x, 0.1, n_iter=300) @ x).round(decimals=2)
-    tensor([0., 1., 3.], dtype=torch.float64)
-    >>> p = sinkhorn_sort(x, 2.0, n_iter=200)
+    >>> (sinkhorn_sort(x, 0.5) @ x).round(decimals=2)
+    tensor([0.1200, 0.9200, 2.9700], dtype=torch.float64)
+    >>> p = sinkhorn_sort(x, 2.0, tol=1e-9)
     >>> p.sum(-1).round(decimals=6), p.sum(-2).round(decimals=6)  # doubly stochastic
     (tensor([1., 1., 1.], dtype=torch.float64), tensor([1., 1., 1.], dtype=torch.float64))
     """
-    return log_sinkhorn_sort(x, temperature, descending=descending, n_iter=n_iter).exp()
+    return log_sinkhorn_sort(
+        x, temperature, descending=descending, n_iter=n_iter, tol=tol, grad=grad
+    ).exp()
+
+
+def soft_topk_log_kernel(x: torch.Tensor, temperature: Temperature) -> torch.Tensor:
+    """SOFT's ``-C / (max C) / epsilon`` for the anchors {0, 1}: shape ``(..., n, 2)``.
+
+    The cost is normalised per row (the authors' code divides by the batch's largest entry,
+    which would make a row's result depend on the other rows) and the normaliser is
+    differentiated with the rest (their code detaches it, which is not the derivative of the
+    function computed).
+    """
+    anchors = torch.tensor([0.0, 1.0], dtype=x.dtype, device=x.device)
+    cost = (x.unsqueeze(-1) - anchors) ** 2
+    cost = cost / cost.amax(dim=(-2, -1), keepdim=True)
+    return -cost / temperature
 
 
 def _log_soft_topk_ot(
-    x: torch.Tensor, k: torch.Tensor, temperature: Temperature, n_iter: int
+    x: torch.Tensor,
+    k: torch.Tensor,
+    temperature: Temperature,
+    n_iter: int,
+    tol: float,
+    grad: str,
 ) -> torch.Tensor:
     """Log SOFT memberships (largest) of ``x`` ``(..., n)`` for ``k`` of shape ``(...)``."""
     n = x.shape[-1]
-    scores = x - x.mean(-1, keepdim=True)
-    zero = torch.zeros_like(scores)
-    log_kernel = torch.stack((zero, 2 * scores / temperature), dim=-1)  # anchors 0 and 1
-    log_mu = torch.full_like(scores, -math.log(n))
+    log_kernel = soft_topk_log_kernel(x, temperature)
+    log_mu = torch.full_like(x, -math.log(n))
     log_nu = torch.stack((torch.log((n - k) / n), torch.log(k / n)), dim=-1)
-    log_plan = _log_sinkhorn(log_kernel, log_mu, log_nu, n_iter)
+    log_plan = _log_plan(log_kernel, log_mu, log_nu, n_iter, tol, grad, "soft_topk_ot")
     return log_plan[..., 1] + math.log(n)
 
 
@@ -191,7 +411,9 @@ def log_soft_topk_ot(
     temperature: Temperature = 1.0,
     *,
     largest: bool = True,
-    n_iter: int = 100,
+    n_iter: int = DEFAULT_N_ITER,
+    tol: float = DEFAULT_TOL,
+    grad: str = "implicit",
 ) -> torch.Tensor:
     """Logarithm of :func:`soft_topk_ot`, from the log-domain iterations (no underflow).
 
@@ -202,11 +424,15 @@ def log_soft_topk_ot(
     k : float or torch.Tensor
         Number of elements to select, in ``(0, n)``; a tensor broadcastable to ``x.shape[:-1]``.
     temperature : float or 0-d torch.Tensor
-        The entropic regularisation ``epsilon > 0``.
+        The entropic regularisation ``epsilon > 0`` (on the normalised cost).
     largest : bool
         Select the largest (else the smallest) elements.
     n_iter : int
-        Number of Sinkhorn iterations.
+        Cap on the Sinkhorn iterations.
+    tol : float
+        Stop when the marginal error (module docstring) is at most ``tol``.
+    grad : {"implicit", "unrolled"}
+        Backward pass (module docstring).
 
     Returns
     -------
@@ -217,13 +443,13 @@ def log_soft_topk_ot(
     --------
     >>> import torch
     >>> from softorder.baselines import log_soft_topk_ot
-    >>> log_soft_topk_ot(torch.tensor([0.0, 3.0, 1.0]), 1, 0.1).exp().round(decimals=3)
-    tensor([0.0000, 0.9990, 0.0010])
+    >>> log_soft_topk_ot(torch.tensor([0.0, 3.0, 1.0]), 1, 0.05).exp().round(decimals=3)
+    tensor([0.0000, 0.9880, 0.0120])
     """
     check_scores(x)
     check_temperature(temperature)
-    check_iterations(n_iter)
-    return _log_soft_topk_ot(x if largest else -x, _k_tensor(k, x), temperature, n_iter)
+    _check_convergence_options(n_iter, tol, grad)
+    return _log_soft_topk_ot(x if largest else -x, _k_tensor(k, x), temperature, n_iter, tol, grad)
 
 
 def soft_topk_ot(
@@ -232,16 +458,19 @@ def soft_topk_ot(
     temperature: Temperature = 1.0,
     *,
     largest: bool = True,
-    n_iter: int = 100,
+    n_iter: int = DEFAULT_N_ITER,
+    tol: float = DEFAULT_TOL,
+    grad: str = "implicit",
 ) -> torch.Tensor:
     """SOFT top-k memberships: entropic OT onto two anchors (Xie et al., NeurIPS 2020, sec. 2).
 
     Transports the scores (mass 1/n each) onto the anchors ``{0, 1}`` with masses
-    ``(n - k) / n`` and ``k / n`` and cost ``(x_i - y_j)^2``, entropy ``epsilon``; returns
-    ``A = n Gamma[:, 1]``, which sums to ``k`` exactly and lies in ``[0, 1]`` at convergence.
-    The paper's form selects the smallest k (anchor 0 gets mass ``k / n``); this is the same
-    operator on ``-x``. As ``epsilon -> 0`` (and ``n_iter -> inf``) it tends to the 0/1
-    indicator of the top k. Cost ``O(n n_iter)`` time and memory.
+    ``(n - k) / n`` and ``k / n`` and cost ``C_ij = (x_i - y_j)^2 / max C`` (normalised as in the
+    authors' code, per row), entropy ``epsilon``; returns ``A = n Gamma[:, 1]``, which sums to
+    ``k`` exactly and lies in ``[0, 1]`` to within ``tol``. The paper's form selects the smallest
+    k (anchor 0 gets mass ``k / n``); this is the same operator on ``-x``. As ``epsilon -> 0`` it
+    tends to the 0/1 indicator of the top k. The iterations cost ``O(n)`` each and the default
+    implicit backward (appendix H of the paper) ``O(n)`` once.
 
     Parameters
     ----------
@@ -251,12 +480,18 @@ def soft_topk_ot(
         Number of elements to select, in ``(0, n)`` (need not be an integer); a tensor
         broadcastable to ``x.shape[:-1]`` gives one per row.
     temperature : float or 0-d torch.Tensor
-        The entropic regularisation ``epsilon > 0``: memberships are logistic of scale
-        ``epsilon / 2`` in the units of ``x`` (module docstring). A tensor may require grad.
+        The entropic regularisation ``epsilon > 0`` on the normalised cost (the paper's scale):
+        memberships are logistic of scale ``M epsilon / 2`` in the units of ``x``, ``M`` the
+        row's largest squared distance to an anchor (module docstring). A tensor may require
+        grad.
     largest : bool
         Select the largest (else the smallest) elements.
     n_iter : int
-        Number of Sinkhorn iterations. Small temperatures need more.
+        Cap on the Sinkhorn iterations; reaching it warns. Small temperatures need more.
+    tol : float
+        Stop when ``max_i |A_i + (mass on anchor 0)_i - 1| <= tol`` (marginal error).
+    grad : {"implicit", "unrolled"}
+        Implicit differentiation of the converged plan, or autograd through the iterations.
 
     Returns
     -------
@@ -269,17 +504,19 @@ def soft_topk_ot(
         ``x`` is not a floating tensor.
     ValueError
         Fewer than 2 elements, ``k`` outside ``(0, n)`` or not broadcastable, a temperature
-        that is not positive, or ``n_iter < 1``.
+        that is not positive, ``n_iter < 1``, a negative ``tol`` or an unknown ``grad``.
 
     Examples
     --------
     >>> import torch
     >>> from softorder.baselines import soft_topk_ot
     >>> x = torch.tensor([2.0, -1.0, 0.5, 3.0], dtype=torch.float64)
-    >>> soft_topk_ot(x, 2, 0.1).round(decimals=3)
-    tensor([1., 0., 0., 1.], dtype=torch.float64)
-    >>> a = soft_topk_ot(x, 2, 2.0)
+    >>> soft_topk_ot(x, 2, 0.05).round(decimals=3)
+    tensor([0.9660, 0.0000, 0.0350, 1.0000], dtype=torch.float64)
+    >>> a = soft_topk_ot(x, 2, 0.2)
     >>> a.round(decimals=3), round(float(a.sum()), 12)
-    (tensor([0.6970, 0.1030, 0.3390, 0.8620], dtype=torch.float64), 2.0)
+    (tensor([0.7140, 0.0820, 0.3210, 0.8840], dtype=torch.float64), 2.0)
     """
-    return log_soft_topk_ot(x, k, temperature, largest=largest, n_iter=n_iter).exp()
+    return log_soft_topk_ot(
+        x, k, temperature, largest=largest, n_iter=n_iter, tol=tol, grad=grad
+    ).exp()
