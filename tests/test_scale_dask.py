@@ -1,0 +1,184 @@
+"""Dask: softorder.dask on arrays chunked along batch axes equals the NumPy call on the whole
+batch, values and gradients, with the threaded scheduler and with a 2-process LocalCluster.
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import softorder
+
+da = pytest.importorskip("dask.array")
+sdask = pytest.importorskip("softorder.dask")
+
+N = 7
+
+
+@pytest.fixture
+def data():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(5, 4, N))
+    x[0, 0, :3] = 0.25  # ties
+    return x
+
+
+def _cases(x):
+    """(op, NumPy arguments, dask arguments) for each operation and kind of argument."""
+    rng = np.random.default_rng(4)
+    batch = x.shape[:-1]
+    chunks = (2, 3, N)
+    xd = da.from_array(x, chunks=chunks)
+    alpha_rows = rng.uniform(0.2, 2.0, size=batch)
+    k_rows = rng.uniform(0.5, N - 0.5, size=batch)
+    k_several = rng.uniform(0.5, N - 0.5, size=batch + (3,))
+    q_several = rng.uniform(0.05, 0.95, size=batch + (2,))
+    labels = rng.integers(0, N, size=batch)
+    target_ranks = np.argsort(rng.random(x.shape), axis=-1) + 1
+    p_k_rows = rng.dirichlet(np.ones(3), size=batch)
+
+    def d(a):  # per-row arguments, chunked otherwise than x
+        return da.from_array(a, chunks=(3, 2) + a.shape[2:])
+
+    return [
+        (softorder.soft_rank, (x, 0.5), (xd, 0.5), {}),
+        (softorder.soft_rank, (x, alpha_rows), (xd, d(alpha_rows)), {"descending": True}),
+        (softorder.soft_sort, (x, 0.3), (xd, 0.3), {}),
+        (softorder.soft_topk, (x, 2.5, 0.4), (xd, 2.5, 0.4), {}),
+        (softorder.soft_topk, (x, k_rows, 0.4), (xd, d(k_rows), 0.4), {"largest": False}),
+        (softorder.soft_topk, (x, k_several, 0.4), (xd, d(k_several), 0.4), {}),
+        (softorder.log_soft_topk, (x, 3, alpha_rows), (xd, 3, d(alpha_rows)), {}),
+        (softorder.soft_quantile, (x, 0.3, 0.5), (xd, 0.3, 0.5), {}),
+        (softorder.soft_quantile, (x, q_several, 0.5), (xd, d(q_several), 0.5), {}),
+        (softorder.soft_permutation, (x, 0.5), (xd, 0.5), {}),
+        (
+            softorder.topk_cross_entropy,
+            (x, labels, [0.2, 0.3, 0.5], 0.5),
+            (xd, d(labels), [0.2, 0.3, 0.5], 0.5),
+            {},
+        ),
+        (
+            softorder.topk_cross_entropy,
+            (x, labels, p_k_rows, 0.5),
+            (xd, d(labels), d(p_k_rows), 0.5),
+            {"reduction": "none", "split_top1": True},
+        ),
+        (
+            softorder.permutation_cross_entropy,
+            (x, target_ranks, 0.5),
+            (xd, d(target_ranks), 0.5),
+            {"reduction": "sum"},
+        ),
+    ]
+
+
+def _ids():
+    return [
+        f"{op.__name__}-{i}"
+        for i, (op, *_) in enumerate(_cases(np.zeros((5, 4, N)) + np.arange(N)))
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_ids())), ids=_ids())
+def test_values_and_gradients_equal_the_whole_batch(data, case):
+    op, np_args, dask_args, kwargs = _cases(data)[case]
+    expected, reference = softorder.vjp(op, *np_args, **kwargs)
+    out = sdask.apply(op, *dask_args, **kwargs)
+    if out.ndim:
+        assert out.chunks[:2] == ((2, 2, 1), (3, 1))  # split like x along the batch axes
+    got = out.compute(scheduler="threads")
+    assert got.shape == np.shape(expected) and got.dtype == np.asarray(expected).dtype
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+    cotangent = np.random.default_rng(5).normal(size=np.shape(expected))
+    value, pullback = sdask.vjp(op, *dask_args, **kwargs)
+    np.testing.assert_allclose(value.compute(scheduler="threads"), expected, rtol=1e-12)
+    grads = pullback(cotangent if cotangent.ndim else float(cotangent))
+    expected_grads = reference(cotangent)
+    assert len(grads) == len(expected_grads)
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        got_grad = grad.compute(scheduler="threads")
+        assert got_grad.shape == np.shape(expected_grad)
+        np.testing.assert_allclose(got_grad, expected_grad, rtol=1e-10, atol=1e-12)
+
+
+def test_float32_keeps_its_dtype(data):
+    x = data.astype(np.float32)
+    got = sdask.apply(softorder.soft_rank, da.from_array(x, chunks=(1, 4, N)), 0.5).compute()
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, softorder.soft_rank(x, 0.5))
+
+
+def test_a_single_row(data):
+    x = data[0, 0]
+    got = sdask.apply(softorder.soft_topk, da.from_array(x), 2, 0.5).compute()
+    np.testing.assert_allclose(got, softorder.soft_topk(x, 2, 0.5), rtol=1e-12)
+
+
+def test_split_rows_are_refused(data):
+    xd = da.from_array(data, chunks=(5, 4, 3))
+    with pytest.raises(ValueError, match=r"must hold whole rows.*split into chunks \(3, 3, 1\)"):
+        sdask.apply(softorder.soft_rank, xd, 0.5)
+    with pytest.raises(ValueError, match="must hold whole rows"):
+        sdask.vjp(softorder.topk_cross_entropy, xd, np.zeros((5, 4), int), [1.0])
+    # the advertised fix works
+    got = sdask.apply(softorder.soft_rank, xd.rechunk({-1: -1}), 0.5).compute()
+    np.testing.assert_allclose(got, softorder.soft_rank(data, 0.5), rtol=1e-12)
+
+
+def test_bad_calls_are_refused(data):
+    xd = da.from_array(data, chunks=(2, 4, N))
+    with pytest.raises(ValueError, match="last axis.*moveaxis"):
+        sdask.apply(softorder.soft_rank, xd, 0.5, axis=0)
+    with pytest.raises(ValueError, match="alpha, a dask array, is a per-row argument"):
+        sdask.apply(softorder.soft_rank, xd, da.ones((4,)))
+    with pytest.raises(TypeError, match="x must be a dask array"):
+        sdask.apply(softorder.soft_rank, data, 0.5)
+    with pytest.raises(TypeError, match="not a softorder operation"):
+        sdask.apply(np.sort, xd)
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        sdask.apply(softorder.topk_cross_entropy, xd, np.zeros((5, 4), int), [1.0], reduction="x")
+    _, pullback = sdask.vjp(softorder.soft_rank, xd, 0.5)
+    with pytest.raises(ValueError, match="cotangent must have the result's shape"):
+        pullback(np.ones(3))
+    # a bad value is the NumPy API's error, raised when the task runs
+    with pytest.raises(ValueError, match="alpha must be positive"):
+        sdask.apply(softorder.soft_rank, xd, -1.0).compute(scheduler="sync")
+
+
+def test_import_softorder_does_not_import_dask():
+    code = "import sys, softorder; sys.exit('dask' in sys.modules or 'distributed' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_local_cluster_of_two_processes(data):
+    distributed = pytest.importorskip("distributed")
+    labels = np.random.default_rng(6).integers(0, N, size=data.shape[:-1])
+    xd = da.from_array(data, chunks=(2, 2, N))
+    with (
+        distributed.LocalCluster(
+            n_workers=2,
+            processes=True,
+            threads_per_worker=1,
+            host="127.0.0.1",
+            dashboard_address=None,
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        ranks = sdask.apply(softorder.soft_rank, xd, 0.5)
+        loss, pullback = sdask.vjp(
+            softorder.topk_cross_entropy, xd, da.from_array(labels, chunks=(2, 2)), [0.5, 0.5]
+        )
+        logits_bar, alpha_bar = pullback(1.0)
+        got = client.compute([ranks, loss, logits_bar, alpha_bar], sync=True)
+        # two worker processes other than this one, on the loopback
+        workers = client.run(os.getpid)
+        assert len(set(workers.values()) - {os.getpid()}) == 2
+        assert all(address.startswith("tcp://127.0.0.1:") for address in workers)
+    np.testing.assert_allclose(got[0], softorder.soft_rank(data, 0.5), rtol=1e-12)
+    expected, reference = softorder.vjp(softorder.topk_cross_entropy, data, labels, [0.5, 0.5])
+    np.testing.assert_allclose(got[1], expected, rtol=1e-12)
+    for grad, expected_grad in zip(got[2:], reference(1.0), strict=True):
+        np.testing.assert_allclose(grad, expected_grad, rtol=1e-10, atol=1e-12)
