@@ -468,7 +468,11 @@ def _vary(values, axes: tuple) -> tuple:
     out = []
     for value in values:
         missing = tuple(a for a in axes if a not in _varying(value))
-        out.append(jax.lax.pcast(value, missing, to="varying") if missing else value)
+        if missing and hasattr(jax.lax, "pcast"):
+            value = jax.lax.pcast(value, missing, to="varying")
+        elif missing:  # JAX before 0.8.2
+            value = jax.lax.pvary(value, missing)
+        out.append(value)
     return tuple(out)
 
 
