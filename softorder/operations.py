@@ -3,8 +3,11 @@
 Every operation acts along ``axis`` (default -1); all other axes are batch axes. Results have
 the input's floating dtype (integer input gives float64). ``alpha`` is the scale of the Laplace
 distribution, in the units of ``x``: scaling ``x`` and ``alpha`` together leaves ranks and
-memberships unchanged; small ``alpha`` approaches the hard operation. Gradients come from
-:func:`softorder.vjp` and :func:`softorder.jvp` (or the PyTorch / JAX bridges).
+memberships unchanged; small ``alpha`` approaches the hard operation. ``alpha`` is a scalar or
+one per row: an array broadcastable to the batch shape (``x``'s shape without ``axis``), or
+one with ``x``'s number of axes and length 1 along ``axis`` (NumPy's ``keepdims`` shape, e.g.
+``x.std(axis, keepdims=True)``); its gradient has the shape it was given in. Gradients come
+from :func:`softorder.vjp` and :func:`softorder.jvp` (or the PyTorch / JAX bridges).
 """
 
 from __future__ import annotations

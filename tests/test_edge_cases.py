@@ -680,3 +680,109 @@ def test_duplicate_target_ranks_name_the_row_in_a_batch():
     with pytest.raises(ValueError, match=r"row \(1, 2\) repeats rank 4"):
         so.permutation_cross_entropy(np.zeros((2, 3, 4)), ranks, 0.5)
     so.permutation_cross_entropy(np.zeros((2, 3, 4)), np.tile(np.arange(1, 5), (2, 3, 1)), 0.5)
+
+
+# --- alpha in NumPy's keepdims shape --------------------------------------------------------
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, -1])
+@pytest.mark.parametrize("name", ["topk", "log_topk", "rank", "sort", "quantile", "permutation"])
+def test_alpha_in_the_keepdims_shape(rng, name, axis):
+    """``alpha = x.std(axis, keepdims=True)`` is one alpha per row: values equal those of the
+    batch-shaped alpha; its gradient (and its tangent) has the keepdims shape and matches
+    finite differences.
+    """
+    fn, args = OP_ARGS[name]
+    before = args[:-1]  # k or q
+    x = rng.normal(size=(3, 4, 5))
+    alpha = 0.3 + x.std(axis=axis, keepdims=True)
+    assert alpha.ndim == 3 and alpha.shape[axis] == 1
+    out = fn(x, *before, alpha, axis=axis)
+    np.testing.assert_array_equal(out, fn(x, *before, np.squeeze(alpha, axis), axis=axis))
+
+    out, pullback = so.vjp(fn, x, *before, alpha, axis=axis)
+    cotangent = rng.normal(size=out.shape)
+    alpha_bar = pullback(cotangent)[-1]
+    assert alpha_bar.shape == alpha.shape
+    direction = rng.normal(size=alpha.shape)
+
+    def f(a):
+        return float(np.sum(fn(x, *before, a, axis=axis) * cotangent))
+
+    expected = naive.central_difference(f, alpha, direction)
+    np.testing.assert_allclose(np.sum(alpha_bar * direction), expected, rtol=1e-6, atol=1e-9)
+    tangents = (None,) * (1 + len(before)) + (direction,)
+    _, out_dot = so.jvp(fn, (x, *before, alpha), tangents, axis=axis)
+    np.testing.assert_allclose(np.sum(out_dot * cotangent), expected, rtol=1e-6, atol=1e-9)
+
+
+def test_keepdims_alpha_broadcasts_and_sums_its_gradient(rng):
+    """A keepdims alpha of length 1 along a batch axis too is shared by those rows: its
+    gradient is the sum over them (as for a broadcast batch-shaped alpha).
+    """
+    x = rng.normal(size=(3, 4, 5))
+    shared = np.array([[[0.4]], [[0.7]], [[1.1]]])  # (3, 1, 1): one alpha per x[i]
+    out, pullback = so.vjp(so.soft_sort, x, shared)
+    np.testing.assert_array_equal(out, so.soft_sort(x, shared[:, :, 0]))
+    cotangent = rng.normal(size=out.shape)
+    (_, alpha_bar) = pullback(cotangent)
+    (_, reference) = so.vjp(so.soft_sort, x, shared[:, :, 0])[1](cotangent)
+    assert alpha_bar.shape == (3, 1, 1)
+    np.testing.assert_allclose(alpha_bar[:, :, 0], reference, rtol=1e-12)
+
+
+def test_keepdims_alpha_in_the_losses(rng):
+    logits = rng.normal(size=(5, 6))
+    alpha = 0.2 + logits.std(axis=-1, keepdims=True)
+    labels = np.arange(5)
+    ranks = np.argsort(np.argsort(rng.normal(size=(5, 6)), axis=-1), axis=-1) + 1
+    for fn, args in [
+        (so.topk_cross_entropy, (labels, [0.25, 0.75])),
+        (so.permutation_cross_entropy, (ranks,)),
+    ]:
+        out, pullback = so.vjp(fn, logits, *args, alpha, reduction="sum")
+        assert out == fn(logits, *args, alpha[:, 0], reduction="sum")
+        alpha_bar = pullback(np.ones(()))[-1]
+        assert alpha_bar.shape == (5, 1)
+        direction = rng.normal(size=(5, 1))
+        expected = naive.central_difference(
+            lambda a, fn=fn, args=args: float(fn(logits, *args, a, reduction="sum")),
+            alpha,
+            direction,
+        )
+        np.testing.assert_allclose(np.sum(alpha_bar * direction), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("alpha_shape", "axis"),
+    [((5, 4), -1), ((1, 4), -1), ((5, 2), 0), ((5, 1, 1), -1), ((2, 1), -1)],
+)
+def test_alpha_that_is_neither_batch_nor_keepdims_shaped_is_refused(alpha_shape, axis):
+    with pytest.raises(ValueError, match="does not broadcast to the batch shape .* keepdims"):
+        so.soft_rank(np.ones((5, 4)), np.full(alpha_shape, 0.5), axis=axis)
+
+
+def test_keepdims_alpha_through_torch(rng):
+    """``sot.soft_rank(x, x.std(dim=-1, keepdim=True))``: the gradient reaches x through alpha
+    too, and gradcheck (finite differences, forward mode as well) passes for a keepdims alpha.
+    """
+    torch = pytest.importorskip("torch")
+    import softorder.bridges.torch as sot
+
+    x = torch.tensor(rng.normal(size=(5, 4)), requires_grad=True)
+    sot.soft_rank(x, x.std(dim=-1, keepdim=True)).square().sum().backward()
+    x_grad = x.grad.clone()
+    x.grad = None
+    sot.soft_rank(x, x.std(dim=-1)).square().sum().backward()
+    torch.testing.assert_close(x_grad, x.grad, rtol=1e-12, atol=1e-12)
+
+    alpha = torch.tensor(rng.uniform(0.3, 1.0, size=(5, 1)), requires_grad=True)
+    for fn in (
+        lambda x, a: sot.soft_rank(x, a),
+        lambda x, a: sot.soft_topk(x, 1.5, a),
+        lambda x, a: sot.soft_sort(x.T, a.T, dim=0),
+    ):
+        assert torch.autograd.gradcheck(fn, (x.detach().requires_grad_(), alpha))
+        assert torch.autograd.gradcheck(
+            fn, (x.detach().requires_grad_(), alpha), check_forward_ad=True, check_backward_ad=False
+        )

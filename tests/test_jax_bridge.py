@@ -624,3 +624,31 @@ def test_primal_call_skips_the_residuals(rng):
     assert primal == [["float32"]]
     grad = callbacks(jax.make_jaxpr(jax.grad(lambda x: soj.soft_sort(x, 0.5).sum()))(x).jaxpr)
     assert len(grad) == 2 and grad[0] == ["float32", "uint32", "uint32", "uint32"]  # 64-bit words
+
+
+def test_alpha_in_the_keepdims_shape(rng, x64, count_calls):
+    """``alpha = x.std(axis, keepdims=True)`` is one alpha per row, in JAX too: the NumPy API's
+    values, gradients checked numerically (in that shape), and under vmap one batched call.
+    """
+    x = jnp.asarray(distinct(rng, (3, 6)))
+    for axis in (0, -1):
+        alpha = 0.3 + jnp.std(x, axis=axis, keepdims=True)
+        out = soj.soft_sort(x, alpha, axis=axis)
+        expected = softorder.soft_sort(np.asarray(x), np.asarray(alpha), axis=axis)
+        np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-12)
+        g = jax.grad(lambda a, axis=axis: jnp.sum(soj.soft_rank(x, a, axis=axis) ** 2))(alpha)
+        assert g.shape == alpha.shape
+        check_grads(
+            lambda x, a, axis=axis: soj.soft_topk(x, 1.5, a, axis=axis),
+            (x, alpha),
+            order=1,
+            modes=["rev"],
+            eps=1e-6,
+        )
+    xs = jnp.stack([x, 2 * x])
+    alphas = 0.3 + jnp.std(xs, axis=-1, keepdims=True)  # (2, 3, 1)
+    count_calls["forward"] = 0
+    batched = jax.vmap(lambda x, a: soj.soft_rank(x, a))(xs, alphas)
+    assert count_calls["forward"] == 1
+    for i in range(2):
+        np.testing.assert_allclose(batched[i], soj.soft_rank(xs[i], alphas[i]), rtol=1e-12)
