@@ -655,3 +655,16 @@ def test_top_m_keeps_the_true_class(method):
         bl.topk_cross_entropy(logits, labels, [0.5, 0.5], method=method, top_m=2)
     with pytest.raises(ValueError, match="top_m"):
         bl.topk_cross_entropy(logits, labels, [0.5, 0.5], method=method, top_m=8)
+
+
+@pytest.mark.parametrize("method", ["lapsum", "softsort"])
+def test_top_m_through_the_torch_loss_module(method):
+    sot = pytest.importorskip("softorder.bridges.torch")
+    logits, labels = far_below(30)
+    loss_fn = sot.TopKCrossEntropyLoss([0.5, 0.5], 0.7, method=method, temperature=0.7, top_m=6)
+    expected = bl.topk_cross_entropy(
+        logits, labels, [0.5, 0.5], method=method, temperature=0.7, top_m=6
+    )
+    torch.testing.assert_close(loss_fn(logits, labels), expected)
+    full = sot.TopKCrossEntropyLoss([0.5, 0.5], 0.7, method=method, temperature=0.7)
+    torch.testing.assert_close(loss_fn(logits, labels), full(logits, labels))

@@ -921,6 +921,9 @@ class TopKCrossEntropyLoss(nn.Module):
         compute the same loss with another relaxation for comparison.
     temperature : float, optional
         The temperature of a baseline method (ignored for ``"lapsum"``, which uses alpha).
+    top_m : int, optional
+        Relax only the ``top_m`` largest logits, the true class always among them (the DiffTopK
+        paper's subset trick for many classes); see ``softorder.baselines.topk_cross_entropy``.
 
     Examples
     --------
@@ -941,6 +944,7 @@ class TopKCrossEntropyLoss(nn.Module):
         split_top1: bool = False,
         method: str = "lapsum",
         temperature: float | None = None,
+        top_m: int | None = None,
     ):
         super().__init__()
         self.register_buffer("p_k", torch.as_tensor(p_k, dtype=torch.float64))
@@ -949,6 +953,7 @@ class TopKCrossEntropyLoss(nn.Module):
         self.split_top1 = split_top1
         self.method = method
         self.temperature = temperature
+        self.top_m = top_m
         if method != "lapsum":
             from softorder import baselines
 
@@ -959,7 +964,7 @@ class TopKCrossEntropyLoss(nn.Module):
 
     def forward(self, logits: Tensor, labels: Tensor) -> Tensor:
         """The loss of ``logits`` (``(..., C)``) against integer ``labels`` (``(...)``)."""
-        if self.method == "lapsum":
+        if self.method == "lapsum" and self.top_m is None:
             return topk_cross_entropy(
                 logits,
                 labels,
@@ -975,7 +980,8 @@ class TopKCrossEntropyLoss(nn.Module):
             labels,
             self.p_k,
             method=self.method,
-            temperature=self.temperature,
+            temperature=self.alpha if self.method == "lapsum" else self.temperature,
+            top_m=self.top_m,
             reduction=self.reduction,
             split_top1=self.split_top1,
         )
