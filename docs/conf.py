@@ -5,14 +5,15 @@ Build (warnings are errors, as in CI)::
     python -m sphinx -W --keep-going -b html docs docs/_build/html
 
 Generated at build time (into ``docs/_generated/``, not committed): the figure of soft top-k
-memberships for several alpha (``docs/figures.py``) and the API pages of the bridges that can
-be imported here (a bridge whose framework is missing gets a short note instead, so the build
-never fails on an optional dependency).
+memberships for several alpha (``docs/figures.py``) and the API sections of the bridges. A
+framework that is not installed (a build with only the ``docs`` extra) is mocked while autodoc
+imports its bridge, so both bridges are documented in every build.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import pathlib
 import sys
 
@@ -41,6 +42,19 @@ root_doc = "index"
 autodoc_member_order = "bysource"
 autodoc_typehints = "none"  # the signatures show them; the docstrings describe them
 autodoc_default_options = {"members": False}
+
+
+def _importable(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        return False
+    return True
+
+
+#: The bridges' frameworks that cannot be imported here: autodoc imports mocks instead.
+autodoc_mock_imports = [name for name in ("torch", "jax") if not _importable(name)]
+
 napoleon_google_docstring = False
 napoleon_numpy_docstring = True
 napoleon_use_rtype = False
@@ -85,18 +99,30 @@ BRIDGES = {
 def _bridge_page(key: str) -> str:
     title, module, functions, classes = BRIDGES[key]
     lines = [title, "-" * len(title), ""]
-    try:
+    from sphinx.ext.autodoc.mock import mock
+
+    with mock(autodoc_mock_imports):
         mod = importlib.import_module(module)
-    except ImportError as exc:
-        return "\n".join(lines + [f"``{module}`` cannot be imported here ({exc}).", ""])
     lines += [f".. automodule:: {module}", "   :no-members:", ""]
     for name in functions:
         if hasattr(mod, name):
             lines += [f".. autofunction:: {module}.{name}", ""]
     for name in classes:
         if hasattr(mod, name):
-            lines += [f".. autoclass:: {module}.{name}", "   :members: forward", ""]
+            signature = _init_signature(getattr(mod, name))
+            lines += [f".. autoclass:: {module}.{name}{signature}", "   :members: forward", ""]
     return "\n".join(lines)
+
+
+def _init_signature(cls) -> str:
+    """The arguments of the class's own ``__init__``, without annotations: autodoc would read
+    ``(*args, **kwargs)`` from a mocked base class (``torch.nn.Module`` when torch is missing).
+    """
+    if "__init__" not in vars(cls):
+        return ""
+    parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    plain = [p.replace(annotation=inspect.Parameter.empty) for p in parameters]
+    return str(inspect.Signature(plain))
 
 
 def _generate(app) -> None:
