@@ -229,9 +229,11 @@ def test_torch_func_transforms():
     (x_bar,) = pullback(cot)
     # forward and reverse mode agree: <cot, J t> = <J^T cot, t>
     torch.testing.assert_close((cot * out_dot).sum(), (x_bar * tangent).sum())
-    # derivatives under vmap (jacrev = vmap of vjp) have no batching rule: a clear refusal
-    with pytest.raises(NotImplementedError, match="under torch.func.vmap"):
-        jacrev(lambda x: sot.soft_rank(x, 0.5))(X[0])
+    # derivatives under vmap (jacrev = vmap of vjp): tests/test_torch_vmap_derivatives.py
+    jac = jacrev(lambda x: sot.soft_rank(x, 0.5))(X[0])
+    torch.testing.assert_close(
+        jac @ tangent[0], jvp(lambda x: sot.soft_rank(x, 0.5), (X[0],), (tangent[0],))[1]
+    )
 
 
 X3 = _randn(5, 3, 7)

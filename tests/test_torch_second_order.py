@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch.func import grad, jvp  # noqa: E402
+from torch.func import grad, hessian, jacfwd, jacrev, jvp  # noqa: E402
 
 import softorder.bridges.torch as sot  # noqa: E402
 
@@ -126,6 +126,14 @@ def test_eager_forward_ad_then_backward_is_refused():
         tangent = fwAD.unpack_dual((sot.soft_sort(dual, 0.7) * WEIGHTS).sum()).tangent
     with pytest.raises(NotImplementedError, match=REFUSED):
         tangent.backward()
+
+
+@pytest.mark.parametrize(
+    "transform", [hessian, lambda g: jacfwd(jacrev(g))], ids=["hessian", "jacfwd_jacrev"]
+)
+def test_hessian_is_refused(f, transform):
+    with pytest.raises(NotImplementedError, match=REFUSED):
+        transform(lambda v: f(v[None]))(X[0].clone())
 
 
 def test_compiled_double_backward_is_refused():

@@ -28,8 +28,13 @@ How it plugs into PyTorch:
   work. Under ``torch.compile`` the forward operator's registered autograd formula is used
   instead (dynamo cannot trace a custom ``jvp``), so compiled code has reverse mode only.
 - :func:`torch.func.vmap`: the vmapped dimension becomes one more leading batch dimension of
-  a single call (the Function's ``vmap`` rule); ``grad`` of a vmapped function works, while
-  derivatives under ``vmap`` (``jacrev``, ``jacfwd``) are refused with a clear error.
+  a single call (the Function's ``vmap`` rule). Derivatives under ``vmap`` (``jacrev``,
+  ``jacfwd``, ``vmap(grad(...))``) work the same way: the backward and forward-mode operators
+  have vmap rules that make one call with one more batch dimension.
+- Second derivatives are refused with :data:`_SECOND_ORDER`: gradients and tangents computed
+  with grad mode on (``create_graph=True``) or under torch.func are tied to their inputs by
+  :class:`_FirstOrderOnly`, whose backward and JVP raise, so they are never treated as
+  constants (which would give silently wrong second derivatives).
 - dtypes: float32 and float64 natively; float16 and bfloat16 are computed in float32 and
   returned in the input's dtype. Integer or complex input raises ``TypeError``.
 - Threads: importing this module makes the numba kernels run on the calling thread
@@ -47,6 +52,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import numbers
 import operator
 
@@ -194,7 +200,14 @@ def _(spec, tensors):
 
 
 def _restore(spec: str, tensors, residuals):
+    """The rule's context for the gradients: rebuilt from the residuals, or, when there are
+    none (the forward pass ran as another call, under ``vmap``), by running the forward again.
+    """
     rule, names, arguments = _arguments(spec, tensors)
+    if not residuals:
+        ctx = rule.prepare(**arguments)
+        rule.forward(ctx)
+        return rule, names, ctx
     saved = dict(zip(rule.residual_names, map(_as_array, residuals), strict=True))
     return rule, names, rule.restore(arguments, saved)
 
@@ -390,6 +403,9 @@ class _Call:
         self.ctx = None
 
     def residual_tensors(self) -> list[Tensor]:
+        """The residuals of the forward pass; none when it ran as another call (``vmap``)."""
+        if self.ctx is None:
+            return []
         return [_as_tensor(a) for a in self.rule.residuals(self.ctx).values()]
 
     def arguments(self, tensors) -> dict:
@@ -405,43 +421,102 @@ def _wrapped(*tensors) -> bool:
     return any(t is not None and _functorch.is_functorch_wrapped_tensor(t) for t in tensors)
 
 
-def _refuse_batched(*tensors) -> None:
-    """Refuse derivatives under vmap (jacrev, jacfwd, vmap of grad) clearly."""
-    if any(t is not None and _functorch.is_batchedtensor(t) for t in tensors):
-        raise NotImplementedError(
-            "derivatives of softorder operations cannot be taken under torch.func.vmap "
-            "(jacrev, jacfwd, vmap(grad(...))); vmap of the operations, and grad of a vmapped "
-            "function, work. The operations are batched already: give the input a batch "
-            "dimension and differentiate the sum instead"
-        )
+class _Batched:
+    """A call on one more batch dimension (a ``vmap`` level) as one call: the vmapped
+    dimension becomes a leading batch dimension of every argument (expanded where it is not
+    batched); per-row arguments get unit dimensions after it, so that they still line up with
+    the input's batch dimensions. A reduced loss is computed per row (``reduction="none"``) and
+    reduced here, per vmapped element.
+    """
+
+    def __init__(self, size: int, spec: str, tensors, in_dims):
+        name, self.names, statics = _parts(spec)
+        self.rule = _OPERATIONS[name].rule
+        self.size = size
+        index = self.names.index(self.rule.input_name)
+        self.batch_ndim = tensors[index].dim() - (in_dims[index] is not None) - 1
+        self.shapes = {}  # per vmapped element
+        self.inserts = {}
+        for arg, t, d in zip(self.names, tensors, in_dims, strict=True):
+            shape = tuple(t.shape) if d is None else t.shape[:d] + t.shape[d + 1 :]
+            self.shapes[arg] = tuple(shape)
+            self.inserts[arg] = (
+                0
+                if arg == self.rule.input_name
+                else axes_after_leading(arg, len(shape), self.batch_ndim)
+            )
+        statics = dict(statics)
+        if "axis" in statics:  # counted from the end, past the new leading dimension
+            statics["axis"] = statics["axis"] % (self.batch_ndim + 1) - (self.batch_ndim + 1)
+        self.reduction = statics.get("reduction", "none")
+        if self.reduction != "none":
+            statics["reduction"] = "none"
+        self.spec = _encode(name, self.names, tuple(statics.items()))
+        self.tensors = [
+            self.move(a, t, d) for a, t, d in zip(self.names, tensors, in_dims, strict=True)
+        ]
+
+    def leading(self, t: Tensor, d) -> Tensor:
+        """``t`` with the vmapped dimension first (expanded when ``d`` is ``None``)."""
+        return t.movedim(d, 0) if d is not None else t.expand(self.size, *t.shape)
+
+    def move(self, arg: str, t: Tensor, d) -> Tensor:
+        """Argument ``arg`` (or a tangent or gradient shaped like it) for the batched call."""
+        t = self.leading(t, d)
+        return t.reshape(t.shape[:1] + (1,) * self.inserts[arg] + t.shape[1:])
+
+    def unmove(self, arg: str, t: Tensor) -> Tensor:
+        """A gradient for the batched call's ``arg`` as ``(size,) + arg's shape``."""
+        return t.reshape((self.size, *self.shapes[arg]))
+
+    def reduce(self, out: Tensor) -> Tensor:
+        """The per-row losses (or their tangents) reduced per vmapped element."""
+        if self.reduction == "none" or out.dim() <= 1:
+            return out
+        dims = tuple(range(1, out.dim()))
+        return out.mean(dim=dims) if self.reduction == "mean" else out.sum(dim=dims)
+
+    def cotangent(self, cotangent: Tensor, d) -> Tensor:
+        """The cotangent of the per-row losses, from that of their reduction."""
+        cotangent = self.leading(cotangent, d)
+        if self.reduction == "none":
+            return cotangent
+        arguments = {**_decode(self.spec)[2], **dict(zip(self.names, self.tensors, strict=True))}
+        shape = self.rule.describe(arguments)[0]
+        if len(shape) <= 1:
+            return cotangent.reshape(shape)
+        rows = math.prod(shape[1:])
+        cotangent = cotangent.reshape((self.size,) + (1,) * (len(shape) - 1)).expand(shape)
+        return cotangent / rows if self.reduction == "mean" else cotangent
 
 
 def _vmapped(info, in_dims, call: _Call, tensors) -> tuple[Tensor, int]:
-    """The call on a batch of inputs as one call: the vmapped dimension becomes a leading batch
-    dimension of every argument (expanded where it is not batched); per-row arguments get unit
-    dimensions after it so they still line up with the batch dimensions.
-    """
-    name, names, statics = _parts(call.spec)
-    statics = dict(statics)
-    index = names.index(call.rule.input_name)
-    batch_ndim = tensors[index].dim() - (in_dims[index] is not None) - 1
-    moved = []
-    for arg, t, d in zip(names, tensors, in_dims, strict=True):
-        t = t.movedim(d, 0) if d is not None else t.expand(info.batch_size, *t.shape)
-        insert = (
-            0 if arg == call.rule.input_name else axes_after_leading(arg, t.dim() - 1, batch_ndim)
-        )
-        moved.append(t.reshape(t.shape[:1] + (1,) * insert + t.shape[1:]))
-    if "axis" in statics:
-        statics["axis"] = statics["axis"] % (batch_ndim + 1) - (batch_ndim + 1)  # from the end
-    reduction = statics.get("reduction", "none")
-    if reduction != "none":
-        statics["reduction"] = "none"  # reduced here, per vmapped element
-    out = _Operation.apply(_Call(_encode(name, names, tuple(statics.items()))), *moved)
-    if reduction != "none" and out.dim() > 1:
-        dims = tuple(range(1, out.dim()))
-        out = out.mean(dim=dims) if reduction == "mean" else out.sum(dim=dims)
-    return out, 0
+    """The Function's vmap rule: one call with one more batch dimension."""
+    batched = _Batched(info.batch_size, call.spec, tensors, in_dims)
+    return batched.reduce(_Operation.apply(_Call(batched.spec), *batched.tensors)), 0
+
+
+@torch.library.register_vmap(_backward_op)
+def _(info, in_dims, spec, tensors, residuals, cotangent):
+    _, tensor_dims, residual_dims, cotangent_dim = in_dims
+    batched = _Batched(info.batch_size, spec, tensors, tensor_dims)
+    residuals = [batched.leading(r, d) for r, d in zip(residuals, residual_dims, strict=True)]
+    grads = _backward_op(
+        batched.spec, batched.tensors, residuals, batched.cotangent(cotangent, cotangent_dim)
+    )
+    wanted = _differentiable(batched.rule, batched.names)
+    return [batched.unmove(n, g) for n, g in zip(wanted, grads, strict=True)], [0] * len(grads)
+
+
+@torch.library.register_vmap(_pushforward_op)
+def _(info, in_dims, spec, tensors, residuals, tangent_names, tangents, like):
+    _, tensor_dims, residual_dims, _, tangent_dims, _ = in_dims
+    batched = _Batched(info.batch_size, spec, tensors, tensor_dims)
+    residuals = [batched.leading(r, d) for r, d in zip(residuals, residual_dims, strict=True)]
+    names = json.loads(tangent_names)
+    moved = [batched.move(n, t, d) for n, t, d in zip(names, tangents, tangent_dims, strict=True)]
+    out = _pushforward_op(batched.spec, batched.tensors, residuals, tangent_names, moved, like)
+    return batched.reduce(out), 0
 
 
 class _Operation(torch.autograd.Function):
@@ -474,7 +549,6 @@ class _Operation(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, cotangent):
-        _refuse_batched(cotangent)
         call, tensors = ctx.call, ctx.saved_tensors
         if _wrapped(cotangent, *tensors):
             # under torch.func the values reach NumPy only through a custom operator
@@ -495,7 +569,6 @@ class _Operation(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, _call_tangent, *tangents):
-        _refuse_batched(*tangents)
         call = ctx.call
         given = [
             (name, t)
