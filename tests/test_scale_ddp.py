@@ -15,6 +15,7 @@ spawned workers import it as their ``__main__`` whatever way pytest imported thi
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import tempfile
@@ -196,6 +197,30 @@ def test_ddp_equals_one_process_on_the_whole_batch(trained, case):
     # whole batch's loss
     first = np.mean([rank[case]["losses"][0] for rank in trained["ranks"]])
     np.testing.assert_allclose(first, trained[case]["losses"][0], rtol=1e-5)
+
+
+def _docs_script() -> str:
+    """The DDP script of docs/scaling.rst: the code block after the line naming it."""
+    page = pathlib.Path(__file__).resolve().parent.parent / "docs" / "scaling.rst"
+    lines = page.read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if "ddp_topk.py" in line)
+    start = next(i for i in range(start, len(lines)) if lines[i] == ".. code-block:: python")
+    block = []
+    for line in lines[start + 1 :]:
+        if line and not line.startswith("    "):
+            break
+        block.append(line[4:])
+    return "\n".join(block).strip() + "\n"
+
+
+def test_the_docs_script_runs(tmp_path):
+    script = tmp_path / "ddp_topk.py"
+    script.write_text(_docs_script(), encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-5000:]
+    assert done.stdout.strip().splitlines()[-1] == "DDP equals one process: True"
 
 
 if __name__ == "__main__":
