@@ -107,7 +107,17 @@ _COMPUTE_DTYPE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 # alpha then reaches the rules' validation, which names the argument), -0.0 as -0.0.
 
 
-@torch.compiler.assume_constant_result  # run, not traced, by torch.compile: a constant
+def _assume_constant_result(fn):
+    """:func:`torch.compiler.assume_constant_result` without its import of ``torch._dynamo``
+    (about 1.5-3 s, which is what ``import torch`` and every eager call otherwise avoid): the
+    decorator only sets this marker, which dynamo reads when it traces ``fn``. A test checks
+    that PyTorch's decorator still sets the same marker.
+    """
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@_assume_constant_result  # run, not traced, by torch.compile: a constant
 def _encode(name: str, tensor_names: tuple, statics: tuple) -> str:
     return json.dumps([name, tensor_names, statics])
 
