@@ -89,6 +89,28 @@ def _child() -> None:  # runs in the child process
     # the detector works: the same loss without shard_map gathers the batch on one device
     plain = grad_rank.lower(soj.soft_rank, x, w, 0.7).compile().as_text()
     report["plain_all_gathers"] = plain.count("all-gather")
+    plain_gx, plain_galpha = grad_rank(soj.soft_rank, x, w, 0.7)  # gathered, still right
+    np.testing.assert_allclose(plain_gx, ref_gx, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(plain_galpha, ref_galpha, rtol=1e-5)
+
+    # soft_topk with a per-row k, sharded like the rows, and a replicated alpha
+    k_np = rng.uniform(1.0, N - 1.0, size=ROWS).astype(np.float32)
+    k = jax.device_put(k_np, rows)
+    sharded_topk = jax.shard_map(
+        soj.soft_topk, mesh=mesh, in_specs=(P("batch"), P("batch"), P()), out_specs=P("batch")
+    )
+
+    def topk_sum(topk_fn, x, k, w, alpha):
+        return jnp.sum(topk_fn(x, k, alpha) * w)
+
+    grad_members = jax.jit(jax.grad(topk_sum, argnums=(1, 2, 4)), static_argnums=0)
+    seen.clear()
+    got = jax.block_until_ready(grad_members(sharded_topk, x, k, w, 0.4))
+    report["members_rows"] = sorted(seen)
+    expected = grad_members(soj.soft_topk, x_np, k_np, w_np, 0.4)
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+    assert got[1].sharding.spec == P("batch")  # k's gradient stays with its rows
 
     # topk_cross_entropy: per-row losses on each device, the mean taken over the sharded rows.
     def row_losses(logits, labels, alpha):
@@ -144,6 +166,12 @@ def test_shard_map_keeps_the_batch_sharded():
         ["backward", "soft_rank", local],
         ["forward", "soft_rank", local],
         ["forward", "soft_rank", local],
+    ]
+    assert report["members_rows"] == [
+        ["backward", "soft_topk", local],
+        ["backward", "soft_topk", local],
+        ["forward", "soft_topk", local],
+        ["forward", "soft_topk", local],
     ]
     assert report["topk_rows"] == [
         ["backward", "topk_cross_entropy", local],
