@@ -21,24 +21,38 @@ K = 3
 
 
 def alpha_figure(path) -> None:
-    """Soft top-3 memberships and soft ranks of :data:`SCORES` for several alpha."""
+    """Soft top-3 memberships, soft ranks and soft-sorted values of :data:`SCORES` for
+    several alpha: memberships and ranks average out as alpha grows, sorted values spread
+    beyond the data's range (by up to ``alpha * log(n)`` at each end).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8), constrained_layout=True)
+    fig, (left, right, sort) = plt.subplots(1, 3, figsize=(15, 3.8), constrained_layout=True)
     idx = np.arange(SCORES.size)
     for alpha in ALPHAS:
         p = softorder.soft_topk(SCORES, K, alpha=alpha)
         r = softorder.soft_rank(SCORES, alpha=alpha, descending=True)
+        s = softorder.soft_sort(SCORES, alpha=alpha, descending=True)
         left.plot(idx, p, marker="o", label=f"alpha = {alpha:g}")
         right.plot(idx, r, marker="o", label=f"alpha = {alpha:g}")
+        sort.plot(idx + 1, s, marker="o", label=f"alpha = {alpha:g}")
     ticks = [f"{s:g}" for s in SCORES]
     for ax in (left, right):
         ax.set_xticks(idx, ticks)
         ax.set_xlabel("score x_i")
+    for ax in (left, right, sort):
         ax.grid(alpha=0.3)
+    for bound in (SCORES.min(), SCORES.max()):
+        sort.axhline(bound, color="black", linestyle="--", linewidth=1)
+    sort.text(SCORES.size, SCORES.max(), "max(x)", va="bottom", ha="right", fontsize=8)
+    sort.text(1, SCORES.min(), "min(x)", va="top", ha="left", fontsize=8)
+    sort.set_xticks(idx + 1)
+    sort.set_xlabel("position k (1 = largest)")
+    sort.set_ylabel("soft-sorted value")
+    sort.set_title("soft_sort(x, alpha, descending=True)")
     left.set_ylabel(f"soft top-{K} membership (sums to {K})")
     left.set_title(f"soft_topk(x, k={K}, alpha)")
     right.set_ylabel("soft rank, descending (1 = largest)")

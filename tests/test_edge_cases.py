@@ -786,3 +786,21 @@ def test_keepdims_alpha_through_torch(rng):
         assert torch.autograd.gradcheck(
             fn, (x.detach().requires_grad_(), alpha), check_forward_ad=True, check_backward_ad=False
         )
+
+
+@pytest.mark.parametrize("alpha", [0.01, 0.3, 1.0, 10.0])
+def test_soft_sort_ends_are_the_soft_minimum_and_maximum(rng, alpha):
+    """What docs/choosing-alpha.rst promises: the first soft-sorted value is the soft minimum
+    ``-alpha log sum exp(-x / alpha)`` (the last the soft maximum), so the ends leave the
+    data's range by between 0 and ``alpha log n``.
+    """
+    from scipy.special import logsumexp
+
+    x = rng.normal(size=(50, 7))
+    x[0] = 0.5  # n tied values: the ends move by alpha log n exactly
+    s = so.soft_sort(x, alpha)
+    np.testing.assert_allclose(s[:, 0], -alpha * logsumexp(-x / alpha, axis=-1), rtol=1e-12)
+    np.testing.assert_allclose(s[:, -1], alpha * logsumexp(x / alpha, axis=-1), rtol=1e-12)
+    below = x.min(axis=-1) - s[:, 0]
+    assert np.all(below >= 0) and np.all(below <= alpha * np.log(7) * (1 + 1e-12))
+    np.testing.assert_allclose(below[0], alpha * np.log(7), rtol=1e-12)
