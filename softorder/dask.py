@@ -71,6 +71,11 @@ class _Plan:
             )
         if x.ndim == 0:
             raise ValueError(f"softorder.dask: {self.input_name} must have at least one axis")
+        if any(np.isnan(n) for n in x.shape):
+            raise ValueError(
+                f"softorder.dask: {self.input_name} has unknown chunk sizes (shape {x.shape}); "
+                f"call {self.input_name}.compute_chunk_sizes() first"
+            )
         if "axis" in arguments:
             axis = arguments["axis"]
             if not isinstance(axis, (int, np.integer)) or axis not in (-1, x.ndim - 1):

@@ -134,6 +134,8 @@ def test_bad_calls_are_refused(data):
         sdask.apply(softorder.soft_rank, xd, 0.5, axis=0)
     with pytest.raises(ValueError, match="alpha, a dask array, is a per-row argument"):
         sdask.apply(softorder.soft_rank, xd, da.ones((4,)))
+    with pytest.raises(ValueError, match="unknown chunk sizes"):
+        sdask.apply(softorder.soft_rank, xd[xd[:, 0, 0] > 0], 0.5)
     with pytest.raises(TypeError, match="x must be a dask array"):
         sdask.apply(softorder.soft_rank, data, 0.5)
     with pytest.raises(TypeError, match="not a softorder operation"):
