@@ -16,22 +16,53 @@ Conventions shared by every kernel:
   which at n = 1e6 decided whether a gradient cost 3x or 7x a sort.
 """
 
+import importlib
+
 import numpy as np
 
-from softorder.core._jit import set_parallel
-from softorder.core.lapsum import inverse_kernel, lapsum_kernel
-from softorder.core.permutation import (
-    permutation_forward,
-    permutation_jvp,
-    permutation_loss_forward,
-    permutation_loss_vjp,
-    permutation_vjp,
+from softorder.core._jit import cache_dir, set_parallel
+
+#: Where each kernel is defined. The kernel modules (and numba) are imported on first use,
+#: not with softorder: ``import softorder`` stays light (numba alone takes ~0.1 s to import).
+_KERNELS = {
+    "inverse_kernel": "lapsum",
+    "lapsum_kernel": "lapsum",
+    "permutation_forward": "permutation",
+    "permutation_jvp": "permutation",
+    "permutation_loss_forward": "permutation",
+    "permutation_loss_vjp": "permutation",
+    "permutation_vjp": "permutation",
+    "rank_forward": "rank",
+    "rank_jvp": "rank",
+    "rank_vjp": "rank",
+    "take_rows": "rows",
+    "inverse_jvp": "sort",
+    "inverse_vjp": "sort",
+    "topk_forward": "topk",
+    "topk_jvp": "topk",
+    "topk_vjp": "topk",
+    "topk_loss_forward": "topk_loss",
+    "topk_loss_vjp": "topk_loss",
+}
+_MODULES = frozenset(
+    ("kernel_sums", "laplace", "lapsum", "permutation", "rank", "rows", "sort", "topk")
+    + ("topk_loss", "cuda")
 )
-from softorder.core.rank import rank_forward, rank_jvp, rank_vjp
-from softorder.core.rows import take_rows
-from softorder.core.sort import inverse_jvp, inverse_vjp
-from softorder.core.topk import topk_forward, topk_jvp, topk_vjp
-from softorder.core.topk_loss import topk_loss_forward, topk_loss_vjp
+
+
+def __getattr__(name: str):
+    if name in _KERNELS:
+        value = getattr(importlib.import_module(f"softorder.core.{_KERNELS[name]}"), name)
+    elif name in _MODULES:
+        value = importlib.import_module(f"softorder.core.{name}")
+    else:
+        raise AttributeError(f"module 'softorder.core' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_KERNELS) | _MODULES)
 
 
 def workspace(rows: int, width: int, length: int) -> np.ndarray:
@@ -40,24 +71,8 @@ def workspace(rows: int, width: int, length: int) -> np.ndarray:
 
 
 __all__ = [
+    "cache_dir",
     "workspace",
-    "inverse_jvp",
-    "inverse_kernel",
-    "inverse_vjp",
-    "lapsum_kernel",
-    "permutation_forward",
-    "permutation_jvp",
-    "permutation_loss_forward",
-    "permutation_loss_vjp",
-    "permutation_vjp",
-    "rank_forward",
-    "rank_jvp",
-    "rank_vjp",
+    *_KERNELS,
     "set_parallel",
-    "take_rows",
-    "topk_forward",
-    "topk_jvp",
-    "topk_loss_forward",
-    "topk_loss_vjp",
-    "topk_vjp",
 ]

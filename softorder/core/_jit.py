@@ -1,17 +1,40 @@
-"""The one place that holds the numba options of every kernel.
+"""The one place that holds the numba options of every kernel, where their on-disk cache lives,
+and when they may run on numba's thread pool.
 
-All kernels compute in float64 (README, "float32"), so each kernel compiles once;
-``cache=True`` keeps the compiled code between processes (set ``NUMBA_CACHE_DIR`` where the
-package directory is read-only).
+All kernels compute in float64 (README, "float32"), so each kernel compiles once.
+
+Serial first, threads only when asked for. Every batched kernel has a serial variant
+(``parallel=False``), compiled on its first call and used for small inputs and whenever
+parallelism is off; the ``parallel=True`` variant is compiled lazily, the first time a large
+batched call may use it. Serial calls never touch a threading runtime, so a process can fork
+(``multiprocessing``, PyTorch's ``DataLoader``) after any number of them, and the child can
+call softorder. After the parallel variant has started numba's thread pool:
+
+* with GNU OpenMP (numba's ``omp`` layer, the default without TBB) a forked child cannot use
+  that pool ("fork() called from a process already using GNU OpenMP"); softorder notices the
+  fork and runs the child's calls serially;
+* numba's ``workqueue`` layer aborts when two threads enter it at once; softorder lets one
+  parallel call in at a time, and a call that finds the pool busy runs serially (two pools'
+  worth of threads on the same cores would not be faster anyway).
+
+So every threading layer works; none is forced on the process (numba picks it once per
+process for all numba code, so it is the user's choice: ``NUMBA_THREADING_LAYER``).
+
+Cache. ``cache=True`` would make numba write next to the sources (``softorder/core/
+__pycache__``) when it can: inside an installed package that leaves files pip does not remove,
+and a later ``pip install -e .`` then finds a ``softorder/core`` namespace package that shadows
+the real one. The kernels are cached in :func:`cache_dir` instead, never inside the package.
 """
 
 from __future__ import annotations
 
 import functools
-
-import numba
-
-_OPTIONS = {"cache": True, "nogil": True, "error_model": "numpy", "fastmath": False}
+import hashlib
+import logging
+import os
+import pathlib
+import sys
+import threading
 
 #: Below this many rows or elements a kernel runs on the calling thread alone. Waking the
 #: thread pool costs more than it saves on small inputs, and on a busy machine (data loaders,
@@ -20,17 +43,26 @@ _OPTIONS = {"cache": True, "nogil": True, "error_model": "numpy", "fastmath": Fa
 MIN_PARALLEL_ROWS = 2
 MIN_PARALLEL_ELEMENTS = 32768
 
+_OPTIONS = {"nogil": True, "error_model": "numpy", "fastmath": False}
+
 _parallel = [True]
+#: One parallel call at a time (the workqueue layer is not thread-safe); others run serially.
+_pool_lock = threading.Lock()
+#: Set in a child forked after the parent started a GNU OpenMP pool: the child runs serially.
+_pool_unusable = [False]
+_variant_lock = threading.Lock()
+
+_log = logging.getLogger("softorder")
 
 
 def set_parallel(enabled: bool) -> bool:
     """Let large batched calls run their rows on numba's thread pool (the default), or keep
     every kernel on the calling thread; returns the previous setting.
 
-    The PyTorch bridge turns it off when imported: PyTorch's OpenMP threads and numba's spin
-    against each other. With both pools active on 2 cores, 256 x 1000 ``soft_rank`` forward +
-    backward took 56 ms, and a 1 MB ``torch.clone`` between calls 7.7 ms; on one thread, 7.6 ms
-    and 0.1 ms.
+    The PyTorch and JAX bridges turn it off when imported: PyTorch's OpenMP threads and numba's
+    spin against each other. With both pools active on 2 cores, 256 x 1000 ``soft_rank``
+    forward + backward took 56 ms, and a 1 MB ``torch.clone`` between calls 7.7 ms; on one
+    thread, 7.6 ms and 0.1 ms.
 
     Examples
     --------
@@ -44,9 +76,149 @@ def set_parallel(enabled: bool) -> bool:
     return previous
 
 
+def _after_fork_in_child() -> None:
+    # The thread pool's state is inherited by the child but not its threads. GNU OpenMP then
+    # kills the child on its next parallel region; numba's workqueue and TBB layers recover.
+    parallel = sys.modules.get("numba.np.ufunc.parallel")
+    if parallel is not None and getattr(parallel, "_is_initialized", False):
+        try:
+            layer = parallel.threading_layer()
+        except ValueError:
+            return
+        if layer == "omp":
+            _pool_unusable[0] = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _source_hash() -> str:
+    """Hash of every kernel source file and of the numba version: numba invalidates a cached
+    kernel when its own file changes, not when a helper it inlines from another file does.
+    """
+    import numba
+
+    digest = hashlib.sha256(numba.__version__.encode())
+    core = pathlib.Path(__file__).parent
+    for path in sorted(core.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _user_cache_root() -> pathlib.Path:
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or pathlib.Path.home() / "AppData" / "Local"
+        return pathlib.Path(base) / "softorder" / "Cache"
+    if sys.platform == "darwin":
+        return pathlib.Path.home() / "Library" / "Caches" / "softorder"
+    base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
+    return pathlib.Path(base) / "softorder"
+
+
+def _writable(path: pathlib.Path) -> bool:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".probe-{os.getpid()}-{threading.get_ident()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+        return True
+    except OSError:
+        return False
+
+
+@functools.cache
+def cache_dir() -> str | None:
+    """The directory that holds softorder's compiled kernels, or ``None`` (no disk cache).
+
+    ``$NUMBA_CACHE_DIR/softorder-<hash>`` when ``NUMBA_CACHE_DIR`` is set, else the user's
+    cache directory (``~/.cache/softorder/numba-<hash>`` on Linux, ``$XDG_CACHE_HOME`` if set;
+    ``~/Library/Caches/softorder`` on macOS; ``%LOCALAPPDATA%/softorder/Cache`` on Windows),
+    else a directory in the system's temporary directory. ``<hash>`` covers the kernel sources
+    and the numba version, so an upgrade or an edit never runs stale compiled code. It is never
+    inside the installed package.
+
+    Examples
+    --------
+    >>> import pathlib, softorder
+    >>> from softorder.core._jit import cache_dir
+    >>> package = pathlib.Path(softorder.__file__).parent
+    >>> cache_dir() is None or package not in pathlib.Path(cache_dir()).parents
+    True
+    """
+    import numba
+
+    key = _source_hash()
+    candidates = []
+    if numba.config.CACHE_DIR:
+        candidates.append(pathlib.Path(numba.config.CACHE_DIR) / f"softorder-{key}")
+    else:
+        try:
+            candidates.append(_user_cache_root() / f"numba-{key}")
+        except RuntimeError:  # no home directory
+            pass
+        import tempfile
+
+        user = os.environ.get("USER") or os.environ.get("USERNAME") or "user"
+        candidates.append(pathlib.Path(tempfile.gettempdir()) / f"softorder-{user}" / key)
+    for path in candidates:
+        if _writable(path):
+            return str(path)
+    return None
+
+
+@functools.cache
+def _cache_classes():
+    """The per-function numba cache with softorder's locator (``variant``: a subdirectory, so
+    that the serial and parallel variants of one function never share entries: numba's index
+    key has the signature, not the ``parallel`` flag).
+    """
+    from numba.core import caching
+
+    def make(variant: str):
+        class Locator(caching._SourceFileBackedLocatorMixin, caching._CacheLocator):
+            def __init__(self, py_func, py_file):
+                self._py_file = py_file
+                self._lineno = py_func.__code__.co_firstlineno
+                module = py_func.__module__.rsplit(".", 1)[-1]
+                self._cache_path = os.path.join(cache_dir(), variant, module)
+
+            def ensure_cache_path(self):
+                os.makedirs(self._cache_path, exist_ok=True)
+
+            def get_cache_path(self):
+                return self._cache_path
+
+            @classmethod
+            def from_function(cls, py_func, py_file):
+                if cache_dir() is None or not os.path.exists(py_file):
+                    return None
+                return cls(py_func, py_file)
+
+        class Impl(caching.CompileResultCacheImpl):
+            _locator_classes = [Locator]
+
+        class FunctionCache(caching.FunctionCache):
+            _impl_class = Impl
+
+        return FunctionCache
+
+    return {"serial": make("serial"), "parallel": make("parallel")}
+
+
+def _jit(fn, variant: str = "serial", **options):
+    import numba
+
+    dispatcher = numba.njit(**_OPTIONS, **options)(fn)
+    if cache_dir() is not None:
+        dispatcher._cache = _cache_classes()[variant](fn)  # what cache=True does, relocated
+    _watch_compilation()
+    return dispatcher
+
+
 def helper(fn):
     """Compile a per-row or scalar helper that kernels call (no parallelism of its own)."""
-    return numba.njit(**_OPTIONS)(fn)
+    return _jit(fn)
 
 
 def inner_helper(fn):
@@ -54,7 +226,38 @@ def inner_helper(fn):
     callers: a call that passes arrays costs their reference counting, which made
     ``target_sums`` 3x slower called than written in place (63 ns against 20 ns).
     """
-    return numba.njit(inline="always", **_OPTIONS)(fn)
+    return _jit(fn, inline="always")
+
+
+#: Kernel dispatchers (serial and parallel), for the first-compilation note.
+_kernels: set = set()
+_noted = [False]
+_watching = [False]
+
+
+def _watch_compilation() -> None:
+    """Say once per process, when a kernel starts compiling, that it takes seconds: a silent
+    first call reads as a hang.
+    """
+    if _watching[0]:
+        return
+    _watching[0] = True
+    from numba.core import event
+
+    class Note(event.Listener):
+        def on_start(self, ev):
+            if not _noted[0] and id(ev.data["dispatcher"]) in _kernels:
+                _noted[0] = True
+                _log.warning(
+                    "softorder: compiling numba kernels on first use (seconds, once: cached in "
+                    "%s); softorder.precompile() compiles all of them ahead",
+                    cache_dir(),
+                )
+
+        def on_end(self, ev):
+            pass
+
+    event.register("numba:compile", Note())
 
 
 def kernel(fn):
@@ -62,21 +265,38 @@ def kernel(fn):
 
     Rows run in parallel with ``numba.prange`` when the input is large enough
     (:data:`MIN_PARALLEL_ROWS`, :data:`MIN_PARALLEL_ELEMENTS`) and :func:`set_parallel` allows
-    it, on the calling thread otherwise.
-    The compiled dispatcher is ``kernel.compiled``.
+    it, on the calling thread otherwise. ``kernel.serial`` is the serial dispatcher;
+    ``kernel.parallel()`` returns the parallel one (compiling nothing until it is called).
     """
-    compiled = numba.njit(parallel=True, **_OPTIONS)(fn)
+    serial = _jit(fn)
+    _kernels.add(id(serial))
+    variant = []
+
+    def parallel():
+        if not variant:
+            with _variant_lock:
+                if not variant:
+                    dispatcher = _jit(fn, "parallel", parallel=True)
+                    _kernels.add(id(dispatcher))
+                    variant.append(dispatcher)
+        return variant[0]
 
     @functools.wraps(fn)
     def run(xs, *args):
-        if _parallel[0] and xs.shape[0] >= MIN_PARALLEL_ROWS and xs.size >= MIN_PARALLEL_ELEMENTS:
-            return compiled(xs, *args)
-        threads = numba.get_num_threads()
-        numba.set_num_threads(1)  # thread-local: other threads' calls are unaffected
-        try:
-            return compiled(xs, *args)
-        finally:
-            numba.set_num_threads(threads)
+        if (
+            _parallel[0]
+            and xs.shape[0] >= MIN_PARALLEL_ROWS
+            and xs.size >= MIN_PARALLEL_ELEMENTS
+            and not _pool_unusable[0]
+        ):
+            dispatcher = parallel()
+            if _pool_lock.acquire(blocking=False):
+                try:
+                    return dispatcher(xs, *args)
+                finally:
+                    _pool_lock.release()
+        return serial(xs, *args)
 
-    run.compiled = compiled
+    run.serial = serial
+    run.parallel = parallel
     return run
