@@ -633,7 +633,7 @@ def test_numpy_bools_are_flags(rng):
 )
 def test_masked_arrays_are_refused(call, name):
     """A mask would be silently dropped (np.asarray ignores it): refused, naming the argument.
-    The JAX bridge refuses them too; PyTorch takes tensors and plain numbers only.
+    The bridges refuse them too (PyTorch takes tensors and plain numbers only).
     """
     masked = np.ma.masked_array([[1.0, 2.0, 3.0, 4.0], [2.0, 1.0, 4.0, 3.0]], mask=False)
     masked.mask[0, 1] = True
@@ -641,7 +641,16 @@ def test_masked_arrays_are_refused(call, name):
         call(masked)
 
 
-def test_masked_arrays_are_refused_by_the_jax_bridge():
+def test_masked_arrays_are_refused_by_the_bridges():
+    torch = pytest.importorskip("torch")
+    import softorder.bridges.torch as sot
+
+    ones = torch.ones(2, 4, dtype=torch.float64)
+    with pytest.raises(TypeError, match="alpha must be a real number"):
+        sot.soft_rank(ones, np.ma.masked_array([0.5, 0.5], mask=[0, 1]))
+    with pytest.raises(TypeError, match="k must be a real number"):
+        sot.soft_topk(ones, np.ma.masked_array([1.0, 2.0], mask=[0, 1]), 0.5)
+
     pytest.importorskip("jax")
     import softorder.bridges.jax as soj
 
