@@ -716,7 +716,7 @@ class PermutationCrossEntropyRule(LossRule):
             per_row,
             anchor,
             offset,
-            ctx.work(core.permutation.LOSS_FORWARD_WORK),
+            ctx.work(core.permutation.FORWARD_WORK),
         )
         return self._reduce(ctx, per_row)
 
@@ -735,7 +735,7 @@ class PermutationCrossEntropyRule(LossRule):
             cot,
             x_bar,
             alpha_bar,
-            ctx.work(core.permutation.LOSS_GRADIENT_WORK),
+            ctx.work(core.permutation.GRADIENT_WORK),
             ctx.work(core.permutation.BOUNDARY_WORK, rows.n - 1),
         )
         return x_bar, alpha_bar

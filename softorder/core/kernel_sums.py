@@ -9,10 +9,8 @@ factors are clamped to <= 1 against rounding.
 
 from __future__ import annotations
 
-import math
-
 from softorder.core._jit import helper
-from softorder.core.laplace import offset_z
+from softorder.core.laplace import exp_nonpositive, offset_z
 
 
 @helper
@@ -40,7 +38,7 @@ def spread_to_points(r, inv_alpha, E, anchor, offset, c, shift, order, out):
             if z > 0.0:  # b_s above r[i]: joins later
                 break
             if c[s] != 0.0:
-                acc += c[s] * math.exp(min(0.0, shift[s] + z))
+                acc += c[s] * exp_nonpositive(shift[s] + z)
             p += 1
         out[i] += acc
     acc = 0.0
@@ -54,7 +52,7 @@ def spread_to_points(r, inv_alpha, E, anchor, offset, c, shift, order, out):
             if z <= 0.0:  # b_s at or below r[i]: was taken by the other pass
                 break
             if c[s] != 0.0:
-                acc += c[s] * math.exp(min(0.0, shift[s] - z))
+                acc += c[s] * exp_nonpositive(shift[s] - z)
             p -= 1
         out[i] += acc
 
@@ -79,7 +77,7 @@ def gather_at_targets(r, inv_alpha, E, c, anchor, offset, shift, order, out):
             i += 1
         if i > 0 and acc != 0.0:
             z = offset_z(r[anchor[t]], r[i - 1], inv_alpha, offset[t])
-            out[t] += acc * math.exp(min(0.0, shift[t] - z))
+            out[t] += acc * exp_nonpositive(shift[t] - z)
     acc = 0.0
     i = n - 1
     for q in range(m - 1, -1, -1):
@@ -91,4 +89,83 @@ def gather_at_targets(r, inv_alpha, E, c, anchor, offset, shift, order, out):
             i -= 1
         if i < n - 1 and acc != 0.0:
             z = offset_z(r[anchor[t]], r[i + 1], inv_alpha, offset[t])
-            out[t] += acc * math.exp(min(0.0, shift[t] + z))
+            out[t] += acc * exp_nonpositive(shift[t] + z)
+
+
+@helper
+def _first_at_or_above(r, inv_alpha, ra, t, start):
+    """First point ``i`` with ``b <= r[i]`` (``offset_z(ra, r[i], ., t) <= 0``; ``n`` if none)
+    for a target ``b = ra + alpha t``, searched from ``start``, its usual value: a few steps
+    at most, galloping through a block of ties. ``offset_z`` is non-increasing in ``i``.
+    """
+    n = r.shape[0]
+    i = min(max(start, 0), n)
+    if i > 0 and offset_z(ra, r[i - 1], inv_alpha, t) <= 0.0:
+        hi = i - 1  # z <= 0 here; find the first such point below
+        step = 1
+        lo = hi - step
+        while lo >= 0 and offset_z(ra, r[lo], inv_alpha, t) <= 0.0:
+            hi = lo
+            step *= 2
+            lo = hi - step
+        lo = max(lo, -1)  # z > 0 at lo (or lo == -1)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if offset_z(ra, r[mid], inv_alpha, t) <= 0.0:
+                hi = mid
+            else:
+                lo = mid
+        return hi
+    while i < n and offset_z(ra, r[i], inv_alpha, t) > 0.0:
+        i += 1
+    return i
+
+
+@helper
+def spread_by_injection(r, inv_alpha, E, anchor, offset, c, shift, out, inj_up, inj_down):
+    """:func:`spread_to_points` for many sources (``m`` of order ``n``) in three streaming
+    passes without a merge: each source is injected at its two neighbouring points (the first
+    point at or above it, and the one below), then one scan up and one scan down carry the
+    injections by the factors ``E``.
+
+    The merge's data-dependent loop exits mispredicted about once per point; this costs 2 n
+    scratch (``inj_up``, ``inj_down``, length n, overwritten) and reads each source once.
+    Same sums; the additions at a point with several sources group differently (rounding).
+    """
+    n = r.shape[0]
+    m = anchor.shape[0]
+    for i in range(n):
+        inj_up[i] = 0.0
+        inj_down[i] = 0.0
+    for s in range(m):
+        cs = c[s]
+        if cs == 0.0:
+            continue
+        a = anchor[s]
+        t = offset[s]
+        ra = r[a]
+        # the first point at or above b_s is the right neighbour, unless ties or rounding put
+        # b_s at an earlier point too (a call, kept off this path: calls that pass arrays
+        # cost their reference counting, more than the rest of the loop)
+        i = a if t <= 0.0 else a + 1
+        if i > n or (i > 0 and offset_z(ra, r[i - 1], inv_alpha, t) <= 0.0):
+            i = _first_at_or_above(r, inv_alpha, ra, t, i)
+        else:
+            while i < n and offset_z(ra, r[i], inv_alpha, t) > 0.0:
+                i += 1
+        if i < n:
+            inj_up[i] += cs * exp_nonpositive(shift[s] + offset_z(ra, r[i], inv_alpha, t))
+        if i > 0:
+            inj_down[i - 1] += cs * exp_nonpositive(shift[s] - offset_z(ra, r[i - 1], inv_alpha, t))
+    acc = 0.0
+    for i in range(n):
+        if i > 0:
+            acc *= E[i]
+        acc += inj_up[i]
+        out[i] += acc
+    acc = 0.0
+    for i in range(n - 1, -1, -1):
+        if i < n - 1:
+            acc *= E[i + 1]
+        acc += inj_down[i]
+        out[i] += acc

@@ -112,7 +112,19 @@ def rel_weight(z, shift):
     a = abs(z)
     if a == INF:
         return 0.0
+    if a == shift:  # the nearest point itself: exp(0), without the call
+        return 1.0
     return math.exp(shift - a)
+
+
+@helper
+def exp_nonpositive(x):
+    """``exp(min(0, x))``; 1 at 0 without calling ``exp`` (half the factors of a merge are the
+    nearest point's, exactly 0 from it).
+    """
+    if x >= 0.0:
+        return 1.0
+    return math.exp(x)
 
 
 @helper

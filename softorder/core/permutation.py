@@ -34,10 +34,6 @@ GRADIENT_WORK = TABLES_WITH_MOMENTS + 1
 #: rows of the boundary-indexed scratch ``twork`` (rows, BOUNDARY_WORK, n - 1) of the gradients:
 #: two of their own (``beta`` and ``w_bar``, or ``b_dot`` and ``w_dot``), then the inverse's.
 BOUNDARY_WORK = 2 + max(PULLBACK_WORK, PUSHFORWARD_WORK)
-#: the loss kernels' scratch: the matrix kernels' rows, then each boundary's anchor value and
-#: each sorted element's target rank (:func:`_loss_lookup`)
-LOSS_FORWARD_WORK = FORWARD_WORK + 2
-LOSS_GRADIENT_WORK = GRADIENT_WORK + 2
 
 
 @helper
@@ -65,7 +61,7 @@ def _finish_gradient(r, order, a, tables, anchor, offset, worder, beta, rbar, tw
     """
     m = anchor.shape[0]
     alpha_part = inverse_pullback(
-        r, a, tables, anchor, offset, worder, beta, rbar, twork[1, :m], twork[2:]
+        r, a, tables, anchor, offset, worder, beta, rbar, twork[1, :m], twork[2:], False
     )
     scatter_finite(r, order, rbar, x_bar)
     return alpha_part
@@ -188,8 +184,8 @@ def permutation_loss_forward(xs, order, alpha, target, w, worder, out, anchor, o
         inv_alpha = 1.0 / alpha[row]
         tables = row_tables(r, inv_alpha, False, work[row])
         _boundaries(r, inv_alpha, tables, w, worder, anchor[row], offset[row])
-        ra = work[row, FORWARD_WORK]
-        rank = work[row, FORWARD_WORK + 1]
+        ra = work[row, 1]  # the tables are spent once the boundaries are solved
+        rank = work[row, 2]
         _loss_lookup(r, order[row], target[row], anchor[row], ra, rank)
         off = offset[row]
         loss = 0.0
@@ -216,8 +212,8 @@ def permutation_loss_vjp(
         a = alpha[row]
         inv_alpha = 1.0 / a
         tables, beta, rbar = _gradient_buffers(r, inv_alpha, work[row], twork[row])
-        ra = work[row, GRADIENT_WORK]
-        rank = work[row, GRADIENT_WORK + 1]
+        ra = twork[row, 2]  # the pullback's scratch, free until _finish_gradient
+        rank = work[row, 3]  # S: only the forward's solve reads it
         _loss_lookup(r, order[row], target[row], anchor[row], ra, rank)
         off = offset[row]
         abar = 0.0

@@ -31,6 +31,13 @@ def gather_finite(r, order, values, out):
 
 
 @helper
+def gather(order, values, out):
+    """``out[i] = values[order[i]]`` (original order -> sorted order)."""
+    for i in range(order.shape[0]):
+        out[i] = values[order[i]]
+
+
+@helper
 def scatter(order, values, out):
     """``out[order[i]] = values[i]`` (sorted order -> original order)."""
     for i in range(order.shape[0]):

@@ -55,6 +55,7 @@ def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha
             rbar,
             w_bar[row],
             twork[row],
+            True,
         )
         scatter_finite(r, order[row], rbar, x_bar[row])
 

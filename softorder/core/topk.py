@@ -25,10 +25,13 @@ from softorder.core.lapsum import (
     solve_targets,
     target_sums,
 )
-from softorder.core.rows import gather_finite, has_nan, scatter_finite
+from softorder.core.rows import gather, gather_finite, has_nan, scatter, scatter_finite
 
-FORWARD_WORK = TABLES
-GRADIENT_WORK = TABLES_WITH_MOMENTS + 5
+#: the tables, then one row of sorted-order output (scattered to the caller's order at once:
+#: a random-order write per element inside the loop was a cache miss each at n = 1e6)
+FORWARD_WORK = TABLES + 1
+#: the tables with moments, :func:`gradient_scratch`, then the cotangent in sorted order
+GRADIENT_WORK = TABLES_WITH_MOMENTS + 6
 
 
 @helper
@@ -55,12 +58,17 @@ def topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work):
         inv_alpha = 1.0 / alpha[row]
         E, A, B, Ad, Bd, S = row_tables(r, inv_alpha, False, work[row])
         solve_targets(r, inv_alpha, E, A, B, S, w[row], worder[row], anchor[row], offset[row])
+        sorted_out = work[row, TABLES, :n]
         for j in range(m):
             ra = r[anchor[row, j]]
             t = offset[row, j]
-            for i in range(n):
-                z = offset_z(ra, r[i], inv_alpha, t)
-                out[row, j, order[row, i]] = log_cdf(z) if log else cdf(z)
+            if log:
+                for i in range(n):
+                    sorted_out[i] = log_cdf(offset_z(ra, r[i], inv_alpha, t))
+            else:
+                for i in range(n):
+                    sorted_out[i] = cdf(offset_z(ra, r[i], inv_alpha, t))
+            scatter(order[row], sorted_out, out[row, j])
 
 
 @helper
@@ -127,17 +135,19 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
         tables = row_tables(r, 1.0 / a, True, work[row])
         z, kappa, omega, kappa_k, rbar = gradient_scratch(work[row], n)
         rbar[:] = 0.0
+        vs = work[row, GRADIENT_WORK - 1, :n]
         abar = 0.0
         for j in range(m):
             zg, common = target_terms(
                 r, a, tables, anchor[row, j], offset[row, j], log, z, kappa, omega, kappa_k
             )
+            gather(order[row], v[row, j], vs)
             phi = 0.0
             phi_z = 0.0
             k_bar = 0.0
             v_common = 0.0  # log: cotangents of the elements whose kappa_k is `common`
             for i in range(n):
-                vi = v[row, j, order[row, i]]
+                vi = vs[i]
                 if vi == 0.0 or abs(z[i]) == INF:
                     continue  # (kappa may underflow where kappa_k does not: keep going)
                 vk = vi * kappa[i]
@@ -170,6 +180,7 @@ def topk_jvp(xs, order, alpha, anchor, offset, log, x_dot, w_dot, alpha_dot, out
         tables = row_tables(r, 1.0 / a, True, work[row])
         z, kappa, omega, kappa_k, rdot = gradient_scratch(work[row], n)
         gather_finite(r, order[row], x_dot[row], rdot)
+        sorted_out = work[row, GRADIENT_WORK - 1, :n]
         for j in range(m):
             zg, common = target_terms(
                 r, a, tables, anchor[row, j], offset[row, j], log, z, kappa, omega, kappa_k
@@ -186,4 +197,5 @@ def topk_jvp(xs, order, alpha, anchor, offset, log, x_dot, w_dot, alpha_dot, out
                     val = k * (bdot - rdot[i] + (zg - z[i]) * ad)
                 if wd != 0.0:
                     val += wd * kappa_k[i]
-                out[row, j, order[row, i]] = val
+                sorted_out[i] = val
+            scatter(order[row], sorted_out, out[row, j])
