@@ -119,9 +119,39 @@ def operation(rule: Rule) -> Callable:
 
 
 def _bind(signature: inspect.Signature, args: tuple, kwargs: dict) -> dict:
-    bound = signature.bind(*args, **kwargs)
-    bound.apply_defaults()
-    return dict(bound.arguments)
+    """The arguments of a call by name, defaults filled in, as ``signature.bind`` gives them.
+
+    The common case is checked directly (``Signature.bind`` took 4 us of a 40 us call at
+    n = 1e2); anything unusual (a missing, unknown or repeated argument) goes through
+    ``Signature.bind`` for its error message.
+    """
+    entry = _BINDERS.get(id(signature))  # (hashing a Signature costs 1 us)
+    if entry is None or entry[0] is not signature:
+        entry = _BINDERS[id(signature)] = (signature, *_binder(signature))
+    _, positional, names, defaults = entry
+    if len(args) <= len(positional):
+        bound = dict(zip(positional, args, strict=False))
+        if not kwargs.keys() & bound.keys() and kwargs.keys() <= names:
+            bound.update(kwargs)
+            if len(bound) + len(defaults.keys() - bound.keys()) == len(names):
+                return {name: bound[name] if name in bound else defaults[name] for name in names}
+    full = signature.bind(*args, **kwargs)
+    full.apply_defaults()
+    return dict(full.arguments)
+
+
+def _binder(signature: inspect.Signature) -> tuple[tuple, dict, dict]:
+    """Positional names, all names (an ordered dict's keys) and defaults of ``signature``."""
+    params = signature.parameters.values()
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY) for p in params):
+        return (), {}, {}  # never the fast path
+    positional = tuple(p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD)
+    names = dict.fromkeys(p.name for p in params)
+    defaults = {p.name: p.default for p in params if p.default is not p.empty}
+    return positional, names.keys(), defaults
+
+
+_BINDERS: dict = {}
 
 
 def _rule_of(fn: Callable) -> Rule:
