@@ -383,7 +383,7 @@ class TopKRule(Rule):
             x_bar,
             w_bar,
             alpha_bar,
-            ctx.work(core.topk.GRADIENT_WORK),
+            ctx.work(core.topk.VJP_WORK),
         )
         k_bar = targets.grad_to_user(w_bar, rows, rows.dtype)
         return rows.grad_to_user(x_bar), k_bar, ctx.alpha_grad(alpha_bar)

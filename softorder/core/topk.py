@@ -30,8 +30,10 @@ from softorder.core.rows import gather, gather_finite, has_nan, scatter, scatter
 #: the tables, then one row of sorted-order output (scattered to the caller's order at once:
 #: a random-order write per element inside the loop was a cache miss each at n = 1e6)
 FORWARD_WORK = TABLES + 1
-#: the tables with moments, :func:`gradient_scratch`, then the cotangent in sorted order
+#: the tables with moments, :func:`gradient_scratch`, then the tangent result in sorted order
 GRADIENT_WORK = TABLES_WITH_MOMENTS + 6
+#: the tables with moments, then omega, the gradient and the cotangent in sorted order
+VJP_WORK = TABLES_WITH_MOMENTS + 3
 
 
 @helper
@@ -121,7 +123,12 @@ def target_terms(r, alpha, tables, anchor, t, log, z, kappa, omega, kappa_k):
 
 @kernel
 def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, work):
-    """Cotangent ``v`` (rows, m, n) -> ``x_bar`` (rows, n), ``w_bar`` (rows, m), ``alpha_bar``."""
+    """Cotangent ``v`` (rows, m, n) -> ``x_bar`` (rows, n), ``w_bar`` (rows, m), ``alpha_bar``.
+
+    ``work``: (rows, VJP_WORK, n). One pass per target forms each element's terms
+    (:func:`element_terms`) and uses them at once; only ``omega`` is kept for the second pass
+    (the per-element arrays of :func:`target_terms` cost three more rows of memory traffic).
+    """
     rows, n = xs.shape
     m = anchor.shape[1]
     for row in prange(rows):
@@ -132,31 +139,38 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
             alpha_bar[row] = np.nan
             continue
         a = alpha[row]
-        tables = row_tables(r, 1.0 / a, True, work[row])
-        z, kappa, omega, kappa_k, rbar = gradient_scratch(work[row], n)
+        inv_alpha = 1.0 / a
+        E, A, B, Ad, Bd, S = row_tables(r, inv_alpha, True, work[row])
+        omega = work[row, TABLES_WITH_MOMENTS, :n]
+        rbar = work[row, TABLES_WITH_MOMENTS + 1, :n]
+        vs = work[row, TABLES_WITH_MOMENTS + 2, :n]
         rbar[:] = 0.0
-        vs = work[row, GRADIENT_WORK - 1, :n]
         abar = 0.0
         for j in range(m):
-            zg, common = target_terms(
-                r, a, tables, anchor[row, j], offset[row, j], log, z, kappa, omega, kappa_k
+            t = offset[row, j]
+            shift, inv_g, zg, common = target_scales(
+                r, inv_alpha, A, B, Ad, Bd, anchor[row, j], t, log
             )
+            ra = r[anchor[row, j]]
             gather(order[row], v[row, j], vs)
             phi = 0.0
             phi_z = 0.0
             k_bar = 0.0
             v_common = 0.0  # log: cotangents of the elements whose kappa_k is `common`
             for i in range(n):
+                zi = offset_z(ra, r[i], inv_alpha, t)
+                kappa, om, kappa_k = element_terms(zi, shift, inv_g, inv_alpha, log)
+                omega[i] = om
                 vi = vs[i]
-                if vi == 0.0 or abs(z[i]) == INF:
+                if vi == 0.0 or abs(zi) == INF:
                     continue  # (kappa may underflow where kappa_k does not: keep going)
-                vk = vi * kappa[i]
+                vk = vi * kappa
                 phi += vk
-                phi_z += vk * z[i]
-                if log and z[i] <= 0.0:
+                phi_z += vk * zi
+                if log and zi <= 0.0:
                     v_common += vi
                 else:
-                    k_bar += vi * kappa_k[i]
+                    k_bar += vi * kappa_k
                 rbar[i] -= vk
             for i in range(n):
                 rbar[i] += omega[i] * phi
