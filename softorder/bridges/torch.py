@@ -95,6 +95,7 @@ _OPERATIONS = {
 core.set_parallel(False)
 
 _functorch = torch._C._functorch
+_is_functorch_wrapped = _functorch.is_functorch_wrapped_tensor
 #: arguments that choose what is computed; all others are data
 _SETTINGS = ("axis", "largest", "descending", "reduction", "split_top1")
 _COMPUTE_DTYPE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
@@ -162,26 +163,31 @@ def _as_array(t: Tensor, on_device: bool = True):
     that reach backward/jvp are wrapped once per transform level; a copy through a custom
     operator gives the plain values.
     """
-    if _functorch.is_functorch_wrapped_tensor(t):
+    if _is_functorch_wrapped(t):
         t = _plain_copy(t)  # the dispatcher unwraps every level on the way in
-    t = t.detach()
+    if t.is_cpu:
+        return t.detach().numpy()
     if t.device.type not in _ON_DEVICE:
-        return t.numpy()
+        return t.detach().numpy()  # (the meta device's own error)
+    t = t.detach()
     return t if on_device else t.cpu().numpy()
 
 
 def _as_tensor(arr, dtype: torch.dtype | None = None) -> Tensor:
     if isinstance(arr, Tensor):  # computed on the device
-        return arr if dtype is None else arr.to(dtype)
-    arr = np.asarray(arr)  # (not ascontiguousarray: it makes 0-d results 1-d)
+        return arr if dtype is None or arr.dtype == dtype else arr.to(dtype)
+    if type(arr) is not np.ndarray:
+        arr = np.asarray(arr)  # (not ascontiguousarray: it makes 0-d results 1-d)
     out = torch.from_numpy(arr if arr.flags.c_contiguous else arr.copy())
-    return out if dtype is None else out.to(dtype)
+    return out if dtype is None or out.dtype == dtype else out.to(dtype)
 
 
 def _gradient(grad, like: Tensor) -> Tensor:
     """A gradient from the rules as a tensor of its argument's dtype and device."""
     out = _as_tensor(grad, like.dtype)
-    return out if out.device == like.device else out.to(like.device)
+    if out.is_cpu and like.is_cpu or out.device == like.device:
+        return out
+    return out.to(like.device)
 
 
 # --- the three custom operators -------------------------------------------------------------
@@ -352,11 +358,20 @@ def _forward_ad_level():
     return getattr(torch.autograd.forward_ad, "_current_level", -1) if False else None
 
 
-def _select(spec: str, needs_grad, gradients) -> list:
+@functools.lru_cache(maxsize=256)
+def _positions(rule: Rule, names: tuple) -> tuple:
+    """``(i, j)`` for each tensor argument ``names[i]`` that is ``rule.differentiable[j]``."""
+    return tuple(
+        (i, rule.differentiable.index(name))
+        for i, name in enumerate(names)
+        if name in rule.differentiable
+    )
+
+
+def _select(rule: Rule, names: tuple, needs_grad, gradients) -> list:
     """Gradients for the call's tensors: ``gradients()`` lists them for the differentiable
     ones; ``None`` where no gradient is needed or defined (and nothing computed if none is).
     """
-    rule, names, _ = _decode(spec)
     wanted = _differentiable(rule, names)
     out = [None] * len(names)
     if not any(needs_grad[names.index(n)] for n in wanted):
@@ -388,7 +403,8 @@ def _backward_compiled(ctx, grads):
 
     if grads[0] is None:  # the result was not used
         return None, [None] * len(tensors)
-    return None, _select(ctx.spec, needs, gradients)
+    rule, names, _ = _decode(ctx.spec)
+    return None, _select(rule, names, needs, gradients)
 
 
 _forward_op.register_autograd(_backward_compiled, setup_context=_setup_compiled)
@@ -405,12 +421,24 @@ class _Call:
     directly, without the custom operators' residual round trip.
     """
 
-    __slots__ = ("ctx", "names", "rule", "spec", "statics")
+    __slots__ = ("_spec", "ctx", "name", "names", "rule", "statics")
 
-    def __init__(self, spec: str):
-        self.spec = spec
-        self.rule, self.names, self.statics = _decode(spec)
+    def __init__(self, name: str, names: tuple, statics: dict, spec: str | None = None):
+        self.name, self.names, self.statics = name, names, statics
+        self.rule = _OPERATIONS[name].rule
+        self._spec = spec  # encoded when a custom operator needs it (torch.func paths)
         self.ctx = None
+
+    @classmethod
+    def of(cls, spec: str) -> _Call:
+        name, names, statics = _parts(spec)
+        return cls(name, names, dict(statics), spec)
+
+    @property
+    def spec(self) -> str:
+        if self._spec is None:
+            self._spec = _encode(self.name, self.names, tuple(self.statics.items()))
+        return self._spec
 
     def residual_tensors(self) -> list[Tensor]:
         """The residuals of the forward pass; none when it ran as another call (``vmap``)."""
@@ -419,16 +447,19 @@ class _Call:
         return [_as_tensor(a) for a in self.rule.residuals(self.ctx).values()]
 
     def arguments(self, tensors) -> dict:
-        values = (
-            _as_array(t, on_device=name == self.rule.input_name)
-            for name, t in zip(self.names, tensors, strict=True)
-        )
-        return {**self.statics, **dict(zip(self.names, values, strict=True))}
+        arguments = dict(self.statics)
+        input_name = self.rule.input_name
+        for name, t in zip(self.names, tensors, strict=True):
+            arguments[name] = _as_array(t, on_device=name == input_name)
+        return arguments
 
 
 def _wrapped(*tensors) -> bool:
     """Whether any tensor is wrapped by a torch.func transform."""
-    return any(t is not None and _functorch.is_functorch_wrapped_tensor(t) for t in tensors)
+    for t in tensors:
+        if t is not None and _is_functorch_wrapped(t):
+            return True
+    return False
 
 
 class _Batched:
@@ -503,7 +534,7 @@ class _Batched:
 def _vmapped(info, in_dims, call: _Call, tensors) -> tuple[Tensor, int]:
     """The Function's vmap rule: one call with one more batch dimension."""
     batched = _Batched(info.batch_size, call.spec, tensors, in_dims)
-    return batched.reduce(_Operation.apply(_Call(batched.spec), *batched.tensors)), 0
+    return batched.reduce(_Operation.apply(_Call.of(batched.spec), *batched.tensors)), 0
 
 
 @torch.library.register_vmap(_backward_op)
@@ -539,7 +570,11 @@ class _Operation(torch.autograd.Function):
         # always positional, so outside functorch transforms go straight to the C apply.
         if torch._C._are_functorch_transforms_active():
             return super().apply(*args)
-        return super(torch.autograd.Function, cls).apply(*_unwrap_dead_wrappers(args))
+        for t in args[1:]:
+            if _is_functorch_wrapped(t):  # a transform's leftover output
+                args = _unwrap_dead_wrappers(args)
+                break
+        return super(torch.autograd.Function, cls).apply(*args)
 
     @staticmethod
     def forward(call: _Call, *tensors: Tensor) -> Tensor:
@@ -551,7 +586,7 @@ class _Operation(torch.autograd.Function):
         ctx.call = inputs[0]
         ctx.save_for_backward(*inputs[1:])
         ctx.save_for_forward(*inputs[1:])
-        ctx.like = output.new_empty(())  # the result's dtype, for tangents
+        ctx.dtype = output.dtype  # for tangents
 
     @staticmethod
     def vmap(info, in_dims, call, *tensors):
@@ -560,6 +595,17 @@ class _Operation(torch.autograd.Function):
     @staticmethod
     def backward(ctx, cotangent):
         call, tensors = ctx.call, ctx.saved_tensors
+        if not torch.is_grad_enabled() and not _wrapped(cotangent, *tensors):
+            # the common case, kept lean: plain eager backward whose gradients are values
+            needs = ctx.needs_input_grad
+            out = [None] * len(needs)
+            values = None
+            for i, position in _positions(call.rule, call.names):
+                if needs[i + 1]:
+                    if values is None:
+                        values = call.rule.vjp(call.ctx, _as_array(cotangent))
+                    out[i + 1] = _gradient(values[position], tensors[i])
+            return tuple(out)
         if _wrapped(cotangent, *tensors):
             # under torch.func the values reach NumPy only through a custom operator
             def gradients():
@@ -574,7 +620,7 @@ class _Operation(torch.autograd.Function):
                 wanted = _differentiable(call.rule, call.names)
                 return [_gradient(grads[n], tensors[call.names.index(n)]) for n in wanted]
 
-        grads = _select(call.spec, ctx.needs_input_grad[1:], gradients)
+        grads = _select(call.rule, call.names, ctx.needs_input_grad[1:], gradients)
         return None, *_first_order_only(grads, (*tensors, cotangent))
 
     @staticmethod
@@ -593,11 +639,11 @@ class _Operation(torch.autograd.Function):
                 call.residual_tensors(),
                 json.dumps([name for name, _ in given]),
                 _detached(t for _, t in given),
-                ctx.like,
+                torch.empty((), dtype=ctx.dtype, device=saved[0].device),
             )
         else:
             tangent_of = {name: _as_array(t) for name, t in given}
-            out = _as_tensor(call.rule.jvp(call.ctx, tangent_of), ctx.like.dtype)
+            out = _as_tensor(call.rule.jvp(call.ctx, tangent_of), ctx.dtype)
         return _first_order_only([out], (*saved, *tangents))[0]
 
 
@@ -671,19 +717,23 @@ def _run(fn, input_name: str, **arguments) -> Tensor:
             # which cannot be part of the constant spec: pass it as a tensor instead.
             value = torch.tensor(value, dtype=torch.float64)
         if isinstance(value, Tensor):
-            _backend_for(value.device)
+            if not value.is_cpu:
+                _backend_for(value.device)
             if value.dtype in _COMPUTE_DTYPE:
                 value = value.to(_COMPUTE_DTYPE[value.dtype])
             tensor_names.append(name)
             tensors.append(value)
         else:
             statics[name] = _static(value, name)
-    spec = _encode(fn.__name__, tuple(tensor_names), tuple(statics.items()))
     if compiling:
+        spec = _encode(fn.__name__, tuple(tensor_names), tuple(statics.items()))
         out = _forward_op(spec, tensors)[0]
     else:
-        out = _Operation.apply(_Call(spec), *tensors)
+        out = _Operation.apply(_Call(fn.__name__, tuple(tensor_names), statics), *tensors)
     return out.to(dtype) if out.dtype != dtype else out
+
+
+_PLAIN = {bool, int, float, str, type(None)}
 
 
 def _static(value, name: str):
@@ -691,6 +741,8 @@ def _static(value, name: str):
 
     Plain Python only, so that ``torch.compile`` folds it to a constant.
     """
+    if type(value) in _PLAIN:
+        return value
     if isinstance(value, (bool, str, type(None))):
         return value
     if isinstance(value, numbers.Integral):
