@@ -213,8 +213,17 @@ KNOWN_CALL_TIME_CYCLES = [
 ]
 
 
+def _is_ancestor(package: str, module: str) -> bool:
+    return module.startswith(package + ".")
+
+
 def test_no_new_cycles_through_imports_in_functions():
-    found = cycles(_internal_graph(EDGES, module_level_only=False))
+    """Listed, not forbidden: a new one must be added above with its reason. A module that
+    imports its own parent package inside a function (the public facade, e.g. to call the
+    API it helps to build) closes no layering cycle and is left out.
+    """
+    lazy = [e for e in EDGES if e.module_level or not _is_ancestor(e.target, e.source)]
+    found = cycles(_internal_graph(lazy, module_level_only=False))
     new = [c for c in found if c not in KNOWN_CALL_TIME_CYCLES]
     assert not new, f"import cycles (through imports inside functions): {new}"
 
