@@ -73,8 +73,11 @@ def test_create_graph_first_derivatives_are_unchanged(f):
     (g_graph,) = torch.autograd.grad(f(x1), x1, create_graph=True)
     (g_plain,) = torch.autograd.grad(f(x2), x2)
     torch.testing.assert_close(g_graph, g_plain, rtol=0, atol=0)
-    # the gradient with a graph can still be used as a value (e.g. in a penalty's forward)
+    # the gradient with a graph can still be used as a value (e.g. in a penalty's forward),
+    # and updated in place
     assert torch.isfinite(g_graph.detach()).all()
+    g_graph.mul_(2.0)
+    torch.testing.assert_close(g_graph, 2.0 * g_plain, rtol=0, atol=0)
 
 
 def test_gradgradcheck_is_refused(f):

@@ -310,11 +310,12 @@ class _FirstOrderOnly(torch.autograd.Function):
     ``apply(count, *values_then_anchors)``: the first ``count`` tensors are returned.
     """
 
-    generate_vmap_rule = True  # (a view: vmap needs no rule of its own)
+    generate_vmap_rule = True  # (a copy: vmap needs no rule of its own)
 
     @staticmethod
     def forward(count: int, *tensors: Tensor):
-        return tuple(t.view_as(t) for t in tensors[:count])
+        # copies, not views: a view made in a custom Function refuses in-place updates
+        return tuple(t.clone() for t in tensors[:count])
 
     @staticmethod
     def setup_context(ctx, inputs, output):
