@@ -6,6 +6,7 @@ array([2., 1., 3.])
 """
 
 from softorder._autodiff import jvp, vjp
+from softorder._precompile import precompile
 from softorder._version import __version__
 from softorder.operations import (
     log_soft_topk,
@@ -23,6 +24,7 @@ __all__ = [
     "jvp",
     "log_soft_topk",
     "permutation_cross_entropy",
+    "precompile",
     "soft_permutation",
     "soft_quantile",
     "soft_rank",
