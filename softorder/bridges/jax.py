@@ -78,6 +78,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import types
 import warnings
 from collections.abc import Callable
@@ -511,6 +512,146 @@ def _stored_shape(shape: tuple, dtype, stored) -> tuple:
 
 
 # --------------------------------------------------------------------------------------------
+# The FFI route (CPU): XLA sorts the rows and calls numba C functions in place
+# (softorder.bridges._jax_ffi); chosen when a call is traced, for the operations and arguments
+# it covers. Everything it needs is validated then, so nothing can fail when it runs.
+
+#: Which CPU calls take the FFI route: ``"auto"`` (the default) for ``soft_rank``,
+#: ``soft_topk`` and ``log_soft_topk`` traced on the CPU backend with a concrete (not traced)
+#: ``alpha`` and ``k`` and one ``k`` per row; ``False`` sends every call through
+#: ``pure_callback``. Read when a call is traced.
+_FFI_CALLS: str | bool = "auto"
+
+#: the operations the FFI route covers: (forward handler, backward handler, log)
+_FFI_OPS = {
+    "soft_rank": ("rank_fwd", "rank_bwd", False),
+    "soft_topk": ("topk_fwd", "topk_bwd", False),
+    "log_soft_topk": ("topk_fwd", "topk_bwd", True),
+}
+
+
+def _ffi_route(op: Callable, statics: dict, arguments: dict, layout: Layout, compute):
+    """A function of the (compute-dtype) input computing ``op`` through the FFI handlers, or
+    ``None`` when this call takes the callbacks instead (see :data:`_FFI_CALLS`).
+    ``arguments``: the call's arguments as given (already validated).
+    """
+    if _FFI_CALLS is False or op.__name__ not in _FFI_OPS or _device_callbacks():
+        return None
+    rows = math.prod(layout.batch_shape)
+    if jax.default_backend() != "cpu" or layout.n < 1 or rows < 1:
+        return None
+    if any(_is_traced(arguments[name]) for name in ("alpha", "k") if name in arguments):
+        return None
+    forward, backward, log = _FFI_OPS[op.__name__]
+    batch_shape = layout.batch_shape
+    alpha = _as_kernel_value(arguments["alpha"], compute)
+    per_row, _ = check_alpha(alpha, batch_shape, layout.axis)
+    constants = [per_row.astype(compute)]  # exact: the values are the rounded ones
+    negate = bool(statics.get("descending", False))
+    targets = None
+    if "k" in arguments:
+        rows_ns = types.SimpleNamespace(
+            batch_shape=batch_shape, rows=rows, n=layout.n, backend=NUMPY
+        )
+        n = layout.n
+        k = _as_kernel_value(arguments["k"], compute)
+        targets = Targets.parse(k, rows_ns, "k", n, f"n={n}")
+        if targets.multi:
+            return None  # several k per row: the callbacks
+        negate = bool(statics["largest"])
+    constants.append(np.array([negate, log], np.int32))
+    if targets is not None:
+        constants.append(targets.values.astype(compute))
+    spec = _FfiSpec(forward, backward, layout.axis - layout.ndim)
+
+    def run(x):
+        return _ffi_apply(spec, x, *(jnp.asarray(c) for c in constants))
+
+    return run
+
+
+def _as_kernel_value(value, compute) -> np.ndarray:
+    """A concrete ``alpha`` or ``k`` as the kernels see it through the callbacks: in the
+    compute dtype (float32: rounded, subnormals flushed as XLA does), as float64.
+    """
+    host = _host_value(value)
+    if np.dtype(compute) == np.float64:
+        return np.asarray(host, dtype=np.float64)
+    return _as_computed(host, compute).astype(np.float64)
+
+
+@dataclasses.dataclass(frozen=True)
+class _FfiSpec:
+    forward: str  # handler names in softorder.bridges._jax_ffi
+    backward: str
+    axis: int  # negative
+
+
+def _ffi_forward(spec: _FfiSpec, x, alpha, flags, *rest):
+    from softorder.bridges import _jax_ffi
+
+    moved = jnp.moveaxis(x, spec.axis, -1)
+    rows2d = moved.reshape(-1, moved.shape[-1])
+    rows, n = rows2d.shape
+    words = np.uint32  # float64 and int64 residuals as pairs of words: no x64 needed
+    if spec.forward == "rank_fwd":
+        saved = (_struct((rows, 2 * n), words),)  # the decays
+    else:
+        saved = (_struct((rows, 2), words), _struct((rows, 2), words))  # anchors, offsets
+    operands = (rows2d, alpha, flags, *rest)
+    axes = _varying_axes((x,))
+    results = _ffi_first_order_only(
+        _jax_ffi.target(spec.forward),
+        (_struct((rows, n), rows2d.dtype), _struct((rows, n), np.int32), *saved),
+        *_vary(operands, axes),
+    )
+    out, *saved = _vary(results, axes)
+    out = jnp.moveaxis(out.reshape(moved.shape), -1, spec.axis)
+    return out, (rows2d, alpha, flags, *saved)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _ffi_apply(spec: _FfiSpec, x, alpha, flags, *rest):
+    return _ffi_forward(spec, x, alpha, flags, *rest)[0]
+
+
+def _ffi_apply_fwd(spec: _FfiSpec, x, alpha, flags, *rest):
+    return _ffi_forward(spec, x, alpha, flags, *rest)
+
+
+def _ffi_apply_bwd(spec: _FfiSpec, saved, cotangent):
+    from softorder.bridges import _jax_ffi
+
+    rows2d = saved[0]
+    moved = jnp.moveaxis(cotangent, spec.axis, -1)
+    v = moved.reshape(rows2d.shape).astype(rows2d.dtype)
+    axes = _varying_axes((*saved, v))
+    (x_bar,) = _vary(
+        _ffi_first_order_only(
+            _jax_ffi.target(spec.backward),
+            (_struct(rows2d.shape, rows2d.dtype),),
+            *_vary((*saved, v), axes),
+        ),
+        axes,
+    )
+    x_bar = jnp.moveaxis(x_bar.reshape(moved.shape), -1, spec.axis)
+    return (x_bar, None, None) + ((None,) if spec.forward == "topk_fwd" else ())
+
+
+_ffi_apply.defvjp(_ffi_apply_fwd, _ffi_apply_bwd)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def _ffi_first_order_only(target: str, shapes: tuple, *arrays) -> tuple:
+    return tuple(jax.ffi.ffi_call(target, shapes, vmap_method=VMAP_METHOD)(*arrays))
+
+
+@_ffi_first_order_only.defjvp
+def _ffi_refuse_second_order(target, shapes, primals, tangents):
+    raise NotImplementedError(_SECOND_ORDER)
+
+
+# --------------------------------------------------------------------------------------------
 # Trace-time checks: the NumPy API's own validation, on concrete values where there are any
 # and on placeholders of the right shape and dtype kind for traced ones.
 
@@ -671,6 +812,10 @@ def _run(op: Callable, **kwargs: Any) -> jax.Array:
         else:
             value = jnp.asarray(value)
         arrays[name] = value
+
+    route = _ffi_route(op, statics, arguments, layout, compute)
+    if route is not None:
+        return route(x).astype(out_dtype)
 
     nb = len(layout.batch_shape)
     inserts = tuple(
