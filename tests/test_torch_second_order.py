@@ -152,3 +152,24 @@ def test_compiled_double_backward_is_refused():
     # ... and differentiating it again is refused (by PyTorch's compiled autograd here)
     with pytest.raises(RuntimeError, match="double backward"):
         g.square().sum().backward()
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        lambda: jacrev(jacfwd(OPERATIONS["soft_rank"]))(X.clone()),
+        lambda: jacfwd(jacfwd(OPERATIONS["soft_sort"]))(X.clone()),
+        lambda: hessian(lambda a: sot.soft_sort(X, a).square().sum())(torch.tensor(0.7)),
+        lambda: hessian(lambda k: sot.soft_topk(X, k, 0.5).square().sum())(torch.tensor(2.0)),
+        lambda: grad(lambda a: grad(lambda u: sot.soft_rank(u, a).square().sum())(X).sum())(
+            torch.tensor(0.7, dtype=torch.float64)
+        ),
+        lambda: torch.func.vmap(grad(lambda u: grad(OPERATIONS["soft_rank"])(u).sum()))(
+            X.repeat(3, 1, 1)
+        ),
+    ],
+    ids=["jacrev_jacfwd", "jacfwd_jacfwd", "hessian_alpha", "hessian_k", "x_alpha", "vmap"],
+)
+def test_other_second_order_transforms_are_refused(second):
+    with pytest.raises(NotImplementedError, match=REFUSED):
+        second()
