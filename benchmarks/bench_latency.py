@@ -1,0 +1,237 @@
+"""Latency: the first call (empty and warm numba cache), import times and per-call floors.
+
+Run from the repository root::
+
+    python benchmarks/bench_latency.py [--quick] [--ops soft_rank,soft_topk] [--apis numpy,torch]
+
+Every figure of issue 14's table, each measured as users meet it:
+
+* **first call, empty cache**: a fresh interpreter with a fresh, empty ``NUMBA_CACHE_DIR``
+  imports the API, then times one forward + backward of one row of 1000 (float64): the
+  NumPy API (``softorder.vjp`` and its pullback), the torch bridge (``.sum().backward()``) and
+  the JAX bridge (``jax.jit(jax.grad(...))``). Wall time and the process's CPU time are both
+  printed: on a busy machine the CPU time is what a quiet one would see as wall time.
+* **first call, warm cache**: the same, in a second fresh interpreter with the cache the first
+  one filled.
+* **import**: ``import softorder`` in a fresh interpreter, and what ``import
+  softorder.bridges.torch`` / ``softorder.bridges.jax`` add after ``import torch`` /
+  ``import jax`` (best of 3 interpreters).
+* **per-call floor**: forward + backward at one row of n = 1e2 and 1e3 through each API on one
+  thread, best of R interleaved repeats (``softorder._timing.best_times``), with
+  ``np.argsort`` of the same row as the yardstick.
+
+``--quick`` (what the tests run) measures ``soft_rank`` through the NumPy API only, cold and
+warm, the import of ``softorder`` and the NumPy floors, with few repeats. A report, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import numpy as np
+
+OPERATIONS = (
+    "soft_rank",
+    "soft_sort",
+    "soft_quantile",
+    "soft_topk",
+    "log_soft_topk",
+    "soft_permutation",
+    "topk_cross_entropy",
+    "permutation_cross_entropy",
+)
+
+# One forward + backward of ``op`` through ``api`` in a fresh interpreter, timed after the
+# imports; prints a JSON line.
+CHILD = textwrap.dedent(
+    """
+    import json, sys, time
+    api, op = sys.argv[1], sys.argv[2]
+    wall, cpu = time.perf_counter(), time.process_time()
+    import numpy as np
+    from softorder._precompile import _arguments
+    if api == "torch":
+        import torch
+        import softorder.bridges.torch as mod
+    elif api == "jax":
+        import jax
+        import softorder.bridges.jax as mod
+    else:
+        import softorder as mod
+    imported_wall, imported_cpu = time.perf_counter(), time.process_time()
+    x = np.random.default_rng(0).standard_normal((1, 1000))
+    args = list(_arguments(op, x))
+    fn = getattr(mod, op)
+    if api == "numpy":
+        out, pullback = mod.vjp(fn, *args)
+        pullback(np.ones_like(out))
+    elif api == "torch":
+        args = [torch.tensor(a) if isinstance(a, (np.ndarray, list)) else a for a in args]
+        args[0].requires_grad_(True)
+        fn(*args).sum().backward()
+    else:
+        args = [jax.numpy.asarray(a) if isinstance(a, (np.ndarray, list)) else a for a in args]
+        grad = jax.jit(jax.grad(lambda u: fn(u, *args[1:]).sum()))
+        jax.block_until_ready(grad(args[0]))
+    print(json.dumps({
+        "import_wall": imported_wall - wall,
+        "first_wall": time.perf_counter() - imported_wall,
+        "first_cpu": time.process_time() - imported_cpu,
+    }))
+    """
+)
+
+IMPORT = textwrap.dedent(
+    """
+    import json, sys, time
+    before = sys.argv[1]
+    if before:
+        __import__(before)
+    start = time.perf_counter()
+    __import__(sys.argv[2])
+    print(json.dumps({"seconds": time.perf_counter() - start}))
+    """
+)
+
+
+def _child(code: str, args: list[str], env: dict) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=600,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{args} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def first_calls(ops, apis) -> list[tuple]:
+    """(api, op, cold dict, warm dict) for each pair, each in fresh interpreters."""
+    rows = []
+    for api in apis:
+        for op in ops:
+            with tempfile.TemporaryDirectory() as cache:
+                env = {"NUMBA_CACHE_DIR": cache, "JAX_PLATFORMS": "cpu"}
+                cold = _child(CHILD, [api, op], env)
+                warm = _child(CHILD, [api, op], env)
+            rows.append((api, op, cold, warm))
+            print(
+                f"first call  {api:5s} {op:26s} empty cache {cold['first_wall']:6.2f} s "
+                f"(CPU {cold['first_cpu']:5.2f} s)   warm cache {warm['first_wall']:5.2f} s "
+                f"(CPU {warm['first_cpu']:4.2f} s)",
+                flush=True,
+            )
+    return rows
+
+
+def import_times(apis) -> dict:
+    """Best of 3 fresh interpreters: ``import softorder``, and each bridge after its framework."""
+    cases = {"softorder": ("", "softorder")}
+    if "torch" in apis:
+        cases["softorder.bridges.torch after torch"] = ("torch", "softorder.bridges.torch")
+    if "jax" in apis:
+        cases["softorder.bridges.jax after jax"] = ("jax", "softorder.bridges.jax")
+    out = {}
+    for label, (before, module) in cases.items():
+        env = {"JAX_PLATFORMS": "cpu"}
+        out[label] = min(_child(IMPORT, [before, module], env)["seconds"] for _ in range(3))
+        print(f"import      {label:40s} {out[label]:.3f} s", flush=True)
+    return out
+
+
+def floors(apis, repeats: int) -> dict:
+    """Forward + backward at one row of 1e2 and 1e3 (float64, one thread), microseconds."""
+    import softorder
+    from softorder._timing import best_times
+
+    calls, labels = [], []
+    for n in (100, 1000):
+        x = np.random.default_rng(0).standard_normal(n)
+        v = np.ones(n)
+        calls.append(lambda x=x: np.argsort(x))
+        labels.append(f"np.argsort n={n}")
+        for op, extra in (("soft_rank", ()), ("soft_topk", (n // 10,))):
+            fn = getattr(softorder, op)
+
+            def numpy_call(fn=fn, x=x, v=v, extra=extra):
+                _, pullback = softorder.vjp(fn, x, *extra, 0.5)
+                return pullback(v)
+
+            calls.append(numpy_call)
+            labels.append(f"numpy {op} n={n}")
+            if "torch" in apis:
+                import torch
+
+                import softorder.bridges.torch as sot
+
+                torch.set_num_threads(1)
+                xt, vt = torch.from_numpy(x), torch.from_numpy(v)
+                top = getattr(sot, op)
+
+                def torch_call(top=top, xt=xt, vt=vt, extra=extra):
+                    xg = xt.detach().requires_grad_(True)
+                    return torch.autograd.grad(top(xg, *extra, 0.5), xg, vt)
+
+                calls.append(torch_call)
+                labels.append(f"torch {op} n={n}")
+            if "jax" in apis:
+                import jax
+
+                import softorder.bridges.jax as soj
+
+                jop = getattr(soj, op)
+                xj, vj = jax.numpy.asarray(x), jax.numpy.asarray(v)
+                grad = jax.jit(
+                    jax.grad(lambda u, jop=jop, vj=vj, e=extra: (jop(u, *e, 0.5) * vj).sum())
+                )
+
+                def jax_call(grad=grad, xj=xj):
+                    return jax.block_until_ready(grad(xj))
+
+                calls.append(jax_call)
+                labels.append(f"jax   {op} n={n}")
+    previous = softorder.core.set_parallel(False)
+    try:
+        times = best_times(calls, repeats)
+    finally:
+        softorder.core.set_parallel(previous)
+    out = {}
+    for label, t in zip(labels, times, strict=True):
+        out[label] = t * 1e6
+        n = label.rsplit("=", 1)[1]
+        ratio = t / times[labels.index(f"np.argsort n={n}")]
+        print(f"floor       {label:40s} {t * 1e6:8.1f} us  ({ratio:5.1f}x np.argsort)")
+    return out
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="soft_rank, NumPy API only")
+    parser.add_argument("--ops", default=",".join(OPERATIONS))
+    parser.add_argument("--apis", default="numpy,torch,jax")
+    parser.add_argument("--repeats", type=int, default=200)
+    args = parser.parse_args(argv)
+    ops = ("soft_rank",) if args.quick else tuple(args.ops.split(","))
+    apis = ("numpy",) if args.quick else tuple(args.apis.split(","))
+    repeats = 20 if args.quick else args.repeats
+    for name in ops:
+        if name not in OPERATIONS:
+            parser.error(f"unknown operation {name!r}")
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    return {
+        "first_calls": first_calls(ops, apis),
+        "imports": import_times(apis),
+        "floors": floors(apis, repeats),
+    }
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Latency (issue 14): what ``import softorder`` loads, the first-compilation note, and the
+latency script, run in ``--quick`` mode so that it cannot rot.
+
+Timing targets are not asserted here (a loaded CI machine would make them flaky); the script
+prints them, and the asv suite tracks the per-call floor (``asv_bench/benchmarks/latency.py``).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _run(args: list[str], timeout: int = 300, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **env},
+        cwd=ROOT,
+    )
+
+
+def test_import_loads_no_numba_scipy_or_frameworks():
+    code = (
+        "import sys, softorder; "
+        "print(sorted(m for m in ('numba', 'scipy', 'torch', 'jax', 'softorder.core.rank', "
+        "'softorder.baselines') if m in sys.modules))"
+    )
+    done = _run(["-c", code])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_first_call_loads_the_kernels_it_needs():
+    code = (
+        "import sys, numpy as np, softorder; softorder.soft_rank(np.ones(3), 1.0); "
+        "print(sorted(m for m in sys.modules if m.startswith('softorder.core.')))"
+    )
+    done = _run(["-c", code])
+    assert done.returncode == 0, done.stderr
+    loaded = ast.literal_eval(done.stdout.strip())
+    assert "softorder.core.rank" in loaded
+    assert "softorder.core.topk" not in loaded and "softorder.core.permutation" not in loaded
+
+
+def test_bench_latency_quick():
+    done = _run([str(ROOT / "benchmarks" / "bench_latency.py"), "--quick"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "first call  numpy soft_rank" in out and "empty cache" in out and "warm cache" in out
+    assert "import      softorder " in out
+    for row in ("np.argsort n=100", "numpy soft_rank n=100", "numpy soft_topk n=1000"):
+        assert f"floor       {row}" in out, out
