@@ -173,3 +173,16 @@ def test_compiled_double_backward_is_refused():
 def test_other_second_order_transforms_are_refused(second):
     with pytest.raises(NotImplementedError, match=REFUSED):
         second()
+
+
+def test_autograd_functional_double_backward_apis_are_refused():
+    # torch.autograd.functional.jvp computes a first derivative by differentiating a gradient
+    # (the double-backward trick); the refusal points to the forward-mode APIs, which work
+    x, t = X[0].clone(), WEIGHTS.clone()
+    with pytest.raises(NotImplementedError, match="use torch.func.jvp or torch.autograd.forward"):
+        torch.autograd.functional.jvp(lambda u: sot.soft_rank(u, 0.7), x, t)
+    with pytest.raises(NotImplementedError, match=REFUSED):
+        torch.autograd.functional.hvp(OPERATIONS["soft_rank"], x, t)
+    _, expected = jvp(lambda u: sot.soft_rank(u, 0.7), (x,), (t,))
+    jac = torch.autograd.functional.jacobian(lambda u: sot.soft_rank(u, 0.7), x)
+    torch.testing.assert_close(jac @ t, expected)

@@ -283,7 +283,9 @@ _SECOND_ORDER = (
     "softorder: second derivatives of softorder operations are not supported (the derivative "
     "of a gradient or of a forward-mode tangent: backward through a create_graph=True "
     "gradient, gradgradcheck, torch.func.grad of grad, hessian, jacfwd(jacrev(...)), jvp of "
-    "grad); first derivatives are exact, in reverse and forward mode"
+    "grad); first derivatives are exact, in reverse and forward mode (for forward mode use "
+    "torch.func.jvp or torch.autograd.forward_ad: torch.autograd.functional.jvp "
+    "differentiates a gradient)"
 )
 
 
