@@ -22,10 +22,13 @@ How it plugs into PyTorch:
   ``torch.compile(fullgraph=True)`` traces through them without graph breaks. The forward
   operator also returns the O(n) per-row residuals the gradients need (the sort order and a
   few arrays), so the backward never sorts again.
-- In eager mode an :class:`torch.autograd.Function` with ``backward`` and ``jvp`` routes to
-  these operators: reverse mode, forward mode (:func:`torch.func.jvp`,
-  :mod:`torch.autograd.forward_ad`) and :func:`torch.func.grad` / :func:`torch.func.vjp` all
-  work. Under ``torch.compile`` the forward operator's registered autograd formula is used
+- In eager mode an :class:`torch.autograd.Function` with ``backward`` and ``jvp`` calls the
+  rules directly, and routes to these operators only under torch.func transforms (whose
+  wrapped tensors reach NumPy only through the dispatcher): reverse mode, forward mode
+  (:func:`torch.func.jvp`, :mod:`torch.autograd.forward_ad`) and :func:`torch.func.grad` /
+  :func:`torch.func.vjp` all work. Plain eager calls never call a custom operator, which
+  imports ``torch._dynamo`` (seconds) on first use; nor does importing this module. Under
+  ``torch.compile`` the forward operator's registered autograd formula is used
   instead (dynamo cannot trace a custom ``jvp``), so compiled code has reverse mode only.
 - :func:`torch.func.vmap`: the vmapped dimension becomes one more leading batch dimension of
   a single call (the Function's ``vmap`` rule). Derivatives under ``vmap`` (``jacrev``,
