@@ -150,3 +150,19 @@ def test_float32_jacobian():
     got = jacrev(fn)(x)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, _jacobian_by_backward(fn, x))
+
+
+def test_vmap_of_jacobians_and_chunked_jacrev():
+    xs = torch.randn(3, 2, 5, generator=GEN, dtype=torch.float64)
+    for name in ("soft_topk", "topk_cross_entropy_mean"):
+        fn = OPERATIONS[name]
+
+        def f(u, fn=fn):
+            return fn(u.expand(3, 5))  # the operations' (3, 5) shape, from two rows
+
+        expected = torch.stack([_jacobian_by_backward(f, x[:1]) for x in xs])
+        torch.testing.assert_close(vmap(jacrev(f))(xs[:, :1]), expected)
+        torch.testing.assert_close(vmap(jacfwd(f))(xs[:, :1]), expected)
+    fn = OPERATIONS["soft_sort"]
+    x = _x()
+    torch.testing.assert_close(jacrev(fn, chunk_size=4)(x), _jacobian_by_backward(fn, x))
