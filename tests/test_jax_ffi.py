@@ -1,0 +1,233 @@
+"""The JAX bridge's FFI route (softorder.bridges._jax_ffi) against its callbacks and the NumPy API.
+
+On the CPU, ``soft_rank``, ``soft_topk`` and ``log_soft_topk`` with a concrete ``alpha`` and
+``k`` run as XLA FFI calls into numba C functions; everything else takes ``pure_callback``.
+Both routes call the same kernels on the same float64 rows, so their values and gradients
+must agree bit for bit (and with the NumPy API), under ``jit``, ``grad`` and ``vmap``.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import softorder  # noqa: E402
+import softorder.bridges.jax as soj  # noqa: E402
+from softorder.bridges import _jax_ffi  # noqa: E402
+
+pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="the FFI route is CPU only")
+
+CALLBACK = "xla_ffi_python_cpu_callback"
+
+#: (bridge function, NumPy function, extra positional arguments, keyword arguments)
+CASES = {
+    "rank": (soj.soft_rank, softorder.soft_rank, (), {}),
+    "rank descending": (soj.soft_rank, softorder.soft_rank, (), {"descending": True}),
+    "topk": (soj.soft_topk, softorder.soft_topk, (3,), {}),
+    "topk smallest": (soj.soft_topk, softorder.soft_topk, (2.5,), {"largest": False}),
+    "log topk": (soj.log_soft_topk, softorder.log_soft_topk, (4,), {}),
+}
+
+
+@pytest.fixture
+def callbacks(monkeypatch):
+    """Run a function through both routes: ``run(f) -> (FFI result, callback result)``."""
+
+    def run(f):
+        monkeypatch.setattr(soj, "_FFI_CALLS", "auto")
+        ffi = jax.tree.map(np.asarray, f())
+        monkeypatch.setattr(soj, "_FFI_CALLS", False)
+        callback = jax.tree.map(np.asarray, f())
+        monkeypatch.setattr(soj, "_FFI_CALLS", "auto")
+        return ffi, callback
+
+    return run
+
+
+def data(rng, shape, dtype=np.float32):
+    """Distinct values (no ties: then the routes agree bit for bit) and one NaN row."""
+    x = rng.permutation(np.prod(shape)).reshape(shape) * 0.37 - 5.0
+    x = (x + rng.uniform(-0.1, 0.1, shape)).astype(dtype)
+    x.reshape(-1, shape[-1])[1, 2] = np.nan
+    return x
+
+
+def equal(a, b):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b), strict=True)
+
+
+def lowered(f, *args) -> str:
+    return jax.jit(f).lower(*args).as_text()
+
+
+def test_routing_is_decided_at_trace_time(monkeypatch):
+    x = jnp.ones((2, 5))
+    text = lowered(jax.grad(lambda x: soj.soft_rank(x, 0.5).sum()), x)
+    assert "softorder_rank_fwd" in text and "softorder_rank_bwd" in text and CALLBACK not in text
+    assert "softorder_topk_fwd" in lowered(lambda x: soj.soft_topk(x, [1, 2], 0.5), x)
+    # traced alpha or k, several k per row, other operations: the callbacks
+    assert CALLBACK in lowered(lambda x, a: soj.soft_rank(x, a), x, 0.5)
+    assert CALLBACK in lowered(lambda x, k: soj.soft_topk(x, k), x, 2.0)
+    assert CALLBACK in lowered(lambda x: soj.soft_topk(x, [[1.0, 2.0]], 0.5), x)
+    assert CALLBACK in lowered(lambda x: soj.soft_sort(x, 0.5), x)
+    monkeypatch.setattr(soj, "_FFI_CALLS", False)
+    assert CALLBACK in lowered(lambda x: soj.soft_rank(x, 0.5), x)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_routes_and_numpy_api_agree_bitwise(case, dtype, rng, callbacks):
+    bridge, numpy_op, extra, kwargs = CASES[case]
+    x = data(rng, (4, 9), dtype)
+    w = rng.standard_normal((4, 9)).astype(dtype)
+    alpha = np.array([0.5, 0.25, 1.0, 2.0], dtype)[:, None]  # per row, keepdims; exact
+
+    with jax.enable_x64(dtype == np.float64):
+
+        def step():
+            def loss(x):
+                return jnp.sum(bridge(x, *extra, alpha, **kwargs) * w)
+
+            value = jax.jit(lambda x: bridge(x, *extra, alpha, **kwargs))(x)
+            return value, jax.jit(jax.grad(loss))(x)
+
+        ffi, callback = callbacks(step)
+    equal(ffi[0], callback[0])
+    equal(ffi[1], callback[1])
+    expected, pullback = softorder.vjp(numpy_op, x, *extra, alpha, **kwargs)
+    equal(ffi[0], expected)
+    equal(ffi[1], pullback(w)[0])
+    assert np.isnan(ffi[0][1]).all() and np.isnan(ffi[1][1]).all()  # the NaN row
+    assert np.isfinite(ffi[0][[0, 2, 3]]).all() and np.isfinite(ffi[1][[0, 2, 3]]).all()
+
+
+@pytest.mark.parametrize("case", ["rank", "topk smallest"])
+def test_vmap_axis_and_narrow_dtypes(case, rng, callbacks):
+    bridge, _, extra, kwargs = CASES[case]
+    x = data(rng, (3, 4, 7))
+
+    def vmapped():
+        row = jax.vmap(lambda r: bridge(r, *extra, 0.5, **kwargs))
+        g = jax.vmap(jax.grad(lambda r: jnp.sum(bridge(r, *extra, 0.5, **kwargs) ** 2)))
+        axis0 = jax.jit(lambda x: bridge(x, *extra, 0.5, axis=0, **kwargs))
+        half = bridge(jnp.asarray(x, jnp.float16), *extra, 0.5, **kwargs)
+        return row(x), jax.jit(g)(x), axis0(x), half
+
+    ffi, callback = callbacks(vmapped)
+    for a, b in zip(ffi, callback, strict=True):
+        equal(a, b)
+    assert ffi[3].dtype == np.float16
+    equal(
+        ffi[2], np.moveaxis(np.asarray(bridge(np.moveaxis(x, 0, -1), *extra, 0.5, **kwargs)), -1, 0)
+    )
+
+
+def test_vmap_is_one_call_with_the_batch_in_front():
+    x = jnp.ones((5, 3, 4))
+    text = lowered(jax.vmap(jax.grad(lambda r: soj.soft_rank(r, 0.5).sum())), x)
+    assert text.count("@softorder_rank_fwd(") == 1 and text.count("@softorder_rank_bwd(") == 1
+
+
+def test_ties_values_equal_gradients_close(rng):
+    """With ties only the order among equal elements differs (the handlers sort stably,
+    NumPy's argsort does not): values are bitwise the NumPy API's, gradients equal to
+    rounding.
+    """
+    x = np.round(rng.standard_normal((3, 40)), 1)
+    x[0, :5] = 0.0
+    x[0, 5] = -0.0
+    w = rng.standard_normal((3, 40))
+    with jax.enable_x64(True):
+        for bridge, numpy_op, extra, kwargs in CASES.values():
+            value = bridge(x, *extra, 0.5, **kwargs)
+
+            def loss(x, bridge=bridge, extra=extra, kwargs=kwargs):
+                return jnp.sum(bridge(x, *extra, 0.5, **kwargs) * w)
+
+            grad = jax.grad(loss)(x)
+            expected, pullback = softorder.vjp(numpy_op, x, *extra, 0.5, **kwargs)
+            equal(value, expected)
+            np.testing.assert_allclose(grad, pullback(w)[0], rtol=1e-12, atol=1e-12)
+
+
+def test_sort_rows_is_numpys_stable_argsort(rng):
+    specials = [0.0, -0.0, np.nan, -np.nan, np.inf, -np.inf, 1.0, -1.0, 5e-324, -5e-324]
+    for n in (1, 2, 31, 33, 300):
+        for values in (
+            rng.standard_normal((3, n)),
+            np.round(rng.standard_normal((3, n)), 1).astype(np.float32).astype(np.float64),
+            rng.choice(specials, size=(3, n)),
+        ):
+            order32 = np.empty(values.shape, np.int32)
+            xs, order = _jax_ffi.sort_rows(values, order32)
+            expected = np.argsort(values, axis=1, kind="stable")
+            equal(order, expected)
+            equal(order32, expected.astype(np.int32))
+            equal(xs, np.take_along_axis(values, expected, 1))
+
+
+def test_second_derivatives_refused():
+    x = jnp.array([0.3, -1.0, 2.0])
+    with pytest.raises(NotImplementedError, match="softorder"):
+        jax.hessian(lambda x: soj.soft_rank(x, 0.5).sum())(x)
+    with pytest.raises(NotImplementedError, match="softorder"):
+        jax.grad(lambda x: jax.grad(lambda x: soj.soft_topk(x, 1, 0.5)[0])(x).sum())(x)
+
+
+def test_bad_values_still_raise_at_trace_time():
+    with pytest.raises(ValueError, match="alpha"):
+        jax.jit(lambda x: soj.soft_rank(x, -1.0))(jnp.ones(3))
+    with pytest.raises(ValueError, match="k must lie"):
+        jax.jit(lambda x: soj.soft_topk(x, 3, 0.5))(jnp.ones(3))
+
+
+def _shard_child() -> None:  # runs in a child process with 2 host devices
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()), ("batch",))
+    rng = np.random.default_rng(0)
+    x_np = rng.normal(size=(8, 6)).astype(np.float32)
+    w_np = rng.normal(size=(8, 6)).astype(np.float32)
+    x = jax.device_put(x_np, NamedSharding(mesh, P("batch")))
+    w = jax.device_put(w_np, NamedSharding(mesh, P("batch")))
+
+    def local_loss(x, w):
+        return jnp.sum(soj.soft_topk(x, 2, 0.5) * w)
+
+    sharded = jax.shard_map(
+        jax.grad(local_loss), mesh=mesh, in_specs=(P("batch"), P("batch")), out_specs=P("batch")
+    )
+    step = jax.jit(sharded)
+    text = step.lower(x, w).compile().as_text()
+    grad = step(x, w)
+    _, pullback = softorder.vjp(softorder.soft_topk, x_np, 2, 0.5)
+    report = {
+        "ffi": "softorder_topk_bwd" in text,
+        "gather": "all-gather" in text,
+        "equal": bool(np.array_equal(np.asarray(grad), pullback(w_np)[0])),
+        "sharded": list(grad.sharding.spec),
+    }
+    print(json.dumps(report))
+
+
+def test_shard_map_runs_the_handlers_per_device():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    code = "import tests.test_jax_ffi as t; t._shard_child()"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report == {
+        "ffi": True,
+        "gather": False,
+        "equal": True,
+        "sharded": ["batch"],
+    }
