@@ -52,38 +52,78 @@ def lapsum():
     return True
 
 
+def protocol_stated(text):
+    """The tables open with the one-line protocol (grid, validation, seeds, test once)."""
+    first = text.splitlines()[0]
+    assert first.startswith("Protocol: each method's temperature chosen from {0.3, 1}")
+    assert "validation" in first and "test set" in first
+
+
 def test_topk_classification(tmp_path, lapsum):
-    rows = table_rows(run_example("topk_classification", tmp_path))
+    text = run_example("topk_classification", tmp_path)
+    protocol_stated(text)
+    rows = table_rows(text)
     from softorder import baselines
 
     assert set(methods_in(rows)) == set(baselines.METHODS)
     assert ("lapsum" in rows) == lapsum
-    for entries in rows.values():
+    for name, entries in rows.items():
         for numbers in entries:
-            top1, _sd, top5, ms = numbers[-4:]
+            top1, _sd1, top5, _sd5, ms = numbers[-5:]
             assert 0 <= top1 <= top5 <= 100 and ms > 0
+            if name != "softmax":
+                assert numbers[-6] in (0.3, 1.0)  # the chosen temperature, from the grid
     assert rows["softmax"][0][0] > 50  # even two epochs learn something
 
 
 def test_knn_digits(tmp_path, lapsum):
-    rows = table_rows(run_example("knn_digits", tmp_path))
+    text = run_example("knn_digits", tmp_path)
+    protocol_stated(text)
+    rows = table_rows(text)
     assert len(methods_in(rows)) == 6 and any("lapsum" in r for r in rows) == lapsum
-    for [numbers] in rows.values():
-        assert 0 <= numbers[0] <= 100
+    for name, [numbers] in rows.items():
+        if name.startswith("kNN + "):
+            temperature, accuracy, _sd, ms = numbers
+            assert temperature in (0.3, 1.0) and 0 <= accuracy <= 100 and ms > 0
     assert rows["kNN on pixels"][0][0] > 90
 
 
 def test_sort_digits(tmp_path, lapsum):
-    rows = table_rows(run_example("sort_digits", tmp_path))
+    text = run_example("sort_digits", tmp_path)
+    protocol_stated(text)
+    rows = table_rows(text)
     from softorder import baselines
 
     assert set(methods_in(rows)) == set(baselines.PERMUTATION_METHODS)
     assert ("lapsum" in rows) == lapsum
     for [numbers] in rows.values():
-        # n = 3 and n = 5: exact % (element %), then ms per step
-        exact3, element3, exact5, element5, ms = numbers
+        # temperature, then n = 3 and n = 5: exact % +- sd (element %), then ms per step
+        temperature, exact3, _, element3, exact5, _, element5, ms = numbers
+        assert temperature in (0.3, 1.0)
         assert 0 <= exact3 <= element3 <= 100 and 0 <= exact5 <= element5 <= 100 and ms > 0
         assert element3 > 100 / 3 - 15  # at least about chance level
+
+
+def without_times(text):
+    """The table with its last column (milliseconds, which vary run to run) blanked."""
+    return "\n".join(
+        line.rsplit("|", 2)[0] if line.startswith("|") else line for line in text.splitlines()
+    )
+
+
+def test_examples_reproduce_exactly(tmp_path):
+    """Two runs of the same configuration print the same table, times aside."""
+    command = [sys.executable, str(EXAMPLES / "knn_digits.py"), "--quick", "--out"]
+    runs = [
+        subprocess.Popen([*command, str(tmp_path / str(i))], stdout=subprocess.PIPE, text=True)
+        for i in range(2)
+    ]
+    outputs = [run.communicate(timeout=900)[0] for run in runs]
+    assert all(run.returncode == 0 for run in runs)
+    tables = [without_times((tmp_path / str(i) / "knn_digits.md").read_text()) for i in range(2)]
+    assert tables[0] == tables[1]
+    assert tables[0].strip() in without_times(outputs[0])
+    assert "kNN + neuralsort" in tables[0]
 
 
 def test_relaxation_cost(tmp_path, lapsum):

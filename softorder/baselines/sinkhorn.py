@@ -90,7 +90,7 @@ def _newton_columns(
     singular along the gauge ``v + const``, hence the pseudo-inverse). Each step tries the
     sizes 1, 1/2, 1/4, ... at once and keeps, per problem, the one with the smallest column
     error. Sinkhorn's fixed point, reached in a few steps where Sinkhorn needs thousands (near
-    hard plans contract by a factor close to 1 per iteration). In float64 throughout.
+    hard plans contract by a factor close to 1 per iteration).
     """
     dtype = v.dtype
     lk, lm, ln = log_kernel.double(), log_mu.double(), log_nu.double()
@@ -232,13 +232,21 @@ def _log_plan(
     grad: str,
     who: str,
 ) -> torch.Tensor:
-    """Log transport plan for ``exp(log_kernel)`` with marginals ``mu`` (rows), ``nu`` (columns)."""
+    """Log transport plan for ``exp(log_kernel)`` with marginals ``mu`` (rows), ``nu`` (columns).
+
+    Computed in float64 whatever the input's dtype: the marginal error is measured on
+    ``u + logsumexp(...)``, whose rounding error grows with the kernel's magnitude (hundreds
+    at small temperatures), so float32 would stall above a tolerance of 1e-5.
+    """
+    dtype = log_kernel.dtype
+    log_kernel, log_mu, log_nu = (t.to(torch.float64) for t in (log_kernel, log_mu, log_nu))
     if grad == "implicit":
-        return _ImplicitLogPlan.apply(log_kernel, log_mu, log_nu, n_iter, tol, who)
+        log_plan = _ImplicitLogPlan.apply(log_kernel, log_mu, log_nu, n_iter, tol, who)
+        return log_plan.to(dtype)
     u, v, _, error = sinkhorn_potentials(log_kernel, log_mu, log_nu, n_iter, tol)
     if error > tol:
         _warn_unconverged(who, n_iter, error, tol)
-    return u.unsqueeze(-1) + log_kernel + v.unsqueeze(-2)
+    return (u.unsqueeze(-1) + log_kernel + v.unsqueeze(-2)).to(dtype)
 
 
 def log_sinkhorn_sort(
@@ -284,13 +292,66 @@ def log_sinkhorn_sort(
     n = check_scores(x)
     check_temperature(temperature)
     _check_convergence_options(n_iter, tol, grad)
-    scores = -x if descending else x
-    scores = scores - scores.mean(-1, keepdim=True)
+    problem = _sort_problem(-x if descending else x, temperature)
+    log_plan = _log_plan(*problem, n_iter, tol, grad, "sinkhorn_sort")
+    return (log_plan + math.log(n)).transpose(-1, -2)
+
+
+def _sort_problem(x: torch.Tensor, temperature: Temperature) -> tuple[torch.Tensor, ...]:
+    """Sinkhorn sort's ``(log kernel, log mu, log nu)``, with the reduced cost."""
+    n = x.shape[-1]
+    scores = x - x.mean(-1, keepdim=True)
     anchors = torch.arange(n, dtype=x.dtype, device=x.device) - (n - 1) / 2
     log_kernel = 2 * scores.unsqueeze(-1) * anchors / temperature  # (..., element, rank)
     log_mass = torch.full_like(scores, -math.log(n))
-    log_plan = _log_plan(log_kernel, log_mass, log_mass, n_iter, tol, grad, "sinkhorn_sort")
-    return (log_plan + math.log(n)).transpose(-1, -2)
+    return log_kernel, log_mass, log_mass
+
+
+def _soft_problem(
+    x: torch.Tensor, k: torch.Tensor, temperature: Temperature
+) -> tuple[torch.Tensor, ...]:
+    """SOFT top-k's ``(log kernel, log mu, log nu)`` (largest), normalised cost."""
+    n = x.shape[-1]
+    log_mu = torch.full_like(x, -math.log(n))
+    log_nu = torch.stack((torch.log((n - k) / n), torch.log(k / n)), dim=-1)
+    return soft_topk_log_kernel(x, temperature), log_mu, log_nu
+
+
+def iterations_to_converge(
+    x: torch.Tensor,
+    temperature: float,
+    *,
+    k: float | None = None,
+    tol: float = DEFAULT_TOL,
+    n_iter: int = 100_000,
+    newton: bool = True,
+) -> tuple[int, float]:
+    """Iterations Sinkhorn sort (``k=None``) or SOFT top-k (``k``) takes on ``x`` to reach ``tol``.
+
+    Returns ``(iterations, marginal error reached)``: with ``newton`` as the default (implicit)
+    path runs, else plain Sinkhorn as in the papers. For the convergence costs in the docs.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from softorder.baselines.sinkhorn import iterations_to_converge
+    >>> x = torch.tensor([[0.0, 3.0, 1.0, 2.0]], dtype=torch.float64)
+    >>> plain, _ = iterations_to_converge(x, 0.05, k=2, newton=False)
+    >>> with_newton, _ = iterations_to_converge(x, 0.05, k=2)
+    >>> plain > with_newton
+    True
+    """
+    check_scores(x)
+    check_temperature(temperature)
+    _check_convergence_options(n_iter, tol, "implicit")
+    with torch.no_grad():
+        if k is None:
+            problem = _sort_problem(x, temperature)
+        else:
+            problem = _soft_problem(x, _k_tensor(k, x), temperature)
+        problem = tuple(t.to(torch.float64) for t in problem)
+        _, _, done, error = sinkhorn_potentials(*problem, n_iter, tol, newton=newton)
+    return done, error
 
 
 def sinkhorn_sort(
@@ -383,12 +444,9 @@ def _log_soft_topk_ot(
     grad: str,
 ) -> torch.Tensor:
     """Log SOFT memberships (largest) of ``x`` ``(..., n)`` for ``k`` of shape ``(...)``."""
-    n = x.shape[-1]
-    log_kernel = soft_topk_log_kernel(x, temperature)
-    log_mu = torch.full_like(x, -math.log(n))
-    log_nu = torch.stack((torch.log((n - k) / n), torch.log(k / n)), dim=-1)
-    log_plan = _log_plan(log_kernel, log_mu, log_nu, n_iter, tol, grad, "soft_topk_ot")
-    return log_plan[..., 1] + math.log(n)
+    problem = _soft_problem(x, k, temperature)
+    log_plan = _log_plan(*problem, n_iter, tol, grad, "soft_topk_ot")
+    return log_plan[..., 1] + math.log(x.shape[-1])
 
 
 def _k_tensor(k: float | torch.Tensor, x: torch.Tensor) -> torch.Tensor:
