@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import threading
 
 import numba
@@ -56,6 +57,8 @@ METADATA = 1  # XLA_FFI_Extension_Metadata
 
 _lock = threading.Lock()
 _registered: dict = {}
+_noted = [False]  # the first-compilation note was logged
+_log = logging.getLogger("softorder")
 
 
 njit = functools.partial(numba.njit, nogil=True, error_model="numpy", fastmath=False)
@@ -417,6 +420,14 @@ def _compile(name: str):
     )
     if cache_dir() is not None:
         handler._cache = _cache_classes()["serial"](fn)
+    context = handler._targetdescr.target_context
+    if not _noted[0] and handler._cache.load_overload(handler._sig, context) is None:
+        _noted[0] = True
+        _log.warning(
+            "softorder: compiling the JAX bridge's XLA FFI handlers on first use (seconds, "
+            "once: cached in %s); softorder.precompile(apis=['jax']) compiles them ahead",
+            cache_dir(),
+        )
     handler.compile()
     return handler
 
