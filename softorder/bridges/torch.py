@@ -27,7 +27,7 @@ How it plugs into PyTorch:
   wrapped tensors reach NumPy only through the dispatcher): reverse mode, forward mode
   (:func:`torch.func.jvp`, :mod:`torch.autograd.forward_ad`) and :func:`torch.func.grad` /
   :func:`torch.func.vjp` all work. Plain eager calls never call a custom operator, which
-  imports ``torch._dynamo`` (seconds) on first use; nor does importing this module. Under
+  imports PyTorch's dynamo compiler (seconds) on first use; nor does importing this module. Under
   ``torch.compile`` the forward operator's registered autograd formula is used
   instead (dynamo cannot trace a custom ``jvp``), so compiled code has reverse mode only.
 - :func:`torch.func.vmap`: the vmapped dimension becomes one more leading batch dimension of
@@ -66,6 +66,7 @@ from torch import Tensor, nn
 from softorder import core, operations
 from softorder._autodiff import Rule
 from softorder._layout import axes_after_leading
+from softorder.bridges import _torch_compat as compat
 
 __all__ = [
     "PermutationCrossEntropyLoss",
@@ -97,8 +98,6 @@ _OPERATIONS = {
 # core.set_parallel): next to PyTorch, the kernels run on the calling thread.
 core.set_parallel(False)
 
-_functorch = torch._C._functorch
-_is_functorch_wrapped = _functorch.is_functorch_wrapped_tensor
 #: arguments that choose what is computed; all others are data
 _SETTINGS = ("axis", "largest", "descending", "reduction", "split_top1")
 _COMPUTE_DTYPE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
@@ -111,17 +110,7 @@ _COMPUTE_DTYPE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 # alpha then reaches the rules' validation, which names the argument), -0.0 as -0.0.
 
 
-def _assume_constant_result(fn):
-    """:func:`torch.compiler.assume_constant_result` without its import of ``torch._dynamo``
-    (about 1.5-3 s, which is what ``import torch`` and every eager call otherwise avoid): the
-    decorator only sets this marker, which dynamo reads when it traces ``fn``. A test checks
-    that PyTorch's decorator still sets the same marker.
-    """
-    fn._dynamo_marked_constant = True
-    return fn
-
-
-@_assume_constant_result  # run, not traced, by torch.compile: a constant
+@compat.mark_constant  # run, not traced, by torch.compile: a constant
 def _encode(name: str, tensor_names: tuple, statics: tuple) -> str:
     return json.dumps([name, tensor_names, statics])
 
@@ -151,7 +140,7 @@ def _arguments(spec: str, tensors) -> tuple[Rule, tuple, dict]:
 
 
 def _is_real(t: Tensor) -> bool:
-    return not isinstance(t, torch._subclasses.FakeTensor) and t.device.type != "meta"
+    return not compat.is_fake(t)
 
 
 #: device types whose tensors the rules take as they are (softorder.bridges._torch_device);
@@ -166,7 +155,7 @@ def _as_array(t: Tensor, on_device: bool = True):
     that reach backward/jvp are wrapped once per transform level; a copy through a custom
     operator gives the plain values.
     """
-    if _is_functorch_wrapped(t):
+    if compat.is_wrapped(t):
         t = _plain_copy(t)  # the dispatcher unwraps every level on the way in
     if t.is_cpu:
         return t.detach().numpy()
@@ -360,10 +349,6 @@ def _has_tangent(t: Tensor) -> bool:
     return torch.autograd.forward_ad.unpack_dual(t).tangent is not None
 
 
-def _forward_ad_level():
-    return getattr(torch.autograd.forward_ad, "_current_level", -1) if False else None
-
-
 @functools.lru_cache(maxsize=256)
 def _positions(rule: Rule, names: tuple) -> tuple:
     """``(i, j)`` for each tensor argument ``names[i]`` that is ``rule.differentiable[j]``."""
@@ -416,11 +401,6 @@ def _backward_compiled(ctx, grads):
 _forward_op.register_autograd(_backward_compiled, setup_context=_setup_compiled)
 
 
-_unwrap_dead_wrappers = getattr(
-    getattr(torch._functorch, "utils", None), "unwrap_dead_wrappers", lambda args: args
-)
-
-
 class _Call:
     """One eager call: the rule, the call's constant spec, and (after the forward pass) the
     rule's context, which holds the residuals; the backward and the forward-mode pass use it
@@ -463,7 +443,7 @@ class _Call:
 def _wrapped(*tensors) -> bool:
     """Whether any tensor is wrapped by a torch.func transform."""
     for t in tensors:
-        if t is not None and _is_functorch_wrapped(t):
+        if t is not None and compat.is_wrapped(t):
             return True
     return False
 
@@ -566,21 +546,8 @@ def _(info, in_dims, spec, tensors, residuals, tangent_names, tangents, like):
     return batched.reduce(out), 0
 
 
-class _Operation(torch.autograd.Function):
+class _Operation(compat.FastApplyFunction):
     """Eager autograd for one call: reverse mode and forward mode."""
-
-    @classmethod
-    def apply(cls, *args):
-        # Function.apply binds the arguments to forward's signature with inspect on every
-        # call (about 20 us, a third of the bridge's fixed cost); the arguments here are
-        # always positional, so outside functorch transforms go straight to the C apply.
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)
-        for t in args[1:]:
-            if _is_functorch_wrapped(t):  # a transform's leftover output
-                args = _unwrap_dead_wrappers(args)
-                break
-        return super(torch.autograd.Function, cls).apply(*args)
 
     @staticmethod
     def forward(call: _Call, *tensors: Tensor) -> Tensor:

@@ -1,0 +1,139 @@
+"""Every private PyTorch API the PyTorch bridge uses, in one place.
+
+:mod:`softorder.bridges.torch` uses only public PyTorch APIs (``torch.library.custom_op``,
+``torch.autograd.Function``, ``torch.func``, ``torch.compiler``) besides the entry points
+here. Each says what it is for, and what happens when a PyTorch release no longer has the
+private API: a slower public path where there is one, a clear error naming softorder where
+there is none. All were checked with torch 2.13.0 (the version CI pins); ``pyproject.toml``
+declares ``torch>=2.4``, and ``tests/test_torch_compat.py`` checks every entry point against
+the installed torch.
+
+Importing this module imports nothing beyond ``torch`` itself (in particular not
+``torch._dynamo``, which costs seconds).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+__all__ = [
+    "TORCH_VERSION",
+    "FastApplyFunction",
+    "is_fake",
+    "is_wrapped",
+    "mark_constant",
+    "transforms_active",
+    "unwrap_dead_wrappers",
+]
+
+TORCH_VERSION = torch.__version__
+
+
+def _private(module: str, name: str):
+    """``module.name`` from torch, or ``None`` when this torch lacks it."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+
+def _missing(what: str) -> str:
+    return (
+        f"softorder's PyTorch bridge needs {what}, which torch {TORCH_VERSION} does not "
+        "have (checked with torch 2.13.0); please report this with your torch version"
+    )
+
+
+#: ``is_wrapped(t)``: whether tensor ``t`` is wrapped by a torch.func transform (``grad``,
+#: ``vjp``, ``jvp``, ``vmap``, ``jacrev``...). Such tensors have no storage, so the bridge
+#: reaches their values only through a custom operator (the dispatcher unwraps every level on
+#: the way in). ``torch._C._functorch.is_functorch_wrapped_tensor`` (a builtin, used as it is:
+#: it runs on every backward); there is no public equivalent, so without it the bridge refuses
+#: to import.
+is_wrapped = _private("torch._C._functorch", "is_functorch_wrapped_tensor")
+if is_wrapped is None:  # pragma: no cover - depends on the torch release
+    raise ImportError(_missing("torch._C._functorch.is_functorch_wrapped_tensor"))
+
+
+_transforms_active = _private("torch._C", "_are_functorch_transforms_active")
+
+
+def transforms_active() -> bool:
+    """Whether a torch.func transform is running (``torch._C._are_functorch_transforms_active``).
+
+    :class:`FastApplyFunction` takes its shortcut only outside transforms. Without the private
+    API this answers ``True``: every call then takes :meth:`torch.autograd.Function.apply`
+    (correct, about 20 us slower per call).
+    """
+    return True if _transforms_active is None else _transforms_active()
+
+
+_unwrap_dead_wrappers = _private("torch._functorch.utils", "unwrap_dead_wrappers")
+
+
+def unwrap_dead_wrappers(args: tuple) -> tuple | None:
+    """``args`` with the wrappers of finished torch.func transforms removed (what
+    :meth:`torch.autograd.Function.apply` does to the outputs of a transform reused outside
+    it), from ``torch._functorch.utils.unwrap_dead_wrappers``; ``None`` when this torch lacks
+    it (the caller then uses ``Function.apply``, which unwraps them itself).
+    """
+    return None if _unwrap_dead_wrappers is None else _unwrap_dead_wrappers(args)
+
+
+_FakeTensor = _private("torch._subclasses", "FakeTensor")
+
+
+def is_fake(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a fake tensor (shapes and dtypes without data: torch.compile's
+    tracing, a custom operator's fake implementation), which the bridge passes to the rules
+    for shapes only: ``isinstance(t, torch._subclasses.FakeTensor)``, or, without that class,
+    a class named ``FakeTensor`` among ``t``'s classes. Meta tensors count as fake.
+    """
+    if t.device.type == "meta":
+        return True
+    if _FakeTensor is not None:
+        return isinstance(t, _FakeTensor)
+    return any(c.__name__ == "FakeTensor" for c in type(t).__mro__)  # pragma: no cover
+
+
+#: The attribute :func:`torch.compiler.assume_constant_result` sets (torch 2.4-2.13).
+CONSTANT_MARKER = "_dynamo_marked_constant"
+
+
+def mark_constant(fn):
+    """:func:`torch.compiler.assume_constant_result` without its import of ``torch._dynamo``
+    (1.5-3 s, which ``import torch``, importing the bridge and every eager call avoid): that
+    decorator only sets :data:`CONSTANT_MARKER`, which dynamo reads when it traces ``fn``, so
+    that torch.compile runs ``fn`` instead of tracing it. ``tests/test_torch_compat.py`` checks
+    that PyTorch's decorator still sets the same marker (and the ``fullgraph=True`` tests
+    would break if dynamo stopped reading it).
+    """
+    setattr(fn, CONSTANT_MARKER, True)
+    return fn
+
+
+class FastApplyFunction(torch.autograd.Function):
+    """A :class:`torch.autograd.Function` whose ``apply`` skips the per-call argument binding.
+
+    :meth:`torch.autograd.Function.apply` binds the arguments to ``forward``'s signature with
+    :mod:`inspect` on every call (about 20 us, a third of the bridge's fixed cost). Subclasses
+    are always called with positional arguments and no defaults, so outside torch.func
+    transforms (:func:`transforms_active`) this goes straight to the C implementation
+    (``torch._C._FunctionBase.apply``), which is what ``Function.apply`` ends up calling. Under
+    transforms, or when a private API is missing, it is ``Function.apply`` unchanged.
+    """
+
+    @classmethod
+    def apply(cls, *args):
+        if transforms_active():
+            return super().apply(*args)
+        for t in args:
+            if isinstance(t, torch.Tensor) and is_wrapped(t):  # a transform's leftover output
+                unwrapped = unwrap_dead_wrappers(args)
+                if unwrapped is None:  # pragma: no cover - depends on the torch release
+                    return super().apply(*args)
+                args = unwrapped
+                break
+        return super(torch.autograd.Function, cls).apply(*args)
