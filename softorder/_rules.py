@@ -243,6 +243,13 @@ def _same_row(ctx: Context, row: np.ndarray) -> np.ndarray:
     return ctx.backend.tile_rows(row, ctx.rows.rows)
 
 
+def _signed(ctx: Context, a):
+    """``sign * a`` of the sorted variable ``r = sign * x``: ``a`` itself for ascending rows
+    (the kernels only read it; a copy was one more array of n per call).
+    """
+    return a if ctx.rows.sign > 0 else ctx.backend.scale(a, ctx.rows.sign)
+
+
 class SortRule(InverseRule):
     differentiable = ("x", "alpha")
 
@@ -266,18 +273,18 @@ class SortRule(InverseRule):
         w += 0.5
         w = _same_row(ctx, w)
         out = self._forward_targets(ctx, w, self._target_order(ctx))
-        return rows.to_user(ctx.backend.scale(out, rows.sign), "row")
+        return rows.to_user(_signed(ctx, out), "row")
 
     def vjp(self, ctx, cotangent):
         rows = ctx.rows
-        u = ctx.backend.scale(rows.to_core(cotangent, "row", (rows.n,), "cotangent"), rows.sign)
+        u = _signed(ctx, rows.to_core(cotangent, "row", (rows.n,), "cotangent"))
         x_bar, _, alpha_bar = self._pullback(ctx, u)
         return rows.grad_to_user(x_bar), ctx.alpha_grad(alpha_bar)
 
     def jvp(self, ctx, tangents):
         rows = ctx.rows
         out = self._pushforward(ctx, tangents, ctx.zeros(rows.xs.shape))
-        return rows.to_user(ctx.backend.scale(out, rows.sign), "row")
+        return rows.to_user(_signed(ctx, out), "row")
 
 
 class QuantileRule(InverseRule):

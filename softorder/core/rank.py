@@ -21,6 +21,8 @@ from softorder.core.lapsum import prefix_sums
 from softorder.core.rows import gather_finite, has_nan, scatter, scatter_finite
 
 FORWARD_WORK = 2
+#: rows of scratch the rules allocate for the gradients: the GPU twins use three; the CPU
+#: kernels keep one intermediate in the output row and leave the third untouched
 LINEAR_WORK = 3
 
 
@@ -63,8 +65,8 @@ def _rank_linear(r, order, alpha, E, v, alpha_v, out, work):
     inv_alpha = 1.0 / alpha
     scale = 0.5 * inv_alpha
     vs = work[0]  # v in sorted order, then the result in sorted order
-    partial = work[1]  # v_i A_i - sum_{j <= i} v_j e_ij
-    left_moment = work[2]  # Ad_i
+    partial = out  # v_i A_i - sum_{j <= i} v_j e_ij (out is written only by the last scatter)
+    left_moment = work[1]  # Ad_i
     gather_finite(r, order, v, vs)
     a = 1.0
     ad = 0.0

@@ -23,6 +23,8 @@ from softorder.core.lapsum import (
 )
 from softorder.core.rows import gather_finite, has_nan, scatter_finite
 
+#: rows of scratch the rules allocate: the GPU twins use all of them; the CPU kernels keep the
+#: gradient in the row of ``S`` and leave the last row untouched (no resident pages)
 VJP_WORK = JVP_WORK = TABLES_WITH_MOMENTS + 1
 
 
@@ -42,7 +44,7 @@ def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha
             continue
         a = alpha[row]
         tables = row_tables(r, 1.0 / a, True, work[row])
-        rbar = work[row, TABLES_WITH_MOMENTS, :n]
+        rbar = work[row, 3, :n]  # S: the gradients do not read it (row 6 stays untouched)
         rbar[:] = 0.0
         alpha_bar[row] = inverse_pullback(
             r,
@@ -76,7 +78,7 @@ def inverse_jvp(
             continue
         a = alpha[row]
         tables = row_tables(r, 1.0 / a, True, work[row])
-        rdot = work[row, TABLES_WITH_MOMENTS, :n]
+        rdot = work[row, 3, :n]  # S: the gradients do not read it (row 6 stays untouched)
         gather_finite(r, order[row], x_dot[row], rdot)
         inverse_pushforward(
             r,

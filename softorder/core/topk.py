@@ -27,13 +27,16 @@ from softorder.core.lapsum import (
 )
 from softorder.core.rows import gather, gather_finite, has_nan, scatter, scatter_finite
 
-#: the tables, then one row of sorted-order output (scattered to the caller's order at once:
-#: a random-order write per element inside the loop was a cache miss each at n = 1e6)
-FORWARD_WORK = TABLES + 1
-#: the tables with moments, :func:`gradient_scratch`, then the tangent result in sorted order
-GRADIENT_WORK = TABLES_WITH_MOMENTS + 6
-#: the tables with moments, then omega, the gradient and the cotangent in sorted order
-VJP_WORK = TABLES_WITH_MOMENTS + 3
+#: the tables; the forward then writes each target's row in sorted order into ``E`` (spent once
+#: the targets are solved) and scatters it at once: a random-order write per element inside
+#: the loop was a cache miss each at n = 1e6
+FORWARD_WORK = TABLES
+#: the tables with moments and :func:`gradient_scratch` (the tangent in sorted order goes to
+#: the spent ``E``)
+GRADIENT_WORK = TABLES_WITH_MOMENTS + 5
+#: the tables with moments and the gradient; omega and the cotangent in sorted order go to the
+#: rows ``E`` and ``S``, which the gradients do not read
+VJP_WORK = TABLES_WITH_MOMENTS + 1
 
 
 @helper
@@ -60,7 +63,7 @@ def topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work):
         inv_alpha = 1.0 / alpha[row]
         E, A, B, Ad, Bd, S = row_tables(r, inv_alpha, False, work[row])
         solve_targets(r, inv_alpha, E, A, B, S, w[row], worder[row], anchor[row], offset[row])
-        sorted_out = work[row, TABLES, :n]
+        sorted_out = work[row, 0, :n]  # E: spent once the targets are solved
         for j in range(m):
             ra = r[anchor[row, j]]
             t = offset[row, j]
@@ -141,9 +144,9 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
         a = alpha[row]
         inv_alpha = 1.0 / a
         E, A, B, Ad, Bd, S = row_tables(r, inv_alpha, True, work[row])
-        omega = work[row, TABLES_WITH_MOMENTS, :n]
-        rbar = work[row, TABLES_WITH_MOMENTS + 1, :n]
-        vs = work[row, TABLES_WITH_MOMENTS + 2, :n]
+        omega = work[row, 0, :n]  # E and S: the gradients do not read them
+        vs = work[row, 3, :n]
+        rbar = work[row, TABLES_WITH_MOMENTS, :n]
         rbar[:] = 0.0
         abar = 0.0
         for j in range(m):
@@ -194,7 +197,7 @@ def topk_jvp(xs, order, alpha, anchor, offset, log, x_dot, w_dot, alpha_dot, out
         tables = row_tables(r, 1.0 / a, True, work[row])
         z, kappa, omega, kappa_k, rdot = gradient_scratch(work[row], n)
         gather_finite(r, order[row], x_dot[row], rdot)
-        sorted_out = work[row, GRADIENT_WORK - 1, :n]
+        sorted_out = work[row, 0, :n]  # E: the gradients do not read it
         for j in range(m):
             zg, common = target_terms(
                 r, a, tables, anchor[row, j], offset[row, j], log, z, kappa, omega, kappa_k
