@@ -65,6 +65,7 @@ from torch import Tensor, nn
 
 from softorder import core, operations
 from softorder._autodiff import Rule
+from softorder._docs import Dialect, documented
 from softorder._layout import axes_after_leading
 from softorder.bridges import _torch_compat as compat
 
@@ -727,31 +728,40 @@ def _static(value, name: str):
     raise TypeError(f"{name} must be a real number, a sequence of them or a tensor; got {value!r}")
 
 
+_TORCH = Dialect(
+    names={"axis": "dim"},
+    words=(
+        (r"``axis``", "``dim``"),
+        (r"\ban axis\b", "a dimension"),
+        (r"\bAxis\b", "Dimension"),
+        (r"\baxis\b", "dimension"),
+        (r"\baxes\b", "dimensions"),
+        (r"\ban array\b", "a tensor"),
+        (r"\barray\b", "tensor"),
+        (r"\bndarray\b", "Tensor"),
+    ),
+    types=(
+        (r"float or array_like", "float, sequence or Tensor"),
+        (r"\barray_like\b", "Tensor"),
+        (r"\bndarray\b", "Tensor"),
+    ),
+    kinds={"p_k": "sequence or Tensor"},
+    about="The PyTorch version of :func:`softorder.{name}`: the same kernels and values.",
+    note=(
+        "PyTorch: the input must be a floating-point tensor (float16 and bfloat16 are computed "
+        "in float32) on the CPU or, with ``numba-cuda``, a CUDA device; the result has its "
+        "dtype and device. Differentiable in {differentiable} (when tensors that require "
+        "grad): reverse and forward mode, :mod:`torch.func` transforms, and reverse mode "
+        "under :func:`torch.compile`. Second derivatives raise ``NotImplementedError``."
+    ),
+)
+
+
+@documented(operations.soft_topk, _TORCH)
 def soft_topk(
     x: Tensor, k: float | Tensor, alpha: float | Tensor = 1.0, *, dim: int = -1, largest=True
 ) -> Tensor:
-    """Soft top-k memberships along ``dim``: :func:`softorder.soft_topk` for tensors.
-
-    Parameters
-    ----------
-    x : Tensor
-        Scores, floating point, any shape.
-    k : float or Tensor
-        How many to select, in (0, n); a tensor broadcastable to the batch shape for one k per
-        row, or with one extra trailing axis for several k per row (the result then gets a k
-        axis just before ``dim``). Differentiable when it is a tensor that requires grad.
-    alpha : float or Tensor
-        Positive scale in the units of ``x``; a tensor (0-d, or one per row) may require grad.
-    dim : int
-        Dimension to select along.
-    largest : bool
-        Select the largest (default) or the smallest.
-
-    Returns
-    -------
-    Tensor
-        Memberships in (0, 1) summing to k along ``dim``; ``x``'s dtype and device.
-
+    """
     Examples
     --------
     >>> import torch, softorder.bridges.torch as sot
@@ -762,21 +772,11 @@ def soft_topk(
     return _run(operations.soft_topk, "x", x=x, k=k, alpha=alpha, axis=dim, largest=largest)
 
 
+@documented(operations.log_soft_topk, _TORCH)
 def log_soft_topk(
     x: Tensor, k: float | Tensor, alpha: float | Tensor = 1.0, *, dim: int = -1, largest=True
 ) -> Tensor:
-    """Logarithm of :func:`soft_topk`, without underflow: :func:`softorder.log_soft_topk`.
-
-    Parameters
-    ----------
-    x, k, alpha, dim, largest
-        As for :func:`soft_topk`.
-
-    Returns
-    -------
-    Tensor
-        Log-memberships.
-
+    """
     Examples
     --------
     >>> import torch, softorder.bridges.torch as sot
@@ -786,27 +786,11 @@ def log_soft_topk(
     return _run(operations.log_soft_topk, "x", x=x, k=k, alpha=alpha, axis=dim, largest=largest)
 
 
+@documented(operations.soft_rank, _TORCH)
 def soft_rank(
     x: Tensor, alpha: float | Tensor = 1.0, *, dim: int = -1, descending: bool = False
 ) -> Tensor:
-    """Soft ranks along ``dim``, 1-based: :func:`softorder.soft_rank` for tensors.
-
-    Parameters
-    ----------
-    x : Tensor
-        Values, floating point, any shape.
-    alpha : float or Tensor
-        Positive scale in the units of ``x``; a tensor (0-d, or one per row) may require grad.
-    dim : int
-        Dimension to rank along.
-    descending : bool
-        Rank 1 for the largest value.
-
-    Returns
-    -------
-    Tensor
-        Ranks in (1/2, n + 1/2), shaped like ``x``.
-
+    """
     Examples
     --------
     >>> import torch, softorder.bridges.torch as sot
@@ -816,27 +800,11 @@ def soft_rank(
     return _run(operations.soft_rank, "x", x=x, alpha=alpha, axis=dim, descending=descending)
 
 
+@documented(operations.soft_sort, _TORCH)
 def soft_sort(
     x: Tensor, alpha: float | Tensor = 1.0, *, dim: int = -1, descending: bool = False
 ) -> Tensor:
-    """Soft sort along ``dim``: :func:`softorder.soft_sort` for tensors.
-
-    Parameters
-    ----------
-    x : Tensor
-        Values, floating point, any shape.
-    alpha : float or Tensor
-        Positive scale in the units of ``x``; a tensor (0-d, or one per row) may require grad.
-    dim : int
-        Dimension to sort along.
-    descending : bool
-        Largest first.
-
-    Returns
-    -------
-    Tensor
-        Soft-sorted values, shaped like ``x``.
-
+    """
     Examples
     --------
     >>> import torch, softorder.bridges.torch as sot
@@ -846,28 +814,11 @@ def soft_sort(
     return _run(operations.soft_sort, "x", x=x, alpha=alpha, axis=dim, descending=descending)
 
 
+@documented(operations.soft_quantile, _TORCH)
 def soft_quantile(
     x: Tensor, q: float | Tensor, alpha: float | Tensor = 1.0, *, dim: int = -1
 ) -> Tensor:
-    """Soft quantiles along ``dim`` (which is removed): :func:`softorder.soft_quantile`.
-
-    Parameters
-    ----------
-    x : Tensor
-        Values, floating point, any shape.
-    q : float or Tensor
-        Probabilities in (0, 1); one per row, or several per row with a trailing axis (it then
-        replaces ``dim``). Differentiable when a tensor that requires grad.
-    alpha : float or Tensor
-        Positive scale in the units of ``x``; a tensor (0-d, or one per row) may require grad.
-    dim : int
-        Dimension to take quantiles along.
-
-    Returns
-    -------
-    Tensor
-        Quantiles.
-
+    """
     Examples
     --------
     >>> import torch, softorder.bridges.torch as sot
@@ -878,27 +829,11 @@ def soft_quantile(
     return _run(operations.soft_quantile, "x", x=x, q=q, alpha=alpha, axis=dim)
 
 
+@documented(operations.soft_permutation, _TORCH)
 def soft_permutation(
     x: Tensor, alpha: float | Tensor = 1.0, *, dim: int = -1, descending: bool = False
 ) -> Tensor:
-    """Soft permutation matrices: :func:`softorder.soft_permutation` for tensors.
-
-    Parameters
-    ----------
-    x : Tensor
-        Values, floating point, any shape.
-    alpha : float or Tensor
-        Positive scale in the units of ``x``; a tensor (0-d, or one per row) may require grad.
-    dim : int
-        Dimension to sort along; the result has shape ``batch + (n, n)``.
-    descending : bool
-        Rows of P from the largest element to the smallest.
-
-    Returns
-    -------
-    Tensor
-        Doubly stochastic ``P`` with ``P @ x`` the soft-sorted ``x``.
-
+    """
     Examples
     --------
     >>> import torch, softorder.bridges.torch as sot
@@ -910,6 +845,7 @@ def soft_permutation(
     return _run(operations.soft_permutation, "x", x=x, alpha=alpha, axis=dim, descending=descending)
 
 
+@documented(operations.topk_cross_entropy, _TORCH)
 def topk_cross_entropy(
     logits: Tensor,
     labels: Tensor,
@@ -919,28 +855,7 @@ def topk_cross_entropy(
     reduction: str = "mean",
     split_top1: bool = False,
 ) -> Tensor:
-    """Top-k cross-entropy on LapSum memberships: :func:`softorder.topk_cross_entropy`.
-
-    Parameters
-    ----------
-    logits : Tensor
-        Scores of shape ``(..., C)``.
-    labels : Tensor
-        Integer classes in ``[0, C)``, shape ``(...)``.
-    p_k : sequence or Tensor
-        ``P_K(k)`` for k = 1..K (K < C), summing to 1.
-    alpha : float or Tensor
-        Positive scale in the units of the logits; a tensor may require grad.
-    reduction : {"mean", "sum", "none"}
-        How to combine the per-sample losses.
-    split_top1 : bool
-        Softmax cross-entropy for the k = 1 share (eq. 4 of Petersen et al. 2022).
-
-    Returns
-    -------
-    Tensor
-        The loss.
-
+    """
     Examples
     --------
     >>> import torch, softorder.bridges.torch as sot
@@ -962,6 +877,7 @@ def topk_cross_entropy(
     )
 
 
+@documented(operations.permutation_cross_entropy, _TORCH)
 def permutation_cross_entropy(
     x: Tensor,
     target_ranks: Tensor,
@@ -970,27 +886,7 @@ def permutation_cross_entropy(
     reduction: str = "mean",
     descending: bool = False,
 ) -> Tensor:
-    """Permutation cross-entropy without the n x n matrix: see
-    :func:`softorder.permutation_cross_entropy`.
-
-    Parameters
-    ----------
-    x : Tensor
-        Scores of shape ``(..., n)``.
-    target_ranks : Tensor
-        The true 1-based rank of each element, integer, same shape as ``x``.
-    alpha : float or Tensor
-        Positive scale in the units of ``x``; a tensor may require grad.
-    reduction : {"mean", "sum", "none"}
-        How to combine the per-row losses.
-    descending : bool
-        Rank 1 is the largest score.
-
-    Returns
-    -------
-    Tensor
-        The loss.
-
+    """
     Examples
     --------
     >>> import torch, softorder.bridges.torch as sot
@@ -1011,6 +907,7 @@ def permutation_cross_entropy(
     )
 
 
+@documented(operations.topk_cross_entropy, _TORCH, drop=("Returns", "Raises", "Notes"))
 class TopKCrossEntropyLoss(nn.Module):
     """Top-k cross-entropy as a module (Petersen et al. 2022, eqs. 2 and 4).
 
@@ -1020,10 +917,6 @@ class TopKCrossEntropyLoss(nn.Module):
         ``P_K(k)`` for k = 1..K, summing to 1, e.g. ``[0, 0, 0, 0, 1]`` for top-5.
     alpha : float or Tensor
         LapSum scale; pass an :class:`torch.nn.Parameter` to learn it.
-    reduction : {"mean", "sum", "none"}
-        How to combine the per-sample losses.
-    split_top1 : bool
-        Softmax cross-entropy for the k = 1 share (eq. 4).
     method : str
         ``"lapsum"`` (this library's kernels), or one of ``softorder.baselines.METHODS`` to
         compute the same loss with another relaxation for comparison.
@@ -1095,6 +988,7 @@ class TopKCrossEntropyLoss(nn.Module):
         )
 
 
+@documented(operations.permutation_cross_entropy, _TORCH, drop=("Returns", "Raises", "Notes"))
 class PermutationCrossEntropyLoss(nn.Module):
     """Permutation cross-entropy as a module: see :func:`permutation_cross_entropy`.
 
@@ -1102,10 +996,6 @@ class PermutationCrossEntropyLoss(nn.Module):
     ----------
     alpha : float or Tensor
         LapSum scale; pass an :class:`torch.nn.Parameter` to learn it.
-    reduction : {"mean", "sum", "none"}
-        How to combine the per-row losses.
-    descending : bool
-        Rank 1 is the largest score.
 
     Examples
     --------
