@@ -31,6 +31,15 @@ class SoftTopk(_TopK, _SoftorderRow):
     op = "soft_topk"
 
 
+class SoftTopkK5(_SoftorderRow):
+    """``softorder.soft_topk`` of one row with k = 5 (a fixed k: O(n) output work)."""
+
+    op = "soft_topk"
+
+    def extra_args(self, n):
+        return (min(5, n - 1),)
+
+
 class LogSoftTopk(_TopK, _SoftorderRow):
     """``softorder.log_soft_topk`` of one row."""
 
