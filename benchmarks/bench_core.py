@@ -13,8 +13,10 @@ operation of the targets table on one float64 row of seeded standard normal data
 (n = 1e4, 1e5, 1e6) and on a 256 x 1000 float32 batch (rows along the last axis), alpha =
 0.1, each divided by the time of ``np.argsort`` of the same data. Each time is the best (min)
 of R interleaved repeats (10 R at n <= 1e4, min(R, 3) at n = 1e6): machine noise hits the
-calls of one size alike, so the ratios stay meaningful on a busy machine. Every callable is
-called once first (numba compiles or loads its kernels).
+calls of one size alike. The clock is the calling thread's CPU time by default
+(``--clock cpu``; with one thread every kernel runs on it), so that other processes on a busy
+machine do not count; ``--clock wall`` uses ``time.perf_counter``. Every callable is called
+once first (numba compiles or loads its kernels).
 
 Memory: extra peak resident memory of one forward + VJP at n = 1e6, divided by the input's
 bytes, float32 and float64, each operation in a fresh subprocess: the peak (``VmHWM`` after
@@ -38,12 +40,12 @@ import os
 import platform
 import subprocess
 import sys
+import time
 
 import numba
 import numpy as np
 
 import softorder
-from softorder._timing import best_times
 
 ALPHA = 0.1
 SIZES = (10**4, 10**5, 10**6)
@@ -92,6 +94,21 @@ def forward_vjp(label, x, rng):
         return pullback(cotangent)
 
     return run
+
+
+def best_times(calls, repeats, clock):
+    """Best (min) time in seconds of each callable over ``repeats`` interleaved rounds, by
+    ``clock`` (each callable runs once first: numba compiles or loads its kernels).
+    """
+    for call in calls:
+        call()
+    best = [float("inf")] * len(calls)
+    for _ in range(repeats):
+        for j, call in enumerate(calls):
+            start = clock()
+            call()
+            best[j] = min(best[j], clock() - start)
+    return best
 
 
 def repeats_for(n, repeats):
@@ -155,6 +172,13 @@ def parse_args(argv):
     )
     parser.add_argument("--no-memory", action="store_true", help="skip the memory table")
     parser.add_argument("--threads", type=int, default=1, help="numba threads (default 1)")
+    parser.add_argument(
+        "--clock",
+        choices=("cpu", "wall"),
+        default="cpu",
+        help="cpu: the calling thread's CPU time (default; with one thread every kernel runs "
+        "on it, and other processes on a busy machine do not count); wall: perf_counter",
+    )
     parser.add_argument("--memory-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.repeats < 1:
@@ -168,6 +192,9 @@ def main(argv=None):
         label, dtype, n = args.memory_child
         print(json.dumps(memory_child(label, dtype, int(n))))
         return 0
+    if args.clock == "cpu" and args.threads > 1:
+        sys.exit("--clock cpu measures the calling thread only: use --clock wall with --threads")
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
     previous_parallel = softorder.core.set_parallel(args.threads > 1)
     sizes = [n for n in SIZES if n <= args.max_n]
@@ -181,7 +208,7 @@ def main(argv=None):
     )
     print(
         f"alpha = {ALPHA}; fwd+VJP = softorder.vjp + pullback; best of {args.repeats} "
-        "interleaved repeats (x10 at n = 1e4, at most 3 at n = 1e6)\n"
+        f"interleaved repeats (x10 at n = 1e4, at most 3 at n = 1e6), {args.clock} clock\n"
     )
 
     cases = [(f"{n:.0e}", rng.standard_normal(n), repeats_for(n, args.repeats)) for n in sizes]
@@ -191,7 +218,7 @@ def main(argv=None):
     argsort_ms = {}
     for size, x, repeats in cases:
         calls = [forward_vjp(label, x, rng) for label, _, _ in OPERATIONS]
-        times = best_times([lambda x=x: np.argsort(x, axis=-1)] + calls, repeats)
+        times = best_times([lambda x=x: np.argsort(x, axis=-1)] + calls, repeats, clock)
         argsort_ms[size] = times[0] * 1e3
         for (label, _, _), t in zip(OPERATIONS, times[1:], strict=True):
             ratios[label, size] = t / times[0]
