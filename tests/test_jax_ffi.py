@@ -69,8 +69,8 @@ def lowered(f, *args) -> str:
 def test_routing_is_decided_at_trace_time(monkeypatch):
     x = jnp.ones((2, 5))
     text = lowered(jax.grad(lambda x: soj.soft_rank(x, 0.5).sum()), x)
-    assert "softorder_rank_fwd" in text and "softorder_rank_bwd" in text and CALLBACK not in text
-    assert "softorder_topk_fwd" in lowered(lambda x: soj.soft_topk(x, [1, 2], 0.5), x)
+    assert text.count("@softorder_rank(") == 2 and CALLBACK not in text  # forward, backward
+    assert "@softorder_topk(" in lowered(lambda x: soj.soft_topk(x, [1, 2], 0.5), x)
     # traced alpha or k, several k per row, other operations: the callbacks
     assert CALLBACK in lowered(lambda x, a: soj.soft_rank(x, a), x, 0.5)
     assert CALLBACK in lowered(lambda x, k: soj.soft_topk(x, k), x, 2.0)
@@ -131,7 +131,7 @@ def test_vmap_axis_and_narrow_dtypes(case, rng, callbacks):
 def test_vmap_is_one_call_with_the_batch_in_front():
     x = jnp.ones((5, 3, 4))
     text = lowered(jax.vmap(jax.grad(lambda r: soj.soft_rank(r, 0.5).sum())), x)
-    assert text.count("@softorder_rank_fwd(") == 1 and text.count("@softorder_rank_bwd(") == 1
+    assert text.count("@softorder_rank(") == 2  # one forward and one backward call
 
 
 def test_ties_values_equal_gradients_close(rng):
@@ -209,7 +209,7 @@ def _shard_child() -> None:  # runs in a child process with 2 host devices
     grad = step(x, w)
     _, pullback = softorder.vjp(softorder.soft_topk, x_np, 2, 0.5)
     report = {
-        "ffi": "softorder_topk_bwd" in text,
+        "ffi": "softorder_topk" in text and CALLBACK not in text,
         "gather": "all-gather" in text,
         "equal": bool(np.array_equal(np.asarray(grad), pullback(w_np)[0])),
         "sharded": list(grad.sharding.spec),

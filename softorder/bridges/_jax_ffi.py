@@ -76,32 +76,27 @@ def address(typingctx, value):
 
 
 @njit
-def words(p, count):
-    """``count`` int64 words at address ``p``."""
-    return carray(address(p), count, np.int64)
-
-
-@njit
-def metadata(frame):
-    """Answer XLA's metadata query (the API version) if this call is one; True if so."""
+def begin(frame_address):
+    """The call frame as int64 words, and whether to compute now: False for XLA's metadata
+    query (answered here: the API version) and for the stages before execution.
+    """
+    frame = carray(address(frame_address), 22, np.int64)
     ext = frame[1]
     while ext != 0:
-        base = words(ext, 4)
+        base = carray(address(ext), 4, np.int64)
         if (base[1] & 0xFFFFFFFF) == METADATA:
-            md = base[3]
-            size = words(md, 1)[0]
-            md64 = words(md, 6)
-            md32 = carray(address(md), 12, np.int32)
+            md64 = carray(address(base[3]), 6, np.int64)
+            md32 = carray(address(base[3]), 12, np.int32)
             md64[1] = 24  # XLA_FFI_Api_Version's struct_size
             md64[2] = 0
             md32[6] = API_MAJOR
             md32[7] = API_MINOR
             md32[8] = 0  # traits
-            if size >= 48:
+            if md64[0] >= 48:
                 md64[5] = 0  # XLA_FFI_UNKNOWN_TYPE_ID: no state
-            return True
+            return frame, False
         ext = base[2]
-    return False
+    return frame, (frame[4] & 0xFFFFFFFF) == EXECUTE
 
 
 @njit
@@ -109,19 +104,20 @@ def buffer(frame, slot, i):
     """(dtype, data address, element count, last dimension) of argument or result i
     (``slot`` 9: the arguments, 14: the results).
     """
-    b = words(words(frame[slot], i + 1)[i], 6)
-    rank_ = b[4]
-    dims = words(b[5], rank_) if rank_ > 0 else words(b[5], 0)
+    b = carray(address(carray(address(frame[slot]), i + 1, np.int64)[i]), 6, np.int64)
+    ndim = b[4]
+    dims = carray(address(b[5]), ndim, np.int64)
     count = 1
-    for d in range(rank_):
+    for d in range(ndim):
         count *= dims[d]
-    last = dims[rank_ - 1] if rank_ > 0 else 1
-    return b[2] & 0xFFFFFFFF, b[3], count, last
+    return b[2] & 0xFFFFFFFF, b[3], count, dims[ndim - 1] if ndim > 0 else 1
 
 
 @njit
-def load(frame, i, rows, cols):
-    """Argument i (float32 or float64) as a new float64 (rows, cols) array."""
+def load(frame, i, rows, cols, negate):
+    """Argument i (float32 or float64) as a new float64 (rows, cols) array, negated on
+    request.
+    """
     dtype, data, _, _ = buffer(frame, 9, i)
     out = np.empty((rows, cols))
     flat = out.reshape(rows * cols)
@@ -133,14 +129,16 @@ def load(frame, i, rows, cols):
         src64 = carray(address(data), rows * cols, np.float64)
         for j in range(rows * cols):
             flat[j] = src64[j]
+    if negate:
+        for j in range(rows * cols):
+            flat[j] = -flat[j]
     return out
 
 
 @njit
 def load_order(frame, i, rows, cols):
     """Argument i (int32) as a new int64 (rows, cols) array."""
-    _, data, _, _ = buffer(frame, 9, i)
-    src = carray(address(data), rows * cols, np.int32)
+    src = carray(address(buffer(frame, 9, i)[1]), rows * cols, np.int32)
     out = np.empty((rows, cols), np.int64)
     flat = out.reshape(rows * cols)
     for j in range(rows * cols):
@@ -149,24 +147,13 @@ def load_order(frame, i, rows, cols):
 
 
 @njit
-def f64_words(frame, slot, i, rows, cols):
-    """Argument or result i (uint32 words) viewed as a float64 (rows, cols) array."""
-    _, data, _, _ = buffer(frame, slot, i)
-    return carray(address(data), (rows, cols), np.float64)
-
-
-@njit
-def i64_words(frame, slot, i, rows, cols):
-    """Argument or result i (uint32 words) viewed as an int64 (rows, cols) array."""
-    _, data, _, _ = buffer(frame, slot, i)
-    return carray(address(data), (rows, cols), np.int64)
-
-
-@njit
-def store(frame, i, values):
-    """Write the float64 ``values`` into result i (float32 or float64)."""
+def store(frame, i, values, negate):
+    """Write the float64 ``values`` (negated on request) into result i (float32 or float64)."""
     dtype, data, count, _ = buffer(frame, 14, i)
     flat = values.reshape(count)
+    if negate:
+        for j in range(count):
+            flat[j] = -flat[j]
     if dtype == F32:
         dst32 = carray(address(data), count, np.float32)
         for j in range(count):
@@ -178,235 +165,172 @@ def store(frame, i, values):
 
 
 @njit
-def shape(frame):
-    """(rows, n) of the sorted rows, argument 0."""
-    _, _, count, n = buffer(frame, 9, 0)
-    return (count // n if n else 0), n
-
-
-@njit
-def is_execution(frame):
-    """False for XLA's metadata query (answered) and for the stages before execution."""
-    return not metadata(frame) and (frame[4] & 0xFFFFFFFF) == EXECUTE
-
-
-@njit
-def negated(values, negate):
-    if negate:
-        for r in range(values.shape[0]):
-            for i in range(values.shape[1]):
-                values[r, i] = -values[r, i]
-    return values
-
-
-@njit
-def rows_of(frame, negate):
-    """The input (argument 0) as float64 rows, negated on request: ``(rows2d, n)``."""
-    rows, n = shape(frame)
-    return negated(load(frame, 0, rows, n), negate)
-
-
-@njit
-def sort_keys(row, keys):
-    """Integer keys in the order of the float64 ``row``, NaN last (all NaN equal) and
-    ``-0.0 == 0.0`` as NumPy compares them: the float's bits, as a signed integer, with the
-    magnitude bits of negative values flipped.
-    """
-    bits = keys.view(np.float64)
-    for i in range(row.shape[0]):
-        v = row[i]
-        if v != v:
-            v = np.inf  # then moved past +inf below
-        elif v == 0.0:
-            v = 0.0
-        bits[i] = v
-    for i in range(row.shape[0]):
-        k = keys[i]
-        keys[i] = k ^ 0x7FFFFFFFFFFFFFFF if k < 0 else k
-    for i in range(row.shape[0]):
-        if row[i] != row[i]:
-            keys[i] = 0x7FFFFFFFFFFFFFFF  # above +inf (0x7FF0000000000000)
-
-
-@njit
-def argsort_row(row, order, keys, keys2, order2, counts):
-    """Stable argsort of one float64 row into ``order`` (NaN last), by an LSD radix sort on
-    bytes of :func:`sort_keys` (passes where every key has the same byte are skipped: the
-    low bytes of float32 data), insertion sort for short rows. About 3x faster than numba's
-    merge sort at n = 1e3 on fresh data, and its time does not depend on branch prediction.
-    """
-    n = row.shape[0]
-    sort_keys(row, keys)
-    for i in range(n):
-        order[i] = i
-    if n <= 32:
-        for i in range(1, n):
-            k, o = keys[i], order[i]
-            j = i - 1
-            while j >= 0 and keys[j] > k:
-                keys[j + 1] = keys[j]
-                order[j + 1] = order[j]
-                j -= 1
-            keys[j + 1] = k
-            order[j + 1] = o
-        return
-    counts[:, :] = 0
-    for i in range(n):
-        k = keys[i]
-        for b in range(7):
-            counts[b, (k >> (8 * b)) & 0xFF] += 1
-        counts[7, ((k >> 56) & 0xFF) ^ 0x80] += 1
-    src_k, src_o, dst_k, dst_o = keys, order, keys2, order2
-    swapped = False
-    for b in range(8):
-        shift = 8 * b
-        flip = 0x80 if b == 7 else 0
-        if counts[b, ((src_k[0] >> shift) & 0xFF) ^ flip] == n:
-            continue  # one value of this byte: the pass would not move anything
-        total = 0
-        for d in range(256):
-            c = counts[b, d]
-            counts[b, d] = total
-            total += c
-        for i in range(n):
-            k = src_k[i]
-            d = ((k >> shift) & 0xFF) ^ flip
-            j = counts[b, d]
-            counts[b, d] = j + 1
-            dst_k[j] = k
-            dst_o[j] = src_o[i]
-        src_k, src_o, dst_k, dst_o = dst_k, dst_o, src_k, src_o
-        swapped = not swapped
-    if swapped:
-        for i in range(n):
-            order[i] = order2[i]
-
-
-@njit
 def sort_rows(values, order_out):
-    """Sort each row (NaN last, stable), writing its argsort also into ``order_out`` (int32)."""
+    """Each row sorted, stably, NaN last (all NaN equal) and ``-0.0 == 0.0`` (NumPy's order);
+    the argsort also written into ``order_out`` (int32).
+
+    An LSD radix sort on the bytes of integer keys: a float's bits as a signed integer, with
+    the magnitude bits of negative values flipped. Passes where every key has the same byte
+    are skipped (the low bytes of float32 data); rows of at most 32 take an insertion sort.
+    At n = 1e3 on fresh data it took a third of numba's merge sort, whose time depended on
+    the branch predictor having seen the same data before.
+    """
     rows, n = values.shape
     xs = np.empty((rows, n))
     order = np.empty((rows, n), np.int64)
     keys = np.empty(n, np.int64)
+    bits = keys.view(np.float64)
     keys2 = np.empty(n, np.int64)
     order2 = np.empty(n, np.int64)
     counts = np.empty((8, 256), np.int64)
     for r in range(rows):
+        row = values[r]
         o = order[r]
-        argsort_row(values[r], o, keys, keys2, order2, counts)
+        for i in range(n):
+            v = row[i]
+            bits[i] = 0.0 if v == 0.0 else v
+            o[i] = i
+        for i in range(n):
+            k = keys[i]
+            if row[i] != row[i]:
+                keys[i] = 0x7FFFFFFFFFFFFFFF  # above +inf (0x7FF0000000000000)
+            elif k < 0:
+                keys[i] = k ^ 0x7FFFFFFFFFFFFFFF
+        if n <= 32:
+            for i in range(1, n):
+                k, oi = keys[i], o[i]
+                j = i - 1
+                while j >= 0 and keys[j] > k:
+                    keys[j + 1] = keys[j]
+                    o[j + 1] = o[j]
+                    j -= 1
+                keys[j + 1] = k
+                o[j + 1] = oi
+        else:
+            counts[:, :] = 0
+            for i in range(n):
+                k = keys[i]
+                for b in range(7):
+                    counts[b, (k >> (8 * b)) & 0xFF] += 1
+                counts[7, ((k >> 56) & 0xFF) ^ 0x80] += 1
+            src_k, src_o, dst_k, dst_o = keys, o, keys2, order2
+            swapped = False
+            for b in range(8):
+                shift = 8 * b
+                flip = 0x80 if b == 7 else 0
+                if counts[b, ((src_k[0] >> shift) & 0xFF) ^ flip] == n:
+                    continue  # one value of this byte: the pass would move nothing
+                total = 0
+                for d in range(256):
+                    c = counts[b, d]
+                    counts[b, d] = total
+                    total += c
+                for i in range(n):
+                    k = src_k[i]
+                    d = ((k >> shift) & 0xFF) ^ flip
+                    j = counts[b, d]
+                    counts[b, d] = j + 1
+                    dst_k[j] = k
+                    dst_o[j] = src_o[i]
+                src_k, src_o, dst_k, dst_o = dst_k, dst_o, src_k, src_o
+                swapped = not swapped
+            if swapped:
+                for i in range(n):
+                    o[i] = order2[i]
         for i in range(n):
             order_out[r, i] = o[i]
-            xs[r, i] = values[r, o[i]]
+            xs[r, i] = row[o[i]]
     return xs, order
 
 
 @njit
-def gather_rows(values, frame, i):
-    """The rows sorted by their saved argsort (argument i, int32)."""
+def gather_rows(values, order):
+    """The rows sorted by their saved argsort."""
     rows, n = values.shape
-    order = load_order(frame, i, rows, n)
     xs = np.empty((rows, n))
     for r in range(rows):
         for j in range(n):
             xs[r, j] = values[r, order[r, j]]
-    return xs, order
+    return xs
 
 
-@njit
-def flags(frame):
-    """(negate, log) from argument 2."""
-    f = load_order(frame, 2, 1, 2)
-    return f[0, 0] != 0, f[0, 1] != 0
-
-
-def rank_fwd(frame_address):
-    """x, alpha, flags -> ranks, order (int32), decays (float64 as uint32 words)."""
-    frame = words(frame_address, 22)
-    if not is_execution(frame):
+def rank_handler(frame_address):
+    """Forward: x, alpha, flags -> ranks, order (int32), decays (float64 as uint32 words).
+    Backward: x, alpha, flags, order, decays, cotangent -> gradient of x.
+    """
+    frame, run = begin(frame_address)
+    if not run:
         return 0
-    negate, _ = flags(frame)
-    values = rows_of(frame, negate)
-    rows, n = values.shape
-    xs, order = sort_rows(values, carray(address(buffer(frame, 14, 1)[1]), (rows, n), np.int32))
-    alpha = load(frame, 1, rows, 1).reshape(rows)
+    flags = load_order(frame, 2, 1, 2)
+    negate = flags[0, 0] != 0
+    _, _, count, n = buffer(frame, 9, 0)
+    rows = count // n
+    values = load(frame, 0, rows, n, negate)
+    alpha = load(frame, 1, rows, 1, False).reshape(rows)
+    if frame[7] > 3:  # the backward pass: more arguments
+        order = load_order(frame, 3, rows, n)
+        xs = gather_rows(values, order)
+        decay = carray(address(buffer(frame, 9, 4)[1]), (rows, n), np.float64)
+        v = load(frame, 5, rows, n, False)
+        x_bar = np.empty((rows, n))
+        alpha_bar = np.empty(rows)
+        work = np.empty((rows, rank_linear_work, n))
+        rank_vjp(xs, order, alpha, decay, v, x_bar, alpha_bar, work)
+        store(frame, 0, x_bar, negate)
+        return 0
+    order32 = carray(address(buffer(frame, 14, 1)[1]), (rows, n), np.int32)
+    xs, order = sort_rows(values, order32)
+    decay = carray(address(buffer(frame, 14, 2)[1]), (rows, n), np.float64)
     out = np.empty((rows, n))
-    decay = f64_words(frame, 14, 2, rows, n)
-    work = np.empty((rows, rank_forward_work, max(n, 1)))
+    work = np.empty((rows, rank_forward_work, n))
     rank_forward(xs, order, alpha, out, decay, work)
-    store(frame, 0, out)
+    store(frame, 0, out, False)
     return 0
 
 
-def rank_bwd(frame_address):
-    """x, alpha, flags, order, decays, cotangent -> gradient of x."""
-    frame = words(frame_address, 22)
-    if not is_execution(frame):
+def topk_handler(frame_address):
+    """Forward: x, alpha, flags, k (one per row) -> memberships, order (int32), anchors and
+    offsets (int64 and float64 as uint32 words).
+    Backward: x, alpha, flags, order, anchors, offsets, cotangent -> gradient of x.
+    """
+    frame, run = begin(frame_address)
+    if not run:
         return 0
-    negate, _ = flags(frame)
-    values = rows_of(frame, negate)
-    rows, n = values.shape
-    xs, order = gather_rows(values, frame, 3)
-    alpha = load(frame, 1, rows, 1).reshape(rows)
-    decay = f64_words(frame, 9, 4, rows, n)
-    v = load(frame, 5, rows, n)
-    x_bar = np.empty((rows, n))
-    alpha_bar = np.empty(rows)
-    work = np.empty((rows, rank_linear_work, max(n, 1)))
-    rank_vjp(xs, order, alpha, decay, v, x_bar, alpha_bar, work)
-    store(frame, 0, negated(x_bar, negate))
-    return 0
-
-
-def topk_fwd(frame_address):
-    """x, alpha, flags, k (one per row) -> memberships, order (int32), anchors, offsets."""
-    frame = words(frame_address, 22)
-    if not is_execution(frame):
+    flags = load_order(frame, 2, 1, 2)
+    negate, log = flags[0, 0] != 0, flags[0, 1] != 0
+    _, _, count, n = buffer(frame, 9, 0)
+    rows = count // n
+    values = load(frame, 0, rows, n, negate)
+    alpha = load(frame, 1, rows, 1, False).reshape(rows)
+    if frame[7] > 4:  # the backward pass: more arguments
+        order = load_order(frame, 3, rows, n)
+        xs = gather_rows(values, order)
+        anchor = carray(address(buffer(frame, 9, 4)[1]), (rows, 1), np.int64)
+        offset = carray(address(buffer(frame, 9, 5)[1]), (rows, 1), np.float64)
+        v = load(frame, 6, rows, n, False).reshape(rows, 1, n)
+        x_bar = np.empty((rows, n))
+        w_bar = np.empty((rows, 1))
+        alpha_bar = np.empty(rows)
+        work = np.empty((rows, topk_gradient_work, n))
+        topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, work)
+        store(frame, 0, x_bar, negate)
         return 0
-    negate, log = flags(frame)
-    values = rows_of(frame, negate)
-    rows, n = values.shape
-    xs, order = sort_rows(values, carray(address(buffer(frame, 14, 1)[1]), (rows, n), np.int32))
-    alpha = load(frame, 1, rows, 1).reshape(rows)
-    w = load(frame, 3, rows, 1)
+    order32 = carray(address(buffer(frame, 14, 1)[1]), (rows, n), np.int32)
+    xs, order = sort_rows(values, order32)
+    w = load(frame, 3, rows, 1, False)
     worder = np.zeros((rows, 1), np.int64)
+    anchor = carray(address(buffer(frame, 14, 2)[1]), (rows, 1), np.int64)
+    offset = carray(address(buffer(frame, 14, 3)[1]), (rows, 1), np.float64)
     out = np.empty((rows, 1, n))
-    anchor = i64_words(frame, 14, 2, rows, 1)
-    offset = f64_words(frame, 14, 3, rows, 1)
-    work = np.empty((rows, topk_forward_work, max(n, 1)))
+    work = np.empty((rows, topk_forward_work, n))
     topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work)
-    store(frame, 0, out)
+    store(frame, 0, out, False)
     return 0
 
 
-def topk_bwd(frame_address):
-    """x, alpha, flags, order, anchors, offsets, cotangent -> gradient of x."""
-    frame = words(frame_address, 22)
-    if not is_execution(frame):
-        return 0
-    negate, log = flags(frame)
-    values = rows_of(frame, negate)
-    rows, n = values.shape
-    xs, order = gather_rows(values, frame, 3)
-    alpha = load(frame, 1, rows, 1).reshape(rows)
-    anchor = i64_words(frame, 9, 4, rows, 1)
-    offset = f64_words(frame, 9, 5, rows, 1)
-    v = load(frame, 6, rows, n).reshape(rows, 1, n)
-    x_bar = np.empty((rows, n))
-    w_bar = np.empty((rows, 1))
-    alpha_bar = np.empty(rows)
-    work = np.empty((rows, topk_gradient_work, max(n, 1)))
-    topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, work)
-    store(frame, 0, negated(x_bar, negate))
-    return 0
-
-
-_HANDLERS = {
-    "rank_fwd": rank_fwd,
-    "rank_bwd": rank_bwd,
-    "topk_fwd": topk_fwd,
-    "topk_bwd": topk_bwd,
-}
+#: one C function per operation: its forward and backward passes (told apart by their
+#: number of arguments), so that one compilation serves both
+_HANDLERS = {"rank": rank_handler, "topk": topk_handler}
 
 
 def _compile(name: str):
@@ -433,7 +357,7 @@ def _compile(name: str):
 
 
 def target(name: str) -> str:
-    """The FFI target name of handler ``name`` (``"rank_fwd"``, ...), registered with XLA
+    """The FFI target name of handler ``name`` (``"rank"`` or ``"topk"``), registered with XLA
     for the CPU on first use (compiling or loading the handler).
     """
     full = f"softorder_{name}"

@@ -522,11 +522,11 @@ def _stored_shape(shape: tuple, dtype, stored) -> tuple:
 #: ``pure_callback``. Read when a call is traced.
 _FFI_CALLS: str | bool = "auto"
 
-#: the operations the FFI route covers: (forward handler, backward handler, log)
+#: the operations the FFI route covers: (handler, log)
 _FFI_OPS = {
-    "soft_rank": ("rank_fwd", "rank_bwd", False),
-    "soft_topk": ("topk_fwd", "topk_bwd", False),
-    "log_soft_topk": ("topk_fwd", "topk_bwd", True),
+    "soft_rank": ("rank", False),
+    "soft_topk": ("topk", False),
+    "log_soft_topk": ("topk", True),
 }
 
 
@@ -542,7 +542,7 @@ def _ffi_route(op: Callable, statics: dict, arguments: dict, layout: Layout, com
         return None
     if any(_is_traced(arguments[name]) for name in ("alpha", "k") if name in arguments):
         return None
-    forward, backward, log = _FFI_OPS[op.__name__]
+    handler, log = _FFI_OPS[op.__name__]
     batch_shape = layout.batch_shape
     alpha = _as_kernel_value(arguments["alpha"], compute)
     per_row, _ = check_alpha(alpha, batch_shape, layout.axis)
@@ -562,7 +562,7 @@ def _ffi_route(op: Callable, statics: dict, arguments: dict, layout: Layout, com
     constants.append(np.array([negate, log], np.int32))
     if targets is not None:
         constants.append(targets.values.astype(compute))
-    spec = _FfiSpec(forward, backward, layout.axis - layout.ndim)
+    spec = _FfiSpec(handler, layout.axis - layout.ndim)
 
     def run(x):
         return _ffi_apply(spec, x, *(jnp.asarray(c) for c in constants))
@@ -582,8 +582,7 @@ def _as_kernel_value(value, compute) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class _FfiSpec:
-    forward: str  # handler names in softorder.bridges._jax_ffi
-    backward: str
+    handler: str  # "rank" or "topk": the handler in softorder.bridges._jax_ffi
     axis: int  # negative
 
 
@@ -594,14 +593,14 @@ def _ffi_forward(spec: _FfiSpec, x, alpha, flags, *rest):
     rows2d = moved.reshape(-1, moved.shape[-1])
     rows, n = rows2d.shape
     words = np.uint32  # float64 and int64 residuals as pairs of words: no x64 needed
-    if spec.forward == "rank_fwd":
+    if spec.handler == "rank":
         saved = (_struct((rows, 2 * n), words),)  # the decays
     else:
         saved = (_struct((rows, 2), words), _struct((rows, 2), words))  # anchors, offsets
     operands = (rows2d, alpha, flags, *rest)
     axes = _varying_axes((x,))
     results = _ffi_first_order_only(
-        _jax_ffi.target(spec.forward),
+        _jax_ffi.target(spec.handler),
         (_struct((rows, n), rows2d.dtype), _struct((rows, n), np.int32), *saved),
         *_vary(operands, axes),
     )
@@ -628,14 +627,14 @@ def _ffi_apply_bwd(spec: _FfiSpec, saved, cotangent):
     axes = _varying_axes((*saved, v))
     (x_bar,) = _vary(
         _ffi_first_order_only(
-            _jax_ffi.target(spec.backward),
+            _jax_ffi.target(spec.handler),
             (_struct(rows2d.shape, rows2d.dtype),),
             *_vary((*saved, v), axes),
         ),
         axes,
     )
     x_bar = jnp.moveaxis(x_bar.reshape(moved.shape), -1, spec.axis)
-    return (x_bar, None, None) + ((None,) if spec.forward == "topk_fwd" else ())
+    return (x_bar, None, None) + ((None,) if spec.handler == "topk" else ())
 
 
 _ffi_apply.defvjp(_ffi_apply_fwd, _ffi_apply_bwd)
