@@ -33,6 +33,14 @@ last axis) and on one row of n = 1e3 (where ott-jax finishes), for
 
 Ratios are to the bridge in the same run; they, not absolute times, compare across machines.
 The script is a report, not a test: it always exits with 0.
+
+A second table gives the per-call floor at small sizes: ``jax.jit(jax.grad(...))`` of
+``soft_rank`` and ``soft_topk`` (k = 10) on one row of n = 1e2 and 1e3, through the bridge's
+FFI route (the default on the CPU) and through ``pure_callback`` (the route of traced
+``alpha`` or ``k``), against the NumPy API's forward + VJP, as ratios to the NumPy API. Each
+call takes the next of 16 different inputs: sorting the same row over and over lets the
+branch predictor learn it, which flatters comparison sorts. ``--floor-only`` prints only
+this table.
 """
 
 from __future__ import annotations
@@ -131,6 +139,50 @@ def time_ott(x, w, args, repeats):
     return None, lines[-1]
 
 
+def floor_table(repeats):
+    """The per-call floor at n = 1e2 and 1e3: the bridge's two routes and the NumPy API."""
+    import itertools
+
+    rng = np.random.default_rng(20250102)
+    print(f"per-call floor, float32, alpha = {ALPHA}, best of {repeats} interleaved repeats\n")
+    print("| operation | n | JAX FFI route us | JAX pure_callback us | NumPy API us | FFI/NumPy |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for n in (100, 1000):
+        inputs = [rng.standard_normal(n).astype(np.float32) for _ in range(16)]
+        w_np = rng.standard_normal(n).astype(np.float32)
+        w = jnp.asarray(w_np)
+        for name, extra in (("soft_rank", ()), ("soft_topk", (10,))):
+            bridge, numpy_op = getattr(soj, name), getattr(softorder, name)
+
+            def loss(x, bridge=bridge, extra=extra, w=w):
+                return jnp.sum(bridge(x, *extra, ALPHA) * w)
+
+            steps = []
+            for route in ("auto", False):
+                soj._FFI_CALLS = route  # read when the step is traced, just below
+                step = jax.jit(jax.grad(loss))
+                step(jnp.asarray(inputs[0])).block_until_ready()
+                steps.append(step)
+            soj._FFI_CALLS = "auto"
+            device_inputs = itertools.cycle([jnp.asarray(x) for x in inputs])
+            host_inputs = itertools.cycle(inputs)
+
+            def numpy_call(numpy_op=numpy_op, extra=extra, host_inputs=host_inputs, w_np=w_np):
+                _, pullback = softorder.vjp(numpy_op, next(host_inputs), *extra, ALPHA)
+                return pullback(w_np)
+
+            calls = [
+                lambda step=step, inputs=device_inputs: step(next(inputs)).block_until_ready()
+                for step in steps
+            ]
+            t_ffi, t_callback, t_numpy = best_times([*calls, numpy_call], repeats)
+            print(
+                f"| {name} | {n} | {t_ffi * 1e6:.1f} | {t_callback * 1e6:.1f} | "
+                f"{t_numpy * 1e6:.1f} | {t_ffi / t_numpy:.2f} |"
+            )
+    print()
+
+
 def core_call(x, w):
     def run():
         _, pullback = softorder.vjp(softorder.soft_rank, x, ALPHA)
@@ -164,6 +216,9 @@ def parse_args(argv):
     parser.add_argument(
         "--ott-timeout", type=float, default=300.0, help="seconds per ott case (default 300)"
     )
+    parser.add_argument(
+        "--floor-only", action="store_true", help="only the per-call floor at n = 1e2, 1e3"
+    )
     parser.add_argument("--ott-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.repeats < 1:
@@ -194,6 +249,9 @@ def main(argv=None):
         f"numpy {np.__version__}, numba {numba.__version__} ({numba.get_num_threads()} threads), "
         f"Python {platform.python_version()}, {platform.machine()}"
     )
+    floor_table(args.repeats * 40)
+    if args.floor_only:
+        return 0
     print(
         f"soft_rank forward + backward, float32, alpha = {ALPHA}; best of {args.repeats} "
         f"repeats (x10 for one row); {ott_note}\n"
