@@ -193,10 +193,15 @@ class InverseRule(Rule):
         )
         return out
 
+    #: whether the gradient in the targets is used (soft sort's targets are constants)
+    targets_differentiable = True
+
     def _pullback(self, ctx, u):
         rows, s = ctx.rows, ctx.saved
         x_bar = ctx.empty(rows.xs.shape)
-        w_bar = ctx.empty(u.shape)
+        host = isinstance(rows.xs, np.ndarray)
+        # the CPU kernel skips w_bar when it has width 0 (the GPU twin always writes it)
+        w_bar = ctx.empty(u.shape if self.targets_differentiable or not host else (rows.rows, 0))
         alpha_bar = ctx.empty(rows.rows)
         ctx.kernels.inverse_vjp(
             rows.xs,
@@ -252,6 +257,7 @@ def _signed(ctx: Context, a):
 
 class SortRule(InverseRule):
     differentiable = ("x", "alpha")
+    targets_differentiable = False
 
     def prepare(self, x, alpha, axis, descending, order=None):
         # descending = -(ascending sort of -x): negate on the way in and on the way out.

@@ -32,9 +32,11 @@ VJP_WORK = JVP_WORK = TABLES_WITH_MOMENTS + 1
 def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha_bar, work, twork):
     """Cotangent ``u`` (rows, m) on the targets -> ``x_bar`` (rows, n; original element order),
     ``w_bar`` (rows, m) and ``alpha_bar`` (rows,). Scratch: ``work`` (rows, VJP_WORK, n),
-    ``twork`` (rows, PULLBACK_WORK, m).
+    ``twork`` (rows, PULLBACK_WORK, m). A ``w_bar`` of width 0 asks for no ``w_bar`` (soft
+    sort discards it; it costs an ``exp`` per target).
     """
     rows, n = xs.shape
+    want_wbar = w_bar.shape[1] == anchor.shape[1]
     for row in prange(rows):
         r = xs[row]
         if has_nan(r):
@@ -57,7 +59,7 @@ def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha
             rbar,
             w_bar[row],
             twork[row],
-            True,
+            want_wbar,
         )
         scatter_finite(r, order[row], rbar, x_bar[row])
 
