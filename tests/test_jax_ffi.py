@@ -117,7 +117,8 @@ def test_vmap_axis_and_narrow_dtypes(case, rng, callbacks):
         g = jax.vmap(jax.grad(lambda r: jnp.sum(bridge(r, *extra, 0.5, **kwargs) ** 2)))
         axis0 = jax.jit(lambda x: bridge(x, *extra, 0.5, axis=0, **kwargs))
         half = bridge(jnp.asarray(x, jnp.float16), *extra, 0.5, **kwargs)
-        return row(x), jax.jit(g)(x), axis0(x), half
+        per_row = jax.vmap(lambda r: bridge(r, *extra, np.array([0.5, 1.0, 2.0, 0.25]), **kwargs))
+        return row(x), jax.jit(g)(x), axis0(x), half, jax.jit(per_row)(x)
 
     ffi, callback = callbacks(vmapped)
     for a, b in zip(ffi, callback, strict=True):

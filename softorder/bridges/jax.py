@@ -556,7 +556,9 @@ def _ffi_route(op: Callable, statics: dict, arguments: dict, layout: Layout, com
     if _FFI_CALLS is False or op.__name__ not in _FFI_OPS or _device_callbacks():
         return None
     rows = math.prod(layout.batch_shape)
-    if jax.default_backend() != "cpu" or layout.n < 1 or rows < 1:
+    if not 1 <= layout.n < 2**31 or rows < 1:  # the argsort travels as int32
+        return None
+    if not hasattr(jax, "ffi") or jax.default_backend() != "cpu":
         return None
     if any(_is_traced(arguments[name]) for name in ("alpha", "k") if name in arguments):
         return None
