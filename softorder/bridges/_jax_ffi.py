@@ -1,29 +1,34 @@
 """XLA FFI handlers of the JAX bridge: numba ``cfunc`` s that XLA calls in place, on the CPU.
 
 The JAX bridge routes ``soft_rank``, ``soft_topk`` and ``log_soft_topk`` here when a call is
-traced for the CPU backend with a concrete ``alpha`` (and ``k``), one target per row: then
-nothing is left to validate when the computation runs, and a call costs XLA's own sort of the
-rows plus the kernels, without the Python, the GIL and the host copies of
-:func:`jax.pure_callback` (at n = 1e2 a ``jit(grad)`` of ``soft_rank`` took 300 us through
-``pure_callback``, most of it fixed cost).
+traced for the CPU backend with a concrete ``alpha`` (and ``k``, one per row): then nothing is
+left to validate when the computation runs, and a call costs its kernels, without the Python,
+the GIL and the host copies of :func:`jax.pure_callback` (at n = 1e2 a ``jit(grad)`` of
+``soft_rank`` took 250-300 us through ``pure_callback``, almost all of it fixed cost; 13 us
+here).
 
 Each handler is one C function of XLA's typed FFI (``api_version=1``,
 ``XLA_FFI_Error* handler(XLA_FFI_CallFrame*)``, see ``xla/ffi/api/c_api.h`` in
-``jax.ffi.include_dir()``), written with numba and calling the same serial kernels as the
-NumPy API on the same float64 rows, so its results are bitwise those of the NumPy API when
-the rows have no ties (with ties, only the order of equal elements can differ: XLA's sort is
-stable, NumPy's is not, and a gradient then sums in another order). The handlers are
-compiled on first use and cached on disk next to the kernels (:func:`softorder.core.cache_dir`).
+``jax.ffi.include_dir()``), written with numba; it never fails (it returns NULL), since
+everything was validated when the call was traced. It sorts the rows itself
+(:func:`sort_rows`: XLA's sort took 120 us for one row of 1e3, this one 12 us) and calls the
+same serial kernels as the NumPy API on the same float64 rows, so its results are bitwise
+those of the NumPy API when the rows have no ties (with ties, only the order of equal
+elements can differ: this sort is stable, NumPy's is not, and a gradient then sums in
+another order). The handlers are compiled on first use and cached on disk next to the
+kernels (:func:`softorder.core.cache_dir`).
 
-The operands, all with the rows flattened over every leading axis (``vmap`` adds some):
+One handler per operation serves its forward and backward passes, told apart by their
+number of operands. The operands, with the rows flattened over every leading axis (``vmap``
+adds some, ``vmap_method="broadcast_all"``):
 
-* ``xs``: the rows sorted ascending (NaN last), in the computing dtype (float32 or float64:
-  the kernels get them widened to float64, exactly);
-* ``order``: int32, the argsort of each row;
-* ``alpha``: one value per row, in the computing dtype;
-* float64 residuals (the rank decays, the top-k targets' anchors and offsets) pass between
-  the forward and backward handlers as uint32 words, two per value, so that they survive
-  without ``jax_enable_x64``.
+* forward: the input rows in the computing dtype (float32 or float64: widened to float64,
+  exactly), ``alpha`` once per row in that dtype, int32 flags ``(negate, log)`` and for
+  top-k ``k`` once per row; results: the output, the int32 argsort of each row, and the
+  float64 or int64 residuals (the rank decays; the top-k target's anchor and offset) as
+  uint32 words, two per value, so that they survive without ``jax_enable_x64``;
+* backward: the same input, ``alpha`` and flags, the argsort and residuals, and the
+  cotangent; result: the gradient of the input.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from numba import carray, types
 from numba.core.ccallback import CFunc
 from numba.extending import intrinsic
 
-from softorder.core import rank, topk
+from softorder.core import _jit, rank, topk
 from softorder.core._jit import _cache_classes, cache_dir
 
 rank_forward, rank_vjp = rank.rank_forward.serial, rank.rank_vjp.serial
@@ -57,7 +62,8 @@ METADATA = 1  # XLA_FFI_Extension_Metadata
 
 _lock = threading.Lock()
 _registered: dict = {}
-_noted = [False]  # the first-compilation note was logged
+_noted = _jit._noted  # one first-compilation note per process (softorder.precompile's
+# progress output replaces it)
 _log = logging.getLogger("softorder")
 
 
