@@ -60,14 +60,16 @@ if is_wrapped is None:  # pragma: no cover - depends on the torch release
 _transforms_active = _private("torch._C", "_are_functorch_transforms_active")
 
 
-def transforms_active() -> bool:
-    """Whether a torch.func transform is running (``torch._C._are_functorch_transforms_active``).
+def _always() -> bool:
+    return True
 
-    :class:`FastApplyFunction` takes its shortcut only outside transforms. Without the private
-    API this answers ``True``: every call then takes :meth:`torch.autograd.Function.apply`
-    (correct, about 20 us slower per call).
-    """
-    return True if _transforms_active is None else _transforms_active()
+
+#: ``transforms_active()``: whether a torch.func transform is running
+#: (``torch._C._are_functorch_transforms_active``, a builtin, used as it is: it runs on every
+#: eager call). :class:`FastApplyFunction` takes its shortcut only outside transforms. Without
+#: the private API it always answers ``True``: every call then takes
+#: :meth:`torch.autograd.Function.apply` (correct, about 20 us slower per call).
+transforms_active = _always if _transforms_active is None else _transforms_active
 
 
 _unwrap_dead_wrappers = _private("torch._functorch.utils", "unwrap_dead_wrappers")

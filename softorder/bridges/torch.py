@@ -82,19 +82,8 @@ __all__ = [
     "topk_cross_entropy",
 ]
 
-_OPERATIONS = {
-    fn.__name__: fn
-    for fn in (
-        operations.soft_topk,
-        operations.log_soft_topk,
-        operations.soft_rank,
-        operations.soft_sort,
-        operations.soft_quantile,
-        operations.soft_permutation,
-        operations.topk_cross_entropy,
-        operations.permutation_cross_entropy,
-    )
-}
+#: the NumPy API's operations, by name: the bridge's functions have the same names
+_OPERATIONS = {name: getattr(operations, name) for name in __all__ if name.islower()}
 # PyTorch's OpenMP threads and numba's spin against each other (numbers in
 # core.set_parallel): next to PyTorch, the kernels run on the calling thread.
 core.set_parallel(False)
@@ -175,6 +164,11 @@ def _as_tensor(arr, dtype: torch.dtype | None = None) -> Tensor:
     return out if dtype is None or out.dtype == dtype else out.to(dtype)
 
 
+def _torch_dtype(dtype) -> torch.dtype:
+    """PyTorch's dtype for a NumPy dtype (as :func:`torch.from_numpy` maps it)."""
+    return torch.from_numpy(np.empty(0, dtype)).dtype
+
+
 def _gradient(grad, like: Tensor) -> Tensor:
     """A gradient from the rules as a tensor of its argument's dtype and device."""
     out = _as_tensor(grad, like.dtype)
@@ -184,9 +178,6 @@ def _gradient(grad, like: Tensor) -> Tensor:
 
 
 # --- the three custom operators -------------------------------------------------------------
-
-
-_TORCH_DTYPE = {np.dtype(np.int64): torch.int64, np.dtype(np.float64): torch.float64}
 
 
 @torch.library.custom_op("softorder::forward", mutates_args=())
@@ -204,7 +195,7 @@ def _(spec, tensors):
     x = tensors[names.index(rule.input_name)]
     return [
         x.new_empty(shape),
-        *(x.new_empty(s, dtype=_TORCH_DTYPE[np.dtype(d)]) for s, d in residuals.values()),
+        *(x.new_empty(s, dtype=_torch_dtype(d)) for s, d in residuals.values()),
     ]
 
 
@@ -676,12 +667,12 @@ def _check_dim(x: Tensor, dim) -> int:
     return dim
 
 
-def _run(fn, input_name: str, **arguments) -> Tensor:
-    """Call the operation ``fn`` with ``arguments`` (named as in the NumPy API)."""
+def _run(fn, arguments: dict) -> Tensor:
+    """Call the NumPy API's operation ``fn`` with the bridge function's ``arguments``."""
+    input_name = fn.rule.input_name
     x = _check_input(arguments[input_name], input_name)
-    dim = _check_dim(x, arguments.get("axis", -1))
-    if "axis" in arguments:
-        arguments["axis"] = dim
+    if "dim" in arguments:
+        arguments["axis"] = _check_dim(x, arguments.pop("dim"))
     dtype = x.dtype
     compiling = torch.compiler.is_compiling()
     tensor_names, tensors, statics = [], [], {}
@@ -769,7 +760,7 @@ def soft_topk(
     >>> p.round(decimals=3), float(p.sum())
     (tensor([1., 0., 1., 0.]), 2.0)
     """
-    return _run(operations.soft_topk, "x", x=x, k=k, alpha=alpha, axis=dim, largest=largest)
+    return _run(operations.soft_topk, locals())
 
 
 @documented(operations.log_soft_topk, _TORCH)
@@ -783,7 +774,7 @@ def log_soft_topk(
     >>> sot.log_soft_topk(torch.tensor([0.0, 2000.0], dtype=torch.float64), 1, alpha=1.0)
     tensor([-1000.6931,    -0.0000], dtype=torch.float64)
     """
-    return _run(operations.log_soft_topk, "x", x=x, k=k, alpha=alpha, axis=dim, largest=largest)
+    return _run(operations.log_soft_topk, locals())
 
 
 @documented(operations.soft_rank, _TORCH)
@@ -797,7 +788,7 @@ def soft_rank(
     >>> sot.soft_rank(torch.tensor([0.5, -1.0, 3.0]), alpha=0.01)
     tensor([2., 1., 3.])
     """
-    return _run(operations.soft_rank, "x", x=x, alpha=alpha, axis=dim, descending=descending)
+    return _run(operations.soft_rank, locals())
 
 
 @documented(operations.soft_sort, _TORCH)
@@ -811,7 +802,7 @@ def soft_sort(
     >>> sot.soft_sort(torch.tensor([2.0, -1.0, 0.5]), alpha=0.001)
     tensor([-1.0000,  0.5000,  2.0000])
     """
-    return _run(operations.soft_sort, "x", x=x, alpha=alpha, axis=dim, descending=descending)
+    return _run(operations.soft_sort, locals())
 
 
 @documented(operations.soft_quantile, _TORCH)
@@ -826,7 +817,7 @@ def soft_quantile(
     >>> sot.soft_quantile(x, torch.tensor([0.25, 0.75]), alpha=1e-3)
     tensor([1.5000, 3.5000], dtype=torch.float64)
     """
-    return _run(operations.soft_quantile, "x", x=x, q=q, alpha=alpha, axis=dim)
+    return _run(operations.soft_quantile, locals())
 
 
 @documented(operations.soft_permutation, _TORCH)
@@ -842,7 +833,7 @@ def soft_permutation(
     >>> P @ x
     tensor([-3.0000,  0.2000,  1.0000])
     """
-    return _run(operations.soft_permutation, "x", x=x, alpha=alpha, axis=dim, descending=descending)
+    return _run(operations.soft_permutation, locals())
 
 
 @documented(operations.topk_cross_entropy, _TORCH)
@@ -865,16 +856,7 @@ def topk_cross_entropy(
     >>> round(loss.item(), 4), logits.grad.shape
     (2.4966, torch.Size([2, 4]))
     """
-    return _run(
-        operations.topk_cross_entropy,
-        "logits",
-        logits=logits,
-        labels=labels,
-        p_k=p_k,
-        alpha=alpha,
-        reduction=reduction,
-        split_top1=split_top1,
-    )
+    return _run(operations.topk_cross_entropy, locals())
 
 
 @documented(operations.permutation_cross_entropy, _TORCH)
@@ -896,15 +878,7 @@ def permutation_cross_entropy(
     >>> bool(good < bad)
     True
     """
-    return _run(
-        operations.permutation_cross_entropy,
-        "x",
-        x=x,
-        target_ranks=target_ranks,
-        alpha=alpha,
-        reduction=reduction,
-        descending=descending,
-    )
+    return _run(operations.permutation_cross_entropy, locals())
 
 
 @documented(operations.topk_cross_entropy, _TORCH, drop=("Returns", "Raises", "Notes"))
