@@ -668,3 +668,12 @@ def test_top_m_through_the_torch_loss_module(method):
     torch.testing.assert_close(loss_fn(logits, labels), expected)
     full = sot.TopKCrossEntropyLoss([0.5, 0.5], 0.7, method=method, temperature=0.7)
     torch.testing.assert_close(loss_fn(logits, labels), full(logits, labels))
+
+
+def test_float32_soft_topk_converges_like_float64():
+    """float32 masses (n - k) / n and k / n do not sum to 1: the problem is posed in float64."""
+    logits = torch.randn(64, 10, generator=torch.Generator().manual_seed(31))
+    m32 = bl.topk_memberships(logits, 5, "soft_topk_ot", 0.03)  # warns if it stalls
+    m64 = bl.topk_memberships(logits.to(F64), 5, "soft_topk_ot", 0.03)
+    assert m32.dtype == torch.float32
+    torch.testing.assert_close(m32.to(F64), m64, rtol=0, atol=1e-6)

@@ -444,9 +444,16 @@ def _log_soft_topk_ot(
     grad: str,
 ) -> torch.Tensor:
     """Log SOFT memberships (largest) of ``x`` ``(..., n)`` for ``k`` of shape ``(...)``."""
-    problem = _soft_problem(x, k, temperature)
+    # In float64 from the start: the masses (n - k) / n and k / n rounded to float32 no longer
+    # sum to 1 like the elements' 1 / n, and an unbalanced problem has no converged plan.
+    wide = torch.float64
+    problem = _soft_problem(x.to(wide), k.to(wide), _widen(temperature, wide))
     log_plan = _log_plan(*problem, n_iter, tol, grad, "soft_topk_ot")
-    return log_plan[..., 1] + math.log(x.shape[-1])
+    return (log_plan[..., 1] + math.log(x.shape[-1])).to(x.dtype)
+
+
+def _widen(temperature: Temperature, dtype: torch.dtype) -> Temperature:
+    return temperature.to(dtype) if isinstance(temperature, torch.Tensor) else temperature
 
 
 def _k_tensor(k: float | torch.Tensor, x: torch.Tensor) -> torch.Tensor:
