@@ -230,14 +230,19 @@ def test_host_buffers_without_simulator_run_the_cpu_kernels(monkeypatch, x64):
 
 
 def test_auto_on_the_cpu_backend_keeps_pure_callback_without_numba_cuda():
-    """The default on a CPU backend: pure_callback, and numba.cuda is never imported."""
+    """The default on a CPU backend: pure_callback (or the FFI route for a concrete alpha),
+    and numba.cuda is never imported.
+    """
     code = textwrap.dedent(
         """
         import sys, jax, jax.numpy as jnp
         import softorder.bridges.jax as soj
         f = lambda x: soj.soft_rank(x, 0.5).sum()
-        assert "pure_callback" in str(jax.make_jaxpr(jax.grad(f))(jnp.ones(3)))
+        g = lambda x, a: soj.soft_rank(x, a).sum()
+        assert "ffi_call" in str(jax.make_jaxpr(jax.grad(f))(jnp.ones(3)))
+        assert "pure_callback" in str(jax.make_jaxpr(jax.grad(g))(jnp.ones(3), 0.5))
         jax.jit(jax.grad(f))(jnp.arange(3.0)).block_until_ready()
+        jax.jit(jax.grad(g))(jnp.arange(3.0), 0.5).block_until_ready()
         loaded = [m for m in sys.modules if m.startswith(("numba.cuda", "softorder.core.cuda"))]
         assert soj._DEVICE_CALLBACKS == "auto" and not loaded, loaded
         """
