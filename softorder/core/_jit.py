@@ -210,10 +210,29 @@ def _jit(fn, variant: str = "serial", **options):
     import numba
 
     dispatcher = numba.njit(**_OPTIONS, **options)(fn)
+    if not isinstance(dispatcher, numba.core.dispatcher.Dispatcher):
+        return dispatcher  # NUMBA_DISABLE_JIT: the Python function itself
     if cache_dir() is not None:
         dispatcher._cache = _cache_classes()[variant](fn)  # what cache=True does, relocated
     _watch_compilation()
     return dispatcher
+
+
+def _unliteral_calls(dispatcher) -> None:
+    """Type calls from compiled code with non-literal argument types: numba otherwise compiles
+    one copy of a helper per literal value (``row_tables(..., True, ...)`` and ``(..., False,
+    ...)``), which was 7% of a cold soft_sort forward + backward.
+    """
+    from numba.core import types
+
+    original = dispatcher.get_call_template
+
+    def get_call_template(args, kws):
+        args = tuple(types.unliteral(a) for a in args)
+        kws = {k: types.unliteral(v) for k, v in kws.items()}
+        return original(args, kws)
+
+    dispatcher.get_call_template = get_call_template
 
 
 #: Helpers are only called from compiled code: no wrappers for calls from Python or C, which
@@ -225,7 +244,10 @@ def helper(fn):
     """Compile a per-row or scalar helper that kernels call (no parallelism of its own); it
     cannot be called from Python (its ``py_func`` can).
     """
-    return _jit(fn, **_INTERNAL)
+    dispatcher = _jit(fn, **_INTERNAL)
+    if hasattr(dispatcher, "get_call_template"):
+        _unliteral_calls(dispatcher)
+    return dispatcher
 
 
 def inner_helper(fn):
