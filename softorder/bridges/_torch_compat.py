@@ -21,9 +21,11 @@ import torch
 __all__ = [
     "TORCH_VERSION",
     "FastApplyFunction",
+    "custom_op",
     "is_fake",
     "is_wrapped",
     "mark_constant",
+    "register_vmap",
     "transforms_active",
     "unwrap_dead_wrappers",
 ]
@@ -139,3 +141,29 @@ class FastApplyFunction(torch.autograd.Function):
                 args = unwrapped
                 break
         return super(torch.autograd.Function, cls).apply(*args)
+
+
+# --- public APIs whose form changed between the declared torch versions ----------------------
+
+
+def custom_op(name: str, schema: str):
+    """:func:`torch.library.custom_op` with an explicit schema and no mutated arguments.
+
+    Giving the schema, instead of letting PyTorch infer it from the annotations, works on
+    every declared torch: torch 2.4 cannot read the annotations of a module that uses
+    ``from __future__ import annotations`` (they are strings).
+    """
+    return torch.library.custom_op(name, mutates_args=(), schema=schema)
+
+
+def register_vmap(op):
+    """:func:`torch.library.register_vmap` (public since torch 2.5) as a decorator for ``op``.
+
+    Torch 2.4 has no such function: the rule is then not registered, and PyTorch itself
+    refuses to vmap the operator (derivatives under ``vmap``: ``jacrev``, ``jacfwd``,
+    ``vmap(grad(...))``), with an error, never a wrong value.
+    """
+    register = getattr(torch.library, "register_vmap", None)
+    if register is None:  # pragma: no cover - torch 2.4
+        return lambda fn: fn
+    return register(op)

@@ -38,17 +38,17 @@ How it plugs into PyTorch:
   with grad mode on (``create_graph=True``) or under torch.func are tied to their inputs by
   :class:`_FirstOrderOnly`, whose backward and JVP raise, so they are never treated as
   constants (which would give silently wrong second derivatives).
-- dtypes: float32 and float64 natively; float16 and bfloat16 are computed in float32 and
-  returned in the input's dtype. Integer or complex input raises ``TypeError``.
 - Threads: importing this module makes the numba kernels run on the calling thread
   (:func:`softorder.core.set_parallel`), because PyTorch's and numba's OpenMP thread pools
   slowed each other several-fold when both were active; ``core.set_parallel(True)`` undoes it.
-- Devices: CPU tensors run the numba CPU kernels on NumPy views; CUDA tensors stay on their
-  device and run the numba-cuda kernels (:mod:`softorder.core.cuda`) on
-  ``torch.cuda.current_stream()``, sorted by ``torch.sort``, with temporaries from PyTorch's
-  caching allocator (:mod:`softorder.bridges._torch_device`; needs ``numba-cuda``). Only the
-  small arguments the rules validate (``alpha``, ``k``, ``q``, labels, ``p_k``) are read on
-  the host. Other devices raise :class:`NotImplementedError`.
+- Devices: CUDA tensors stay on their device and run the numba-cuda kernels
+  (:mod:`softorder.bridges._torch_device`); only the small arguments the rules validate
+  (``alpha``, ``k``, ``q``, labels, ``p_k``) are read on the host.
+- PyTorch's private APIs (functorch's wrapped tensors, fake tensors, the fast
+  ``Function.apply``, the constant marker of ``torch.compile``) are used only through
+  :mod:`softorder.bridges._torch_compat`.
+- The functions' docstrings are the NumPy API's, translated (:mod:`softorder._docs`): each
+  function here writes only its example.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def _gradient(grad, like: Tensor) -> Tensor:
 # --- the three custom operators -------------------------------------------------------------
 
 
-@torch.library.custom_op("softorder::forward", mutates_args=())
+@compat.custom_op("softorder::forward", "(str spec, Tensor[] tensors) -> Tensor[]")
 def _forward_op(spec: str, tensors: list[Tensor]) -> list[Tensor]:
     rule, _, arguments = _arguments(spec, tensors)
     ctx = rule.prepare(**arguments)
@@ -217,7 +217,10 @@ def _differentiable(rule: Rule, names: tuple) -> list[str]:
     return [name for name in rule.differentiable if name in names]
 
 
-@torch.library.custom_op("softorder::backward", mutates_args=())
+@compat.custom_op(
+    "softorder::backward",
+    "(str spec, Tensor[] tensors, Tensor[] residuals, Tensor cotangent) -> Tensor[]",
+)
 def _backward_op(
     spec: str, tensors: list[Tensor], residuals: list[Tensor], cotangent: Tensor
 ) -> list[Tensor]:
@@ -234,7 +237,11 @@ def _(spec, tensors, residuals, cotangent):
     return [torch.empty_like(tensors[names.index(n)]) for n in _differentiable(rule, names)]
 
 
-@torch.library.custom_op("softorder::pushforward", mutates_args=())
+@compat.custom_op(
+    "softorder::pushforward",
+    "(str spec, Tensor[] tensors, Tensor[] residuals, str tangent_names, Tensor[] tangents, "
+    "Tensor like) -> Tensor",
+)
 def _pushforward_op(
     spec: str,
     tensors: list[Tensor],
@@ -253,7 +260,7 @@ def _(spec, tensors, residuals, tangent_names, tangents, like):
     return torch.empty_like(like)
 
 
-@torch.library.custom_op("softorder::plain_copy", mutates_args=())
+@compat.custom_op("softorder::plain_copy", "(Tensor t) -> Tensor")
 def _plain_copy(t: Tensor) -> Tensor:
     return t.clone()
 
@@ -515,7 +522,7 @@ def _vmapped(info, in_dims, call: _Call, tensors) -> tuple[Tensor, int]:
     return batched.reduce(_Operation.apply(_Call.of(batched.spec), *batched.tensors)), 0
 
 
-@torch.library.register_vmap(_backward_op)
+@compat.register_vmap(_backward_op)
 def _(info, in_dims, spec, tensors, residuals, cotangent):
     _, tensor_dims, residual_dims, cotangent_dim = in_dims
     batched = _Batched(info.batch_size, spec, tensors, tensor_dims)
@@ -527,7 +534,7 @@ def _(info, in_dims, spec, tensors, residuals, cotangent):
     return [batched.unmove(n, g) for n, g in zip(wanted, grads, strict=True)], [0] * len(grads)
 
 
-@torch.library.register_vmap(_pushforward_op)
+@compat.register_vmap(_pushforward_op)
 def _(info, in_dims, spec, tensors, residuals, tangent_names, tangents, like):
     _, tensor_dims, residual_dims, _, tangent_dims, _ = in_dims
     batched = _Batched(info.batch_size, spec, tensors, tensor_dims)
