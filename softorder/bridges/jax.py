@@ -558,7 +558,7 @@ def _ffi_route(op: Callable, statics: dict, arguments: dict, layout: Layout, com
     rows = math.prod(layout.batch_shape)
     if not 1 <= layout.n < 2**31 or rows < 1:  # the argsort travels as int32
         return None
-    if not hasattr(jax, "ffi") or jax.default_backend() != "cpu":
+    if not hasattr(jax, "ffi") or jax.default_backend() != "cpu" or _jit_disabled():
         return None
     if any(_is_traced(arguments[name]) for name in ("alpha", "k") if name in arguments):
         return None
@@ -588,6 +588,15 @@ def _ffi_route(op: Callable, statics: dict, arguments: dict, layout: Layout, com
         return _ffi_apply(spec, x, *(jnp.asarray(c) for c in constants))
 
     return run
+
+
+def _jit_disabled() -> bool:
+    """``NUMBA_DISABLE_JIT=1``: the kernels are Python functions, which no C function can
+    call.
+    """
+    import numba
+
+    return bool(numba.config.DISABLE_JIT)
 
 
 def _as_kernel_value(value, compute) -> np.ndarray:
