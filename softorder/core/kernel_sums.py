@@ -122,41 +122,29 @@ def _first_at_or_above(r, inv_alpha, ra, t, start):
 
 
 @helper
-def spread_by_injection(r, inv_alpha, E, anchor, offset, c, shift, out, inj_up, inj_down):
-    """:func:`spread_to_points` for many sources (``m`` of order ``n``) in three streaming
-    passes without a merge: each source is injected at its two neighbouring points (the first
-    point at or above it, and the one below), then one scan up and one scan down carry the
-    injections by the factors ``E``.
-
-    The merge's data-dependent loop exits mispredicted about once per point; this costs 2 n
-    scratch (``inj_up``, ``inj_down``, length n, overwritten) and reads each source once.
-    Same sums; the additions at a point with several sources group differently (rounding).
+def inject_exact(r, inv_alpha, ra, t, shift, c, start, inj_up, inj_down):
+    """Inject a source ``c`` at ``b = ra + alpha t`` at the first point at or above ``b``
+    (``inj_up``) and the point below it (``inj_down``), with the factors of
+    :func:`spread_to_points`: where a merge of the sorted sources would join it. ``start`` is
+    its usual first point at or above.
     """
     n = r.shape[0]
-    m = anchor.shape[0]
-    for i in range(n):
-        inj_up[i] = 0.0
-        inj_down[i] = 0.0
-    for s in range(m):
-        cs = c[s]
-        if cs == 0.0:
-            continue
-        a = anchor[s]
-        t = offset[s]
-        ra = r[a]
-        # the first point at or above b_s is the right neighbour, unless ties or rounding put
-        # b_s at an earlier point too (a call, kept off this path: calls that pass arrays
-        # cost their reference counting, more than the rest of the loop)
-        i = a if t <= 0.0 else a + 1
-        if i > n or (i > 0 and offset_z(ra, r[i - 1], inv_alpha, t) <= 0.0):
-            i = _first_at_or_above(r, inv_alpha, ra, t, i)
-        else:
-            while i < n and offset_z(ra, r[i], inv_alpha, t) > 0.0:
-                i += 1
-        if i < n:
-            inj_up[i] += cs * exp_nonpositive(shift[s] + offset_z(ra, r[i], inv_alpha, t))
-        if i > 0:
-            inj_down[i - 1] += cs * exp_nonpositive(shift[s] - offset_z(ra, r[i - 1], inv_alpha, t))
+    i = _first_at_or_above(r, inv_alpha, ra, t, start)
+    if i < n:
+        inj_up[i] += c * exp_nonpositive(shift + offset_z(ra, r[i], inv_alpha, t))
+    if i > 0:
+        inj_down[i - 1] += c * exp_nonpositive(shift - offset_z(ra, r[i - 1], inv_alpha, t))
+
+
+@helper
+def carry_injections(E, inj_up, inj_down, out):
+    """Add to ``out[i]`` the injections at or below ``i`` carried up and those at or above
+    carried down by the factors ``E[i] = exp(-(r[i] - r[i-1]) / alpha)``: the two passes of
+    :func:`spread_to_points` once every source sits at its neighbouring points. Streaming
+    passes without a merge: the merge's data-dependent loop exit was mispredicted about once
+    per point.
+    """
+    n = out.shape[0]
     acc = 0.0
     for i in range(n):
         if i > 0:

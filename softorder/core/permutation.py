@@ -30,7 +30,8 @@ from softorder.core.lapsum import (
 from softorder.core.rows import gather_finite, has_nan, scatter_finite
 
 FORWARD_WORK = TABLES
-GRADIENT_WORK = TABLES_WITH_MOMENTS + 1
+#: the tables with moments, the gradient, and a row for the CPU pullback's injections
+GRADIENT_WORK = TABLES_WITH_MOMENTS + 2
 #: rows of the boundary-indexed scratch ``twork`` (rows, BOUNDARY_WORK, n - 1) of the gradients:
 #: two of their own (``beta`` and ``w_bar``, or ``b_dot`` and ``w_dot``), then the inverse's.
 BOUNDARY_WORK = 2 + max(PULLBACK_WORK, PUSHFORWARD_WORK)
@@ -55,13 +56,17 @@ def _gradient_buffers(r, inv_alpha, work, twork):
 
 
 @helper
-def _finish_gradient(r, order, a, tables, anchor, offset, worder, beta, rbar, twork, x_bar):
+def _finish_gradient(r, order, a, tables, anchor, offset, work, beta, rbar, twork, x_bar):
     """Chain ``beta`` through the boundaries into ``rbar``, write ``x_bar`` (original order) and
     return the boundaries' part of ``alpha_bar``.
     """
     m = anchor.shape[0]
+    n = r.shape[0]
+    # S (row 3) is spent; the last row is the pullback's own
+    inj_up = work[3, :n]
+    inj_down = work[TABLES_WITH_MOMENTS + 1, :n]
     alpha_part = inverse_pullback(
-        r, a, tables, anchor, offset, worder, beta, rbar, twork[1, :m], twork[2:], False
+        r, a, tables, anchor, offset, beta, rbar, twork[1, :m], inj_up, inj_down, False
     )
     scatter_finite(r, order, rbar, x_bar)
     return alpha_part
@@ -162,7 +167,7 @@ def permutation_vjp(xs, order, alpha, anchor, offset, worder, V, x_bar, alpha_ba
             tables,
             anchor[row],
             offset[row],
-            worder,
+            work[row],
             beta,
             rbar,
             twork[row],
@@ -243,7 +248,7 @@ def permutation_loss_vjp(
             tables,
             anchor[row],
             offset[row],
-            worder,
+            work[row],
             beta,
             rbar,
             twork[row],

@@ -23,17 +23,19 @@ from softorder.core.lapsum import (
 )
 from softorder.core.rows import gather_finite, has_nan, scatter_finite
 
-#: rows of scratch the rules allocate: the GPU twins use all of them; the CPU kernels keep the
-#: gradient in the row of ``S`` and leave the last row untouched (no resident pages)
-VJP_WORK = JVP_WORK = TABLES_WITH_MOMENTS + 1
+#: rows of scratch: the tables, and the gradient (the GPU twins) or the pullback's two rows of
+#: injections (the CPU kernels, which keep the gradient in the row of ``S``)
+VJP_WORK = TABLES_WITH_MOMENTS + 2
+#: the tables and the tangent (the CPU kernel keeps it in the row of ``S``: one row untouched)
+JVP_WORK = TABLES_WITH_MOMENTS + 1
 
 
 @kernel
 def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha_bar, work, twork):
     """Cotangent ``u`` (rows, m) on the targets -> ``x_bar`` (rows, n; original element order),
     ``w_bar`` (rows, m) and ``alpha_bar`` (rows,). Scratch: ``work`` (rows, VJP_WORK, n),
-    ``twork`` (rows, PULLBACK_WORK, m). A ``w_bar`` of width 0 asks for no ``w_bar`` (soft
-    sort discards it; it costs an ``exp`` per target).
+    ``twork`` (rows, PULLBACK_WORK, m; only the GPU twin uses it). A ``w_bar`` of width 0 asks
+    for no ``w_bar`` (soft sort discards it; it costs an ``exp`` per target).
     """
     rows, n = xs.shape
     want_wbar = w_bar.shape[1] == anchor.shape[1]
@@ -54,11 +56,11 @@ def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha
             tables,
             anchor[row],
             offset[row],
-            worder[row],
             u[row],
             rbar,
             w_bar[row],
-            twork[row],
+            work[row, TABLES_WITH_MOMENTS, :n],
+            work[row, TABLES_WITH_MOMENTS + 1, :n],
             want_wbar,
         )
         scatter_finite(r, order[row], rbar, x_bar[row])

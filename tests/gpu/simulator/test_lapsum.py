@@ -81,7 +81,7 @@ def test_inverse_vjp(m):
     rows, n = xs.shape
     u = np.random.default_rng(2).normal(size=(rows, m))
     args = [xs, order, alpha, anchor, offset, worder, u, np.empty((rows, n)), np.empty((rows, m))]
-    args += [np.empty(rows), work(rows, 7, n), work(rows, 2, m)]
+    args += [np.empty(rows), work(rows, core.sort.VJP_WORK, n), work(rows, 2, m)]
     compare(core.inverse_vjp, gpu_sort.inverse_vjp, args, [7, 8, 9])
 
 
