@@ -767,7 +767,7 @@ def soft_topk(
     >>> p.round(decimals=3), float(p.sum())
     (tensor([1., 0., 1., 0.]), 2.0)
     """
-    return _run(operations.soft_topk, locals())
+    return _run(operations.soft_topk, dict(x=x, k=k, alpha=alpha, dim=dim, largest=largest))
 
 
 @documented(operations.log_soft_topk, _TORCH)
@@ -781,7 +781,7 @@ def log_soft_topk(
     >>> sot.log_soft_topk(torch.tensor([0.0, 2000.0], dtype=torch.float64), 1, alpha=1.0)
     tensor([-1000.6931,    -0.0000], dtype=torch.float64)
     """
-    return _run(operations.log_soft_topk, locals())
+    return _run(operations.log_soft_topk, dict(x=x, k=k, alpha=alpha, dim=dim, largest=largest))
 
 
 @documented(operations.soft_rank, _TORCH)
@@ -795,7 +795,7 @@ def soft_rank(
     >>> sot.soft_rank(torch.tensor([0.5, -1.0, 3.0]), alpha=0.01)
     tensor([2., 1., 3.])
     """
-    return _run(operations.soft_rank, locals())
+    return _run(operations.soft_rank, dict(x=x, alpha=alpha, dim=dim, descending=descending))
 
 
 @documented(operations.soft_sort, _TORCH)
@@ -809,7 +809,7 @@ def soft_sort(
     >>> sot.soft_sort(torch.tensor([2.0, -1.0, 0.5]), alpha=0.001)
     tensor([-1.0000,  0.5000,  2.0000])
     """
-    return _run(operations.soft_sort, locals())
+    return _run(operations.soft_sort, dict(x=x, alpha=alpha, dim=dim, descending=descending))
 
 
 @documented(operations.soft_quantile, _TORCH)
@@ -824,7 +824,7 @@ def soft_quantile(
     >>> sot.soft_quantile(x, torch.tensor([0.25, 0.75]), alpha=1e-3)
     tensor([1.5000, 3.5000], dtype=torch.float64)
     """
-    return _run(operations.soft_quantile, locals())
+    return _run(operations.soft_quantile, dict(x=x, q=q, alpha=alpha, dim=dim))
 
 
 @documented(operations.soft_permutation, _TORCH)
@@ -840,7 +840,7 @@ def soft_permutation(
     >>> P @ x
     tensor([-3.0000,  0.2000,  1.0000])
     """
-    return _run(operations.soft_permutation, locals())
+    return _run(operations.soft_permutation, dict(x=x, alpha=alpha, dim=dim, descending=descending))
 
 
 @documented(operations.topk_cross_entropy, _TORCH)
@@ -863,7 +863,17 @@ def topk_cross_entropy(
     >>> round(loss.item(), 4), logits.grad.shape
     (2.4966, torch.Size([2, 4]))
     """
-    return _run(operations.topk_cross_entropy, locals())
+    return _run(
+        operations.topk_cross_entropy,
+        dict(
+            logits=logits,
+            labels=labels,
+            p_k=p_k,
+            alpha=alpha,
+            reduction=reduction,
+            split_top1=split_top1,
+        ),
+    )
 
 
 @documented(operations.permutation_cross_entropy, _TORCH)
@@ -885,7 +895,12 @@ def permutation_cross_entropy(
     >>> bool(good < bad)
     True
     """
-    return _run(operations.permutation_cross_entropy, locals())
+    return _run(
+        operations.permutation_cross_entropy,
+        dict(
+            x=x, target_ranks=target_ranks, alpha=alpha, reduction=reduction, descending=descending
+        ),
+    )
 
 
 @documented(operations.topk_cross_entropy, _TORCH, drop=("Returns", "Raises", "Notes"))
