@@ -58,3 +58,36 @@ def test_bench_latency_quick():
     assert "import      softorder " in out
     for row in ("np.argsort n=100", "numpy soft_rank n=100", "numpy soft_topk n=1000"):
         assert f"floor       {row}" in out, out
+
+
+def test_precompile_covers_what_calls_need(tmp_path):
+    """After ``precompile`` in one process, another compiles nothing for the same operation:
+    forward, VJP, JVP, and a large batch on the thread pool (``parallel=True``)."""
+    env = {"NUMBA_CACHE_DIR": str(tmp_path)}
+    first = _run(
+        ["-c", "import softorder; softorder.precompile(['soft_rank'], parallel=True)"], **env
+    )
+    assert first.returncode == 0, first.stderr
+    assert "softorder.precompile: soft_rank (1/1)" in first.stderr
+    assert "softorder.precompile: parallel variants" in first.stderr
+    code = (
+        "import numpy as np, softorder\n"
+        "from numba.core import event\n"
+        "compiled = []\n"
+        "class L(event.Listener):\n"
+        "    def on_start(self, ev): compiled.append(ev.data['dispatcher'].py_func.__name__)\n"
+        "    def on_end(self, ev): pass\n"
+        "event.register('numba:compile', L())\n"
+        "softorder.core.set_parallel(True)\n"
+        "for x in (np.random.rand(2, 8), np.random.rand(64, 1000)):\n"
+        "    out, pullback = softorder.vjp(softorder.soft_rank, x, 0.5)\n"
+        "    pullback(np.ones_like(out))\n"
+        "    softorder.jvp(softorder.soft_rank, (x, 0.5), (np.ones_like(x),))\n"
+        "from numba.np.ufunc import parallel\n"
+        "assert parallel._is_initialized\n"
+        "print(compiled)\n"
+    )
+    second = _run(["-c", code], **env)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip() == "[]"
+    assert "compiling" not in second.stderr
