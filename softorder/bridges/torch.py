@@ -705,7 +705,7 @@ def _run(fn, arguments: dict) -> Tensor:
     return out.to(dtype) if out.dtype != dtype else out
 
 
-_PLAIN = {bool, int, float, str, type(None)}
+_PLAIN = (bool, int, float, str, type(None))  # (a tuple: dynamo in torch 2.5 cannot trace a set)
 
 
 def _static(value, name: str):
