@@ -97,12 +97,20 @@ def test_serial_calls_never_start_a_thread_pool(tmp_path):
 
 @pytest.mark.parametrize("pool_started", [False, True], ids=["serial", "after-threads"])
 def test_fork_then_call_in_child(tmp_path, pool_started):
-    """The issue's reproduction: a call, ``os.fork()``, a call in the child."""
+    """The issue's reproduction: a call, ``os.fork()``, a call in the child; serially (as after
+    ``set_parallel(False)``, or next to a bridge), and after the parent started the pool."""
     run_script(
         tmp_path,
         f"""
+        from numba.np.ufunc import parallel
+
         softorder.soft_rank(np.random.rand(3, 5), 0.5)
-        expected = start_pool() if {pool_started} else work(1)
+        if {pool_started}:
+            expected = start_pool()
+        else:
+            core.set_parallel(False)
+            expected = work(1)
+            assert not parallel._is_initialized
         pid = os.fork()
         if pid == 0:
             ok = same(work(1), expected)
