@@ -137,23 +137,27 @@ def inject_exact(r, inv_alpha, ra, t, shift, c, start, inj_up, inj_down):
 
 
 @helper
-def carry_injections(E, inj_up, inj_down, out):
+def carry_injections(E, inj_up, inj_down, out, fresh_out):
     """Add to ``out[i]`` the injections at or below ``i`` carried up and those at or above
     carried down by the factors ``E[i] = exp(-(r[i] - r[i-1]) / alpha)``: the two passes of
     :func:`spread_to_points` once every source sits at its neighbouring points. Streaming
     passes without a merge: the merge's data-dependent loop exit was mispredicted about once
-    per point.
+    per point. With ``fresh_out`` (``out`` held nothing before the injections) ``inj_down``
+    may be ``out`` itself: the downward pass then writes instead of adding.
     """
     n = out.shape[0]
-    acc = 0.0
-    for i in range(n):
-        if i > 0:
-            acc *= E[i]
-        acc += inj_up[i]
-        out[i] += acc
     acc = 0.0
     for i in range(n - 1, -1, -1):
         if i < n - 1:
             acc *= E[i + 1]
         acc += inj_down[i]
+        if fresh_out:
+            out[i] = acc
+        else:
+            out[i] += acc
+    acc = 0.0
+    for i in range(n):
+        if i > 0:
+            acc *= E[i]
+        acc += inj_up[i]
         out[i] += acc

@@ -252,13 +252,16 @@ def row_tables(r, inv_alpha, moments, work):
 
 
 @helper
-def inverse_pullback(r, alpha, tables, anchor, offset, u, rbar, wbar, inj_up, inj_down, want_wbar):
+def inverse_pullback(
+    r, alpha, tables, anchor, offset, u, rbar, wbar, inj_up, inj_down, want_wbar, fresh_rbar
+):
     """Pull a cotangent ``u`` on targets ``b_j = S^-1(w_j)`` back to the sorted row.
 
     Adds ``sum_j u_j db_j/dr_i`` to ``rbar`` (sorted order, O(n + m)), writes
     ``wbar[j] = u_j db_j/dw_j`` when ``want_wbar`` (soft sort and the permutation boundaries
     discard it: it costs one ``exp`` per target) and returns ``sum_j u_j db_j/dalpha``.
-    ``inj_up``, ``inj_down``: scratch of length n. Targets may come in any order.
+    ``inj_up``, ``inj_down``: scratch of length n. With ``fresh_rbar`` (``rbar`` holds nothing
+    yet) ``inj_down`` may be ``rbar`` itself: one row of n less. Targets may come in any order.
 
     ``db_j/dr_i = exp(shift_j - |b_j - r_i| / alpha) / G_j`` is a Laplace-kernel sum from the
     targets to the points: each target is injected at its two neighbouring points with the
@@ -321,7 +324,7 @@ def inverse_pullback(r, alpha, tables, anchor, offset, u, rbar, wbar, inj_up, in
         if want_wbar:
             wbar[j] = uj * 2.0 * alpha * math.exp(sh) / G
         alpha_bar += uj * Z / G
-    carry_injections(E, inj_up, inj_down, rbar)
+    carry_injections(E, inj_up, inj_down, rbar, fresh_rbar)
     return alpha_bar
 
 

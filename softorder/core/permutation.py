@@ -66,7 +66,7 @@ def _finish_gradient(r, order, a, tables, anchor, offset, work, beta, rbar, twor
     inj_up = work[3, :n]
     inj_down = work[TABLES_WITH_MOMENTS + 1, :n]
     alpha_part = inverse_pullback(
-        r, a, tables, anchor, offset, beta, rbar, twork[1, :m], inj_up, inj_down, False
+        r, a, tables, anchor, offset, beta, rbar, twork[1, :m], inj_up, inj_down, False, False
     )
     scatter_finite(r, order, rbar, x_bar)
     return alpha_part

@@ -23,9 +23,9 @@ from softorder.core.lapsum import (
 )
 from softorder.core.rows import gather_finite, has_nan, scatter_finite
 
-#: rows of scratch: the tables, and the gradient (the GPU twins) or the pullback's two rows of
-#: injections (the CPU kernels, which keep the gradient in the row of ``S``)
-VJP_WORK = TABLES_WITH_MOMENTS + 2
+#: rows of scratch: the tables and the gradient (the CPU kernel keeps the gradient in the row
+#: of ``S`` and the pullback's upward injections in the last row)
+VJP_WORK = TABLES_WITH_MOMENTS + 1
 #: the tables and the tangent (the CPU kernel keeps it in the row of ``S``: one row untouched)
 JVP_WORK = TABLES_WITH_MOMENTS + 1
 
@@ -48,7 +48,7 @@ def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha
             continue
         a = alpha[row]
         tables = row_tables(r, 1.0 / a, True, work[row])
-        rbar = work[row, 3, :n]  # S: the gradients do not read it (row 6 stays untouched)
+        rbar = work[row, 3, :n]  # S: the gradients do not read it
         rbar[:] = 0.0
         alpha_bar[row] = inverse_pullback(
             r,
@@ -60,8 +60,9 @@ def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha
             rbar,
             w_bar[row],
             work[row, TABLES_WITH_MOMENTS, :n],
-            work[row, TABLES_WITH_MOMENTS + 1, :n],
+            rbar,
             want_wbar,
+            True,
         )
         scatter_finite(r, order[row], rbar, x_bar[row])
 
