@@ -4,9 +4,15 @@
 ``torch.autograd.Function``, ``torch.func``, ``torch.compiler``) besides the entry points
 here. Each says what it is for, and what happens when a PyTorch release no longer has the
 private API: a slower public path where there is one, a clear error naming softorder where
-there is none. All were checked with torch 2.13.0 (the version CI pins); ``pyproject.toml``
-declares ``torch>=2.4``, and ``tests/test_torch_compat.py`` checks every entry point against
-the installed torch.
+there is none. ``tests/test_torch_compat.py`` checks every entry point against the installed
+torch.
+
+Checked with torch 2.6.0, 2.13.0 (the version CI pins) and 2.15.0: the torch test files pass
+on each (on 2.6.0 but for one warning that inductor itself raises). Hence ``torch>=2.6`` in
+``pyproject.toml``. Older releases fail loudly, never with wrong values: on 2.5.1 second
+derivatives and ``vmap`` of ``jacrev``/``jacfwd`` hit an internal assert of functorch
+(``savedLocalDispatchKeySet_``); on 2.4.0 custom operators cannot be differentiated under
+torch.func at all (their autograd has no ``setup_context``), and ``register_vmap`` is missing.
 
 Importing this module imports nothing beyond ``torch`` itself (in particular not
 ``torch._dynamo``, which costs seconds).
@@ -25,7 +31,6 @@ __all__ = [
     "is_fake",
     "is_wrapped",
     "mark_constant",
-    "register_vmap",
     "transforms_active",
     "unwrap_dead_wrappers",
 ]
@@ -143,27 +148,14 @@ class FastApplyFunction(torch.autograd.Function):
         return super(torch.autograd.Function, cls).apply(*args)
 
 
-# --- public APIs whose form changed between the declared torch versions ----------------------
+# --- public APIs used in one form that every declared torch accepts ---------------------------
 
 
 def custom_op(name: str, schema: str):
     """:func:`torch.library.custom_op` with an explicit schema and no mutated arguments.
 
-    Giving the schema, instead of letting PyTorch infer it from the annotations, works on
-    every declared torch: torch 2.4 cannot read the annotations of a module that uses
-    ``from __future__ import annotations`` (they are strings).
+    Giving the schema, instead of letting PyTorch infer it from the annotations, does not
+    depend on how a release reads annotations: torch 2.4 could not read those of a module
+    that uses ``from __future__ import annotations`` (they are strings).
     """
     return torch.library.custom_op(name, mutates_args=(), schema=schema)
-
-
-def register_vmap(op):
-    """:func:`torch.library.register_vmap` (public since torch 2.5) as a decorator for ``op``.
-
-    Torch 2.4 has no such function: the rule is then not registered, and PyTorch itself
-    refuses to vmap the operator (derivatives under ``vmap``: ``jacrev``, ``jacfwd``,
-    ``vmap(grad(...))``), with an error, never a wrong value.
-    """
-    register = getattr(torch.library, "register_vmap", None)
-    if register is None:  # pragma: no cover - torch 2.4
-        return lambda fn: fn
-    return register(op)

@@ -522,7 +522,7 @@ def _vmapped(info, in_dims, call: _Call, tensors) -> tuple[Tensor, int]:
     return batched.reduce(_Operation.apply(_Call.of(batched.spec), *batched.tensors)), 0
 
 
-@compat.register_vmap(_backward_op)
+@torch.library.register_vmap(_backward_op)
 def _(info, in_dims, spec, tensors, residuals, cotangent):
     _, tensor_dims, residual_dims, cotangent_dim = in_dims
     batched = _Batched(info.batch_size, spec, tensors, tensor_dims)
@@ -534,7 +534,7 @@ def _(info, in_dims, spec, tensors, residuals, cotangent):
     return [batched.unmove(n, g) for n, g in zip(wanted, grads, strict=True)], [0] * len(grads)
 
 
-@compat.register_vmap(_pushforward_op)
+@torch.library.register_vmap(_pushforward_op)
 def _(info, in_dims, spec, tensors, residuals, tangent_names, tangents, like):
     _, tensor_dims, residual_dims, _, tangent_dims, _ = in_dims
     batched = _Batched(info.batch_size, spec, tensors, tensor_dims)
@@ -674,17 +674,21 @@ def _check_dim(x: Tensor, dim) -> int:
     return dim
 
 
-def _run(fn, arguments: dict) -> Tensor:
-    """Call the NumPy API's operation ``fn`` with the bridge function's ``arguments``."""
-    input_name = fn.rule.input_name
+def _run(name: str, arguments: dict) -> Tensor:
+    """Call the NumPy API's operation ``name`` with the bridge function's ``arguments``.
+
+    (The name, not the function: dynamo in torch 2.15 reads a wrapped function's
+    ``__name__`` as its code's name.)
+    """
+    input_name = _OPERATIONS[name].rule.input_name
     x = _check_input(arguments[input_name], input_name)
     if "dim" in arguments:
         arguments["axis"] = _check_dim(x, arguments.pop("dim"))
     dtype = x.dtype
     compiling = torch.compiler.is_compiling()
     tensor_names, tensors, statics = [], [], {}
-    for name, value in arguments.items():
-        if compiling and name not in _SETTINGS and isinstance(value, (float, int)):
+    for arg, value in arguments.items():
+        if compiling and arg not in _SETTINGS and isinstance(value, (float, int)):
             # torch.compile may turn a number that changes between calls into a symbol,
             # which cannot be part of the constant spec: pass it as a tensor instead.
             value = torch.tensor(value, dtype=torch.float64)
@@ -693,15 +697,15 @@ def _run(fn, arguments: dict) -> Tensor:
                 _backend_for(value.device)
             if value.dtype in _COMPUTE_DTYPE:
                 value = value.to(_COMPUTE_DTYPE[value.dtype])
-            tensor_names.append(name)
+            tensor_names.append(arg)
             tensors.append(value)
         else:
-            statics[name] = _static(value, name)
+            statics[arg] = _static(value, arg)
     if compiling:
-        spec = _encode(fn.__name__, tuple(tensor_names), tuple(statics.items()))
+        spec = _encode(name, tuple(tensor_names), tuple(statics.items()))
         out = _forward_op(spec, tensors)[0]
     else:
-        out = _Operation.apply(_Call(fn.__name__, tuple(tensor_names), statics), *tensors)
+        out = _Operation.apply(_Call(name, tuple(tensor_names), statics), *tensors)
     return out.to(dtype) if out.dtype != dtype else out
 
 
@@ -767,7 +771,7 @@ def soft_topk(
     >>> p.round(decimals=3), float(p.sum())
     (tensor([1., 0., 1., 0.]), 2.0)
     """
-    return _run(operations.soft_topk, dict(x=x, k=k, alpha=alpha, dim=dim, largest=largest))
+    return _run("soft_topk", dict(x=x, k=k, alpha=alpha, dim=dim, largest=largest))
 
 
 @documented(operations.log_soft_topk, _TORCH)
@@ -781,7 +785,7 @@ def log_soft_topk(
     >>> sot.log_soft_topk(torch.tensor([0.0, 2000.0], dtype=torch.float64), 1, alpha=1.0)
     tensor([-1000.6931,    -0.0000], dtype=torch.float64)
     """
-    return _run(operations.log_soft_topk, dict(x=x, k=k, alpha=alpha, dim=dim, largest=largest))
+    return _run("log_soft_topk", dict(x=x, k=k, alpha=alpha, dim=dim, largest=largest))
 
 
 @documented(operations.soft_rank, _TORCH)
@@ -795,7 +799,7 @@ def soft_rank(
     >>> sot.soft_rank(torch.tensor([0.5, -1.0, 3.0]), alpha=0.01)
     tensor([2., 1., 3.])
     """
-    return _run(operations.soft_rank, dict(x=x, alpha=alpha, dim=dim, descending=descending))
+    return _run("soft_rank", dict(x=x, alpha=alpha, dim=dim, descending=descending))
 
 
 @documented(operations.soft_sort, _TORCH)
@@ -809,7 +813,7 @@ def soft_sort(
     >>> sot.soft_sort(torch.tensor([2.0, -1.0, 0.5]), alpha=0.001)
     tensor([-1.0000,  0.5000,  2.0000])
     """
-    return _run(operations.soft_sort, dict(x=x, alpha=alpha, dim=dim, descending=descending))
+    return _run("soft_sort", dict(x=x, alpha=alpha, dim=dim, descending=descending))
 
 
 @documented(operations.soft_quantile, _TORCH)
@@ -824,7 +828,7 @@ def soft_quantile(
     >>> sot.soft_quantile(x, torch.tensor([0.25, 0.75]), alpha=1e-3)
     tensor([1.5000, 3.5000], dtype=torch.float64)
     """
-    return _run(operations.soft_quantile, dict(x=x, q=q, alpha=alpha, dim=dim))
+    return _run("soft_quantile", dict(x=x, q=q, alpha=alpha, dim=dim))
 
 
 @documented(operations.soft_permutation, _TORCH)
@@ -840,7 +844,7 @@ def soft_permutation(
     >>> P @ x
     tensor([-3.0000,  0.2000,  1.0000])
     """
-    return _run(operations.soft_permutation, dict(x=x, alpha=alpha, dim=dim, descending=descending))
+    return _run("soft_permutation", dict(x=x, alpha=alpha, dim=dim, descending=descending))
 
 
 @documented(operations.topk_cross_entropy, _TORCH)
@@ -864,7 +868,7 @@ def topk_cross_entropy(
     (2.4966, torch.Size([2, 4]))
     """
     return _run(
-        operations.topk_cross_entropy,
+        "topk_cross_entropy",
         dict(
             logits=logits,
             labels=labels,
@@ -896,7 +900,7 @@ def permutation_cross_entropy(
     True
     """
     return _run(
-        operations.permutation_cross_entropy,
+        "permutation_cross_entropy",
         dict(
             x=x, target_ranks=target_ranks, alpha=alpha, reduction=reduction, descending=descending
         ),
