@@ -4,6 +4,8 @@ parameter left undocumented is an error at import time."""
 
 import inspect
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -69,3 +71,11 @@ def test_own_entries_replace_the_numpy_ones():
     assert doc.startswith("Own summary.\n")
     assert "alpha : float\n    Own alpha.\n" in doc
     assert "dim : int\n    Dimension along which to rank.\n" in doc
+
+
+def test_the_docstring_generator_imports_no_framework():
+    # the JAX bridge reuses softorder._docs: it must stay framework-neutral
+    script = "import sys, softorder._docs; print(sorted({'torch', 'jax'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
