@@ -8,11 +8,19 @@ there is none. ``tests/test_torch_compat.py`` checks every entry point against t
 torch.
 
 Checked with torch 2.6.0, 2.13.0 (the version CI pins) and 2.15.0: the torch test files pass
-on each (on 2.6.0 but for one warning that inductor itself raises). Hence ``torch>=2.6`` in
-``pyproject.toml``. Older releases fail loudly, never with wrong values: on 2.5.1 second
-derivatives and ``vmap`` of ``jacrev``/``jacfwd`` hit an internal assert of functorch
-(``savedLocalDispatchKeySet_``); on 2.4.0 custom operators cannot be differentiated under
+on each (``pyproject.toml`` ignores two warnings that torch itself raises on 2.6 and 2.15).
+Hence ``torch>=2.6`` in ``pyproject.toml``. On older releases the torch tests fail with
+errors, not wrong values: on 2.5.1 second derivatives and ``vmap`` of
+``jacrev``/``jacfwd`` hit an internal assert of functorch (``savedLocalDispatchKeySet_``); on
+2.4.0 custom operators cannot be differentiated under
 torch.func at all (their autograd has no ``setup_context``), and ``register_vmap`` is missing.
+
+To check another torch (a second CI job; about 3 GB of wheels, the torch tests take a minute)::
+
+    python -m venv /tmp/torch-2.6 && /tmp/torch-2.6/bin/pip install torch==2.6.0 numpy numba \
+        scipy pytest hypothesis
+    PYTHONPATH=. /tmp/torch-2.6/bin/python -m pytest -p no:cacheprovider tests/test_torch_*.py \
+        docs/pytorch.rst softorder/bridges/torch.py
 
 Importing this module imports nothing beyond ``torch`` itself (in particular not
 ``torch._dynamo``, which costs seconds).
