@@ -407,7 +407,8 @@ class TopKRule(Rule):
             x_bar,
             w_bar,
             alpha_bar,
-            ctx.work(core.topk.VJP_WORK),
+            # (the CPU VJP needs no tables; the GPU twin scans them)
+            ctx.work(core.topk.VJP_WORK if ctx.kernels is core else core.topk.GPU_VJP_WORK),
         )
         k_bar = targets.grad_to_user(w_bar, rows, rows.dtype)
         return rows.grad_to_user(x_bar), k_bar, ctx.alpha_grad(alpha_bar)

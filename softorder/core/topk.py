@@ -34,9 +34,12 @@ FORWARD_WORK = TABLES
 #: the tables with moments and :func:`gradient_scratch` (the tangent in sorted order goes to
 #: the spent ``E``)
 GRADIENT_WORK = TABLES_WITH_MOMENTS + 5
-#: the tables with moments and the gradient; omega and the cotangent in sorted order go to the
-#: rows ``E`` and ``S``, which the gradients do not read
-VJP_WORK = TABLES_WITH_MOMENTS + 1
+#: the relative weights of a target, the cotangent in sorted order and the gradient (the VJP
+#: needs no tables)
+VJP_WORK = 3
+#: the GPU twin's VJP (:func:`softorder.core.cuda.topk.topk_vjp`): the tables with moments and
+#: the gradient
+GPU_VJP_WORK = TABLES_WITH_MOMENTS + 1
 
 
 @helper
@@ -124,13 +127,38 @@ def target_terms(r, alpha, tables, anchor, t, log, z, kappa, omega, kappa_k):
     return zg, common
 
 
+@helper
+def target_shift(r, inv_alpha, anchor, t):
+    """``shift = min_i |z_i|`` of a target ``(anchor, t)``, from its two neighbouring points
+    (as :func:`~softorder.core.lapsum.target_sums` finds it); ``inf`` for a target at infinite
+    distance from every point (``G == 0``: all its terms are 0).
+    """
+    n = r.shape[0]
+    if t <= 0.0:
+        R = anchor
+        L = anchor - 1
+    else:
+        L = anchor
+        R = anchor + 1
+    zl = offset_z(r[anchor], r[L], inv_alpha, t) if L >= 0 else INF
+    zr = offset_z(r[anchor], r[R], inv_alpha, t) if R < n else -INF
+    return min(zl, -zr)
+
+
+#: Below this ``shift`` the VJP forms ``exp(-|z|)`` as ``exp(shift - |z|) exp(-shift)`` (one
+#: ``exp`` per element instead of two); ``exp(-shift)`` is a normal number there.
+ONE_EXP_SHIFT = 700.0
+
+
 @kernel
 def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, work):
     """Cotangent ``v`` (rows, m, n) -> ``x_bar`` (rows, n), ``w_bar`` (rows, m), ``alpha_bar``.
 
-    ``work``: (rows, VJP_WORK, n). One pass per target forms each element's terms
-    (:func:`element_terms`) and uses them at once; only ``omega`` is kept for the second pass
-    (the per-element arrays of :func:`target_terms` cost three more rows of memory traffic).
+    ``work``: (rows, VJP_WORK, n). No Lap-sum tables: one pass per target forms each
+    element's relative weight ``e_i = exp(shift - |z_i|)`` and sums ``G = sum e_i`` and
+    ``Z = sum z_i e_i`` (the sums of :func:`~softorder.core.lapsum.target_sums`) beside the
+    cotangent's sums, so ``1 / G`` enters after the pass; ``exp(-|z_i|)`` of ``kappa`` is
+    ``e_i exp(-shift)`` (:data:`ONE_EXP_SHIFT`). A second pass adds ``omega_i phi``.
     """
     rows, n = xs.shape
     m = anchor.shape[1]
@@ -143,42 +171,66 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
             continue
         a = alpha[row]
         inv_alpha = 1.0 / a
-        E, A, B, Ad, Bd, S = row_tables(r, inv_alpha, True, work[row])
-        omega = work[row, 0, :n]  # E and S: the gradients do not read them
-        vs = work[row, 3, :n]
-        rbar = work[row, TABLES_WITH_MOMENTS, :n]
+        e = work[row, 0, :n]
+        vs = work[row, 1, :n]
+        rbar = work[row, 2, :n]
         rbar[:] = 0.0
         abar = 0.0
         for j in range(m):
             t = offset[row, j]
-            shift, inv_g, zg, common = target_scales(
-                r, inv_alpha, A, B, Ad, Bd, anchor[row, j], t, log
-            )
-            ra = r[anchor[row, j]]
+            an = anchor[row, j]
+            shift = target_shift(r, inv_alpha, an, t)
+            w_bar[row, j] = 0.0
+            if shift == INF:
+                continue  # G == 0: every term of this target is 0
+            ra = r[an]
+            one_exp = shift < ONE_EXP_SHIFT
+            decay = math.exp(-shift) if one_exp else 0.0
             gather(order[row], v[row, j], vs)
+            G = 0.0
+            Z = 0.0
             phi = 0.0
             phi_z = 0.0
-            k_bar = 0.0
+            k_bar = 0.0  # times 1 / G
             v_common = 0.0  # log: cotangents of the elements whose kappa_k is `common`
             for i in range(n):
                 zi = offset_z(ra, r[i], inv_alpha, t)
-                kappa, om, kappa_k = element_terms(zi, shift, inv_g, inv_alpha, log)
-                omega[i] = om
+                az = abs(zi)
+                if az == INF:
+                    e[i] = 0.0
+                    continue
+                ei = 1.0 if az == shift else math.exp(shift - az)  # rel_weight
+                e[i] = ei
+                G += ei
+                Z += zi * ei
                 vi = vs[i]
-                if vi == 0.0 or abs(zi) == INF:
+                if vi == 0.0:
                     continue  # (kappa may underflow where kappa_k does not: keep going)
-                vk = vi * kappa
+                if log:
+                    if zi <= 0.0:
+                        vk = vi * inv_alpha  # hazard 1
+                        v_common += vi
+                    else:
+                        h = 0.5 * (ei * decay if one_exp else math.exp(-zi))
+                        q = 1.0 / (1.0 - h)
+                        vk = vi * (h * q * inv_alpha)
+                        k_bar += vi * (ei * q)
+                else:
+                    ez = ei * decay if one_exp else math.exp(-az)
+                    vk = vi * (0.5 * ez * inv_alpha)
+                    k_bar += vi * ei
                 phi += vk
                 phi_z += vk * zi
-                if log and zi <= 0.0:
-                    v_common += vi
-                else:
-                    k_bar += vi * kappa_k
                 rbar[i] -= vk
+            inv_g = 1.0 / G
+            pg = phi * inv_g
             for i in range(n):
-                rbar[i] += omega[i] * phi
-            w_bar[row, j] = k_bar + v_common * common if v_common != 0.0 else k_bar
-            abar += phi * zg - phi_z
+                rbar[i] += e[i] * pg
+            k_bar *= inv_g
+            if v_common != 0.0:
+                k_bar += v_common * (2.0 * math.exp(shift) * inv_g)
+            w_bar[row, j] = k_bar
+            abar += phi * (Z * inv_g) - phi_z
         alpha_bar[row] = abar
         scatter_finite(r, order[row], rbar, x_bar[row])
 
