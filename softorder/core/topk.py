@@ -25,7 +25,7 @@ from softorder.core.lapsum import (
     solve_targets,
     target_sums,
 )
-from softorder.core.rows import gather, gather_finite, has_nan, scatter, scatter_finite
+from softorder.core.rows import gather, gather_finite, has_nan, scatter
 
 #: the tables; the forward then writes each target's row in sorted order into ``E`` (spent once
 #: the targets are solved) and scatters it at once: a random-order write per element inside
@@ -34,7 +34,7 @@ FORWARD_WORK = TABLES
 #: the tables with moments and :func:`gradient_scratch` (the tangent in sorted order goes to
 #: the spent ``E``)
 GRADIENT_WORK = TABLES_WITH_MOMENTS + 5
-#: the relative weights of a target, the cotangent in sorted order and the gradient (the VJP
+#: the relative weights of a target, the gradient and the cotangent in sorted order (the VJP
 #: needs no tables)
 VJP_WORK = 3
 #: the GPU twin's VJP (:func:`softorder.core.cuda.topk.topk_vjp`): the tables with moments and
@@ -158,12 +158,14 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
     element's relative weight ``e_i = exp(shift - |z_i|)`` and sums ``G = sum e_i`` and
     ``Z = sum z_i e_i`` (the sums of :func:`~softorder.core.lapsum.target_sums`) beside the
     cotangent's sums, so ``1 / G`` enters after the pass; ``exp(-|z_i|)`` of ``kappa`` is
-    ``e_i exp(-shift)`` (:data:`ONE_EXP_SHIFT`). A second pass adds ``omega_i phi``.
+    ``e_i exp(-shift)`` (:data:`ONE_EXP_SHIFT`). Each target's ``omega_i phi = e_i phi / G``
+    is added in the next target's pass, the last one's in the scatter: one pass per target.
     """
     rows, n = xs.shape
     m = anchor.shape[1]
     for row in prange(rows):
         r = xs[row]
+        o = order[row]
         if has_nan(r):
             x_bar[row, :] = np.nan
             w_bar[row, :] = np.nan
@@ -171,10 +173,11 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
             continue
         a = alpha[row]
         inv_alpha = 1.0 / a
-        e = work[row, 0, :n]
-        vs = work[row, 1, :n]
-        rbar = work[row, 2, :n]
-        rbar[:] = 0.0
+        e = work[row, 0, :n]  # the last target's e_i, whose omega_i phi is still to add
+        rbar = work[row, 1, :n]
+        vs = work[row, 2, :n]  # the cotangent in sorted order
+        fresh = True  # rbar holds nothing yet
+        pg = 0.0  # phi / G of the target in e
         abar = 0.0
         for j in range(m):
             t = offset[row, j]
@@ -186,7 +189,7 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
             ra = r[an]
             one_exp = shift < ONE_EXP_SHIFT
             decay = math.exp(-shift) if one_exp else 0.0
-            gather(order[row], v[row, j], vs)
+            gather(o, v[row, j], vs)  # (a separate pass: random reads inside the loop cost more)
             G = 0.0
             Z = 0.0
             phi = 0.0
@@ -194,10 +197,12 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
             k_bar = 0.0  # times 1 / G
             v_common = 0.0  # log: cotangents of the elements whose kappa_k is `common`
             for i in range(n):
+                acc = 0.0 if fresh else rbar[i] + e[i] * pg
                 zi = offset_z(ra, r[i], inv_alpha, t)
                 az = abs(zi)
                 if az == INF:
                     e[i] = 0.0
+                    rbar[i] = acc
                     continue
                 ei = 1.0 if az == shift else math.exp(shift - az)  # rel_weight
                 e[i] = ei
@@ -205,6 +210,7 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
                 Z += zi * ei
                 vi = vs[i]
                 if vi == 0.0:
+                    rbar[i] = acc
                     continue  # (kappa may underflow where kappa_k does not: keep going)
                 if log:
                     if zi <= 0.0:
@@ -221,18 +227,20 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
                     k_bar += vi * ei
                 phi += vk
                 phi_z += vk * zi
-                rbar[i] -= vk
+                rbar[i] = acc - vk
+            fresh = False
             inv_g = 1.0 / G
             pg = phi * inv_g
-            for i in range(n):
-                rbar[i] += e[i] * pg
             k_bar *= inv_g
             if v_common != 0.0:
                 k_bar += v_common * (2.0 * math.exp(shift) * inv_g)
             w_bar[row, j] = k_bar
             abar += phi * (Z * inv_g) - phi_z
         alpha_bar[row] = abar
-        scatter_finite(r, order[row], rbar, x_bar[row])
+        xb = x_bar[row]
+        for i in range(n):
+            # (no cotangent reaches an infinite entry)
+            xb[o[i]] = 0.0 if fresh or abs(r[i]) == INF else rbar[i] + e[i] * pg
 
 
 @kernel
