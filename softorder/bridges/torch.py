@@ -147,10 +147,8 @@ def _as_array(t: Tensor, on_device: bool = True):
     """
     if compat.is_wrapped(t):
         t = _plain_copy(t)  # the dispatcher unwraps every level on the way in
-    if t.is_cpu:
+    if t.device.type not in _ON_DEVICE:  # CPU tensors (and the meta device's own error)
         return t.detach().numpy()
-    if t.device.type not in _ON_DEVICE:
-        return t.detach().numpy()  # (the meta device's own error)
     t = t.detach()
     return t if on_device else t.cpu().numpy()
 
