@@ -36,16 +36,7 @@ import textwrap
 
 import numpy as np
 
-OPERATIONS = (
-    "soft_rank",
-    "soft_sort",
-    "soft_quantile",
-    "soft_topk",
-    "log_soft_topk",
-    "soft_permutation",
-    "topk_cross_entropy",
-    "permutation_cross_entropy",
-)
+from softorder._precompile import OPERATIONS
 
 # One forward + backward of ``op`` through ``api`` in a fresh interpreter, timed after the
 # imports; prints a JSON line.
