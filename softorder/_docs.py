@@ -15,7 +15,8 @@ Merging, section by section:
   translated); a parameter documented by neither raises ``ValueError`` at import, so the
   docstrings cannot drift from the signatures;
 - Returns, Raises: the bridge's own if it has the section, else the NumPy one, translated;
-- Notes: the NumPy notes, translated, then the bridge's own notes and the dialect's note;
+- Notes: the NumPy notes, translated, then the bridge's own notes, the note shared by some of
+  its functions (``notes``) and the dialect's note;
 - Examples: the bridge's own only (the NumPy examples call NumPy).
 """
 
@@ -162,10 +163,12 @@ def merge(
     name: str,
     differentiable: tuple = (),
     drop: tuple = (),
+    notes: str = "",
 ) -> str:
     """The docstring of a bridge's ``name``: the NumPy docstring ``source`` merged with the
     bridge function's ``own`` docstring (see the module docstring), for the parameter names
-    ``signature``, without the sections in ``drop``.
+    ``signature``, without the sections in ``drop``; ``notes``, a paragraph added to the Notes
+    after the bridge's own (a note several functions of a bridge share).
 
     Examples
     --------
@@ -223,12 +226,13 @@ def merge(
                 for e in _entries(source_sections[title])
             ]
             sections[title] = [line for e in entries for line in _entry(*e)]
-    notes = [dialect.text(line) for line in source_sections.get("Notes", [])]
-    for extra in (own_sections.get("Notes", []), _wrapped(dialect.note.format(**fields))):
+    noted = [dialect.text(line) for line in source_sections.get("Notes", [])]
+    shared = (_wrapped(notes), _wrapped(dialect.note.format(**fields)))
+    for extra in (own_sections.get("Notes", []), *shared):
         if extra and extra != [""]:
-            notes += [""] * bool(notes) + extra
-    if notes:
-        sections["Notes"] = notes
+            noted += [""] * bool(noted) + extra
+    if noted:
+        sections["Notes"] = noted
     if "Examples" in own_sections:
         sections["Examples"] = own_sections["Examples"]
     unknown = set(own_sections) - set(_ORDER)
@@ -245,11 +249,11 @@ def _wrapped(text: str) -> list[str]:
     return textwrap.wrap(text, 92, break_on_hyphens=False) if text else []
 
 
-def documented(source: Callable, dialect: Dialect, drop: tuple = ()):
+def documented(source: Callable, dialect: Dialect, drop: tuple = (), notes: str = ""):
     """Decorator: give a bridge function (or class) the docstring :func:`merge` makes from
     ``source``'s and its own, for the decorated function's parameters (a class's
-    ``__init__``'s, without ``self``). ``source.rule.differentiable``, when there is one, names
-    the differentiable arguments.
+    ``__init__``'s, without ``self``), with the paragraph ``notes`` added to the Notes.
+    ``source.rule.differentiable``, when there is one, names the differentiable arguments.
     """
 
     def decorate(fn):
@@ -257,7 +261,14 @@ def documented(source: Callable, dialect: Dialect, drop: tuple = ()):
         names = [n for n in signature.parameters if n != "self"]
         differentiable = getattr(getattr(source, "rule", None), "differentiable", ())
         fn.__doc__ = merge(
-            source.__doc__, fn.__doc__, names, dialect, source.__name__, differentiable, drop
+            source.__doc__,
+            fn.__doc__,
+            names,
+            dialect,
+            source.__name__,
+            differentiable,
+            drop,
+            notes,
         )
         return fn
 

@@ -19,16 +19,13 @@ FFI route
     (not traced) ``alpha`` and ``k``, one ``k`` per row, are XLA FFI custom calls into numba
     C functions (:mod:`softorder.bridges._jax_ffi`): XLA runs them in place on its buffers,
     with no Python, GIL or host copy, so a call costs its kernels. They sort the rows
-    themselves (a radix sort; XLA's own sort took 120 us for one row of 1e3), then call the
-    same serial kernels as the NumPy API on the same float64 rows: values and gradients are
-    the NumPy API's bit for bit, except that with ties the order among equal elements, and
-    with it the rounding of their gradients, can differ (these sorts are stable, NumPy's is
-    not). The route is chosen when a function is traced; every other call (a traced
-    ``alpha`` or ``k``, several ``k`` per row, the other operations) takes
-    ``pure_callback``. Measured with ``benchmarks/bench_jax.py --floor-only`` (float32, one
-    thread, a loaded 2-core machine), ``jax.jit(jax.grad(...))`` of ``soft_rank`` on one
-    row took 13 us at n = 1e2 and 33 us at n = 1e3, against 253 and 287 us through
-    ``pure_callback`` and 38 and 58 us for the NumPy API's forward + VJP. The handlers are
+    themselves (a radix sort, faster than XLA's own on single rows), then call the same
+    serial kernels as the NumPy API on the same float64 rows: values and gradients are the
+    NumPy API's bit for bit, except that with ties the order among equal elements, and with
+    it the rounding of their gradients, can differ (these sorts are stable, NumPy's is not).
+    The route is chosen when a function is traced; every other call (a traced ``alpha`` or
+    ``k``, several ``k`` per row, the other operations) takes ``pure_callback``. Timings
+    against ``pure_callback`` and the NumPy API: the JAX page of the docs. The handlers are
     compiled on first use (seconds, once: cached on disk next to the kernels;
     ``softorder.precompile(apis=["jax"])`` compiles them ahead).
 
@@ -54,8 +51,8 @@ dtypes
     without x64.
 Threads
     Importing this module keeps the numba kernels on the calling thread
-    (:func:`softorder.core.set_parallel`): next to XLA's thread pool, a 256 x 1000
-    ``soft_rank`` forward + backward took 33 ms with numba's parallel rows and 11 ms without.
+    (:func:`softorder.core.set_parallel`): next to XLA's thread pool, numba's parallel rows
+    made calls slower (figures: the JAX page of the docs).
 Devices
     On the CPU backend the callbacks are :func:`jax.pure_callback` calls into the CPU
     kernels. When JAX's default backend is CUDA and ``numba-cuda`` is installed, they are
@@ -70,12 +67,10 @@ Devices
     the host. On ROCm, TPU, or CUDA without ``numba-cuda`` (with a warning) every call copies
     its inputs to the host and its results back. The path is chosen when a function is traced
     (``jax.default_backend()``); a computation placed on the CPU under a GPU default runs the
-    CPU kernels in place. Verified without a GPU only: in numba's simulator, forcing the
-    ``buffer_callback`` path on the CPU backend (``_DEVICE_CALLBACKS = True``, host buffers as
-    simulated device arrays, GPU kernels simulated) gives the ``pure_callback`` path's values
-    and gradients for every operation under ``jit`` and ``grad``, and for a ``vmap`` of
-    ``soft_rank`` (one batched call); XLA's GPU buffers, its stream and the device-to-device
-    copies have not run on a GPU.
+    CPU kernels in place. ``_DEVICE_CALLBACKS = True`` forces the ``buffer_callback`` path on
+    the CPU backend, where numba's simulator runs the GPU kernels on host buffers (the tests
+    compare it with the ``pure_callback`` path; what has run on a GPU: the JAX page of the
+    docs).
 Bad input
     Shapes, ``axis``, flags and every concrete (non-traced) value are checked when the
     function is traced, raising the same ``ValueError`` / ``TypeError`` as the NumPy API.
@@ -109,8 +104,8 @@ from numpy.typing import ArrayLike
 
 from softorder import core
 from softorder import operations as _ops
-from softorder._autodiff import _bind
 from softorder._backend import NUMPY
+from softorder._docs import Dialect, documented
 from softorder._layout import (
     Layout,
     Targets,
@@ -810,7 +805,9 @@ def _compute_dtype(dtype) -> tuple[np.dtype, np.dtype]:
 def _run(op: Callable, **kwargs: Any) -> jax.Array:
     """Call the NumPy operation ``op``'s rule through the callbacks, from JAX."""
     signature = op.signature
-    arguments = _bind(signature, (), kwargs)
+    bound = signature.bind(**kwargs)  # every public function passes every argument
+    bound.apply_defaults()
+    arguments = dict(bound.arguments)
     rule = op.rule
     names = tuple(p.name for p in signature.parameters.values() if p.kind is not p.KEYWORD_ONLY)
     statics = {p: arguments[p] for p in signature.parameters if p not in names}
@@ -873,9 +870,40 @@ def _run(op: Callable, **kwargs: Any) -> jax.Array:
 
 
 # --------------------------------------------------------------------------------------------
-# The public functions.
+# The public functions. Their docstrings are the NumPy API's, in JAX's words
+# (softorder._docs): each function writes only its differences and its example.
+
+_JAX = Dialect(
+    words=((r"\bndarray\b", "jax.Array"),),
+    types=(
+        (r"\barray_like\b", "jax.Array"),
+        (r"\bndarray\b", "jax.Array"),
+    ),
+    kinds={"p_k": "sequence or jax.Array"},
+    about="The JAX version of :func:`softorder.{name}`: the same kernels and values.",
+    note=(
+        "JAX: results are float32 by default and float64 with ``jax_enable_x64``; floating "
+        "inputs keep their dtype (float16 and bfloat16 are computed in float32). Works under "
+        "``jax.jit`` and ``jax.vmap`` (one batched kernel call); reverse-mode derivatives "
+        "(``jax.grad``, ``jax.vjp``, ``jax.jacrev``) in {differentiable}, which may be traced. "
+        "Forward mode (``jax.jvp``, ``jax.jacfwd``) raises ``TypeError`` and second "
+        "derivatives ``NotImplementedError``. Concrete arguments are checked when the function "
+        "is traced (in float32 also as rounded to float32); a bad traced value raises "
+        ":class:`jax.errors.JaxRuntimeError` when the kernels run."
+    ),
+)
+
+#: a note of the operations the FFI route covers
+_FFI_NOTE = (
+    "FFI route: on the CPU backend, with a concrete (not traced) ``alpha`` (and ``k``, one per "
+    "row), this is an XLA FFI call into numba C functions, with no Python per call; otherwise "
+    'a ``pure_callback`` (see the module\'s "FFI route").'
+)
+#: a note of the losses
+_LOSS_NOTE = "Under ``vmap`` the reduction applies to each vmapped element separately."
 
 
+@documented(_ops.soft_topk, _JAX, notes=_FFI_NOTE)
 def soft_topk(
     x: ArrayLike,
     k: ArrayLike,
@@ -884,31 +912,7 @@ def soft_topk(
     axis: int = -1,
     largest: bool = True,
 ) -> jax.Array:
-    """Soft top-k memberships: how much each element belongs to the k largest (or smallest).
-
-    JAX version of :func:`softorder.soft_topk` (same values); differentiable with respect to
-    ``x``, ``k`` and ``alpha``, any of which may be traced.
-
-    Parameters
-    ----------
-    x : array_like
-        Scores; any shape, real.
-    k : float or array_like
-        Number of elements to select, strictly between 0 and n; a scalar, one per row, or
-        several per row with one more trailing axis (see :func:`softorder.soft_topk`).
-    alpha : float or array_like
-        Positive scale, in the units of ``x``: a scalar or one per row.
-    axis : int
-        Axis along which to select.
-    largest : bool
-        Select the largest (default) or the smallest k.
-
-    Returns
-    -------
-    jax.Array
-        Memberships in (0, 1) summing to k, shaped like ``x`` (with an extra k axis for
-        several k per row).
-
+    """
     Examples
     --------
     >>> import jax, jax.numpy as jnp
@@ -923,6 +927,7 @@ def soft_topk(
     return _run(_ops.soft_topk, x=x, k=k, alpha=alpha, axis=axis, largest=largest)
 
 
+@documented(_ops.log_soft_topk, _JAX, notes=_FFI_NOTE)
 def log_soft_topk(
     x: ArrayLike,
     k: ArrayLike,
@@ -931,20 +936,7 @@ def log_soft_topk(
     axis: int = -1,
     largest: bool = True,
 ) -> jax.Array:
-    """Logarithm of :func:`soft_topk`, computed without underflow.
-
-    JAX version of :func:`softorder.log_soft_topk`.
-
-    Parameters
-    ----------
-    x, k, alpha, axis, largest
-        As for :func:`soft_topk`.
-
-    Returns
-    -------
-    jax.Array
-        Log-memberships, shaped like :func:`soft_topk`'s result.
-
+    """
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -955,30 +947,11 @@ def log_soft_topk(
     return _run(_ops.log_soft_topk, x=x, k=k, alpha=alpha, axis=axis, largest=largest)
 
 
+@documented(_ops.soft_rank, _JAX, notes=_FFI_NOTE)
 def soft_rank(
     x: ArrayLike, alpha: ArrayLike = 1.0, *, axis: int = -1, descending: bool = False
 ) -> jax.Array:
-    """Soft ranks, 1-based like ``scipy.stats.rankdata``.
-
-    JAX version of :func:`softorder.soft_rank`; differentiable with respect to ``x`` and
-    ``alpha``.
-
-    Parameters
-    ----------
-    x : array_like
-        Values; any shape, real.
-    alpha : float or array_like
-        Positive scale, in the units of ``x``: a scalar or one per row.
-    axis : int
-        Axis along which to rank.
-    descending : bool
-        Rank 1 for the largest instead of the smallest value.
-
-    Returns
-    -------
-    jax.Array
-        Ranks in (1/2, n + 1/2), shaped like ``x``.
-
+    """
     Examples
     --------
     >>> import jax, jax.numpy as jnp
@@ -994,30 +967,11 @@ def soft_rank(
     return _run(_ops.soft_rank, x=x, alpha=alpha, axis=axis, descending=descending)
 
 
+@documented(_ops.soft_sort, _JAX)
 def soft_sort(
     x: ArrayLike, alpha: ArrayLike = 1.0, *, axis: int = -1, descending: bool = False
 ) -> jax.Array:
-    """Soft sort: the points where the soft rank would be 1, 2, ..., n.
-
-    JAX version of :func:`softorder.soft_sort`; differentiable with respect to ``x`` and
-    ``alpha``.
-
-    Parameters
-    ----------
-    x : array_like
-        Values; any shape, real.
-    alpha : float or array_like
-        Positive scale, in the units of ``x``: a scalar or one per row.
-    axis : int
-        Axis to sort along.
-    descending : bool
-        Largest first.
-
-    Returns
-    -------
-    jax.Array
-        Soft-sorted values, shaped like ``x``.
-
+    """
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -1028,31 +982,11 @@ def soft_sort(
     return _run(_ops.soft_sort, x=x, alpha=alpha, axis=axis, descending=descending)
 
 
+@documented(_ops.soft_quantile, _JAX)
 def soft_quantile(
     x: ArrayLike, q: ArrayLike, alpha: ArrayLike = 1.0, *, axis: int = -1
 ) -> jax.Array:
-    """Soft quantile: the point below which a soft fraction q of ``x`` lies.
-
-    JAX version of :func:`softorder.soft_quantile`; differentiable with respect to ``x``,
-    ``q`` and ``alpha``.
-
-    Parameters
-    ----------
-    x : array_like
-        Values; any shape, real.
-    q : float or array_like
-        Probability strictly between 0 and 1: a scalar, one per row, or several per row with
-        one more trailing axis (see :func:`softorder.soft_quantile`).
-    alpha : float or array_like
-        Positive scale, in the units of ``x``: a scalar or one per row.
-    axis : int
-        Axis along which to take quantiles; it is removed (or replaced by the q axis).
-
-    Returns
-    -------
-    jax.Array
-        Quantiles, with ``axis`` removed (or replaced by the q axis).
-
+    """
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -1064,30 +998,11 @@ def soft_quantile(
     return _run(_ops.soft_quantile, x=x, q=q, alpha=alpha, axis=axis)
 
 
+@documented(_ops.soft_permutation, _JAX)
 def soft_permutation(
     x: ArrayLike, alpha: ArrayLike = 1.0, *, axis: int = -1, descending: bool = False
 ) -> jax.Array:
-    """Soft permutation matrix ``P`` with ``P @ x`` the (soft) sorted ``x``.
-
-    JAX version of :func:`softorder.soft_permutation`; differentiable with respect to ``x``
-    and ``alpha``.
-
-    Parameters
-    ----------
-    x : array_like
-        Values; any shape, real.
-    alpha : float or array_like
-        Positive scale, in the units of ``x``: a scalar or one per row.
-    axis : int
-        Axis to sort along; the two matrix axes are placed last.
-    descending : bool
-        Rows of ``P`` from the largest element to the smallest.
-
-    Returns
-    -------
-    jax.Array
-        ``P`` of shape ``batch + (n, n)``, doubly stochastic.
-
+    """
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -1100,6 +1015,7 @@ def soft_permutation(
     return _run(_ops.soft_permutation, x=x, alpha=alpha, axis=axis, descending=descending)
 
 
+@documented(_ops.topk_cross_entropy, _JAX, notes=_LOSS_NOTE)
 def topk_cross_entropy(
     logits: ArrayLike,
     labels: ArrayLike,
@@ -1109,32 +1025,7 @@ def topk_cross_entropy(
     reduction: str = "mean",
     split_top1: bool = False,
 ) -> jax.Array:
-    """Top-k cross-entropy ``-log sum_k P_K(k) p^(k)_y`` on LapSum memberships.
-
-    JAX version of :func:`softorder.topk_cross_entropy`; differentiable with respect to
-    ``logits`` and ``alpha`` (``labels`` and ``p_k`` get no gradient). Under ``vmap`` the
-    reduction applies to each vmapped element separately.
-
-    Parameters
-    ----------
-    logits : array_like
-        Scores of shape ``(..., C)``; classes along the last axis.
-    labels : array_like of int
-        True classes in ``[0, C)``, shape ``(...)``.
-    p_k : array_like
-        ``P_K(k)`` for k = 1..K (K < C) along the last axis, non-negative, summing to 1.
-    alpha : float or array_like
-        Positive scale, in the units of the logits: a scalar or one per row.
-    reduction : {"mean", "sum", "none"}
-        How to combine the per-sample losses.
-    split_top1 : bool
-        Use the softmax for the k = 1 share.
-
-    Returns
-    -------
-    jax.Array
-        The loss: a scalar, or shape ``(...)`` for ``reduction="none"``.
-
+    """
     Examples
     --------
     >>> import jax, jax.numpy as jnp
@@ -1158,6 +1049,7 @@ def topk_cross_entropy(
     )
 
 
+@documented(_ops.permutation_cross_entropy, _JAX, notes=_LOSS_NOTE)
 def permutation_cross_entropy(
     x: ArrayLike,
     target_ranks: ArrayLike,
@@ -1166,30 +1058,7 @@ def permutation_cross_entropy(
     reduction: str = "mean",
     descending: bool = False,
 ) -> jax.Array:
-    """Permutation cross-entropy ``-sum_i log P[t_i - 1, i]`` of :func:`soft_permutation`.
-
-    JAX version of :func:`softorder.permutation_cross_entropy` (O(n log n), no n x n matrix);
-    differentiable with respect to ``x`` and ``alpha``. Under ``vmap`` the reduction applies to
-    each vmapped element separately.
-
-    Parameters
-    ----------
-    x : array_like
-        Scores of shape ``(..., n)``, ranked along the last axis.
-    target_ranks : array_like of int
-        The true 1-based rank of each element, same shape as ``x``.
-    alpha : float or array_like
-        Positive scale, in the units of ``x``: a scalar or one per row.
-    reduction : {"mean", "sum", "none"}
-        How to combine the per-row losses.
-    descending : bool
-        Rank 1 is the largest score.
-
-    Returns
-    -------
-    jax.Array
-        The loss: a scalar, or shape ``(...)`` for ``reduction="none"``.
-
+    """
     Examples
     --------
     >>> import jax.numpy as jnp
