@@ -108,3 +108,43 @@ def test_dim_refuses_bool_and_non_integers(dim):
 def test_dim_index_out_of_range_is_an_index_error():
     with pytest.raises(IndexError, match="Dimension out of range"):
         sot.soft_rank(X, 0.5, dim=np.int64(2))
+
+
+@pytest.mark.parametrize("flag", [np.False_, np.True_])
+def test_numpy_bool_flags_act_as_bools(flag):
+    expected = sot.soft_topk(X, 2, 0.5, largest=bool(flag))
+    torch.testing.assert_close(sot.soft_topk(X, 2, 0.5, largest=flag), expected)
+    expected = sot.soft_rank(X, 0.5, descending=bool(flag))
+    torch.testing.assert_close(sot.soft_rank(X, 0.5, descending=flag), expected)
+    logits, labels = X.float(), LABELS
+    expected = sot.topk_cross_entropy(logits, labels, [0.5, 0.5], 1.0, split_top1=bool(flag))
+    got = sot.topk_cross_entropy(logits, labels, [0.5, 0.5], 1.0, split_top1=flag)
+    torch.testing.assert_close(got, expected)
+
+
+def test_numpy_bool_k_is_still_refused():
+    with pytest.raises(TypeError, match="k"):
+        sot.soft_topk(X, np.True_, 0.5)
+
+
+def test_numpy_scalars_under_torch_compile():
+    def ranks(x, alpha):
+        return sot.soft_rank(x, alpha)
+
+    def topk(x, k):
+        return sot.soft_topk(x, k, 0.5)
+
+    compiled_ranks = torch.compile(ranks, backend="eager", fullgraph=True)
+    compiled_topk = torch.compile(topk, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled_ranks(X, np.float64(0.5)), ranks(X, 0.5))
+    torch.testing.assert_close(compiled_topk(X, np.int64(2)), topk(X, 2))
+
+
+def test_numpy_settings_under_torch_compile_are_refused_naming_softorder():
+    def along(x, dim):
+        return sot.soft_rank(x, 0.5, dim=dim)
+
+    compiled = torch.compile(along, backend="eager", fullgraph=True)
+    # (dynamo wraps the error raised in traced code; the message is softorder's)
+    with pytest.raises(Exception, match="softorder under torch.compile: dim must be a Python"):
+        compiled(X, np.int64(1))

@@ -680,12 +680,16 @@ def _run(name: str, arguments: dict) -> Tensor:
     """
     input_name = _OPERATIONS[name].rule.input_name
     x = _check_input(arguments[input_name], input_name)
+    compiling = torch.compiler.is_compiling()
+    if compiling:
+        _plain_settings_when_compiling(arguments)
     if "dim" in arguments:
         arguments["axis"] = _check_dim(x, arguments.pop("dim"))
     dtype = x.dtype
-    compiling = torch.compiler.is_compiling()
     tensor_names, tensors, statics = [], [], {}
     for arg, value in arguments.items():
+        if compiling and isinstance(value, (np.ndarray, np.generic)) and value.ndim == 0:
+            value = torch.as_tensor(value)  # dynamo traces NumPy scalars as arrays
         if compiling and arg not in _SETTINGS and isinstance(value, (float, int)):
             # torch.compile may turn a number that changes between calls into a symbol,
             # which cannot be part of the constant spec: pass it as a tensor instead.
@@ -707,6 +711,18 @@ def _run(name: str, arguments: dict) -> Tensor:
     return out.to(dtype) if out.dtype != dtype else out
 
 
+def _plain_settings_when_compiling(arguments: dict) -> None:
+    """Refuse NumPy scalars for the settings under ``torch.compile``: dynamo traces them as
+    arrays, whose values the call spec cannot hold as constants.
+    """
+    for arg in ("dim", *_SETTINGS):
+        if isinstance(arguments.get(arg), (np.ndarray, np.generic)):
+            raise TypeError(
+                f"softorder under torch.compile: {arg} must be a Python int or bool, not a "
+                f"NumPy value (e.g. {arg}=int(value) or bool(value))"
+            )
+
+
 _PLAIN = (bool, int, float, str, type(None))  # (a tuple: dynamo in torch 2.5 cannot trace a set)
 
 
@@ -719,6 +735,8 @@ def _static(value, name: str):
         return value
     if isinstance(value, (bool, str, type(None))):
         return value
+    if isinstance(value, np.bool_):
+        return bool(value)
     if isinstance(value, numbers.Integral):
         return int(value)
     if isinstance(value, numbers.Real):
