@@ -160,6 +160,44 @@ def solve_targets(r, inv_alpha, E, A, B, S, w, worder, anchor, t):
         anchor[j], t[j] = invert(r, inv_alpha, E, A, B, w[j], hint)
 
 
+@helper
+def solve_ladder(r, inv_alpha, E, A, B, S, w0, anchor, t):
+    """Invert the ascending targets ``w_q = w0 + q`` (q = 0..m-1, m = ``anchor.shape[0]``) of
+    one row: soft sort (``w0 = 1/2``) and the permutation boundaries (``w0 = 1``).
+
+    The interval of every target, ``J_q = #{i : S[i] <= w_q}``, comes from a count instead of
+    a search: ``S[i] <= w0 + q`` exactly when ``q >= ceil(S[i] - w0)`` (``S[i] - w0`` is exact
+    for ``S[i] >= w0 / 2``, and below that the ceiling is 0 either way), so each point adds 1
+    at its first target and a prefix sum gives ``J_q``. Branch-free, unlike a merge, whose
+    data-dependent exit was mispredicted about once per target (10 of 14 ms at n = 1e6).
+    The same ``J`` as :func:`count_at_most` wherever ``S`` is non-decreasing; the inverse is
+    :func:`invert`'s, written with selects for the common case.
+    """
+    n = r.shape[0]
+    m = anchor.shape[0]
+    anchor[:] = 0  # the counts, then overwritten by the anchors
+    for i in range(n):
+        first = math.ceil(S[i] - w0)
+        if first < m:
+            anchor[int(max(first, 0.0))] += 1
+    J = 0
+    for q in range(m):
+        J += anchor[q]
+        w = w0 + q
+        if J == 0 or J == n or E[J] < SMALL_E:
+            anchor[q], t[q] = invert(r, inv_alpha, E, A, B, w, J)
+            continue
+        c = w - J
+        a = A[J - 1]
+        b = B[J]
+        d = math.sqrt(c * c + a * b * E[J])
+        up = c >= 0.0
+        num = c + d if up else a
+        den = b if up else d - c
+        anchor[q] = J if up else J - 1
+        t[q] = math.log(num / den)
+
+
 @inner_helper
 def target_position(r, alpha, anchor, t):
     """The value ``b = r[anchor] + alpha * t`` of a target."""
@@ -381,4 +419,24 @@ def inverse_kernel(xs, alpha, w, worder, out, anchor, offset, work):
         E, A, B, Ad, Bd, S = row_tables(r, 1.0 / a, False, work[row])
         solve_targets(r, 1.0 / a, E, A, B, S, w[row], worder[row], anchor[row], offset[row])
         for j in range(w.shape[1]):
+            out[row, j] = target_position(r, a, anchor[row, j], offset[row, j])
+
+
+@kernel
+def sort_kernel(xs, alpha, out, anchor, offset, work):
+    """Soft sort: :func:`inverse_kernel` at the targets ``w = k - 1/2`` (k = 1..n), which
+    need no array: they are a ladder (:func:`solve_ladder`). ``work``: (rows, TABLES, n).
+    """
+    rows, n = xs.shape
+    for row in prange(rows):
+        r = xs[row]
+        if has_nan(r):
+            out[row, :] = np.nan
+            anchor[row, :] = 0
+            offset[row, :] = np.nan
+            continue
+        a = alpha[row]
+        E, A, B, Ad, Bd, S = row_tables(r, 1.0 / a, False, work[row])
+        solve_ladder(r, 1.0 / a, E, A, B, S, 0.5, anchor[row], offset[row])
+        for j in range(n):
             out[row, j] = target_position(r, a, anchor[row, j], offset[row, j])

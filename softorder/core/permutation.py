@@ -25,7 +25,7 @@ from softorder.core.lapsum import (
     inverse_pullback,
     inverse_pushforward,
     row_tables,
-    solve_targets,
+    solve_ladder,
 )
 from softorder.core.rows import gather_finite, has_nan, scatter_finite
 
@@ -39,9 +39,11 @@ BOUNDARY_WORK = 2 + max(PULLBACK_WORK, PUSHFORWARD_WORK)
 
 @helper
 def _boundaries(r, inv_alpha, tables, w, worder, anchor, offset):
-    """Solve ``S(b_k) = k`` for k = 1..n-1 (``w = 1..n-1``, ``worder = 0..n-2``)."""
+    """Solve ``S(b_k) = k`` for k = 1..n-1 (``w = 1..n-1``, ``worder = 0..n-2``: a ladder, which
+    :func:`~softorder.core.lapsum.solve_ladder` inverts without reading them).
+    """
     E, A, B, Ad, Bd, S = tables
-    solve_targets(r, inv_alpha, E, A, B, S, w, worder, anchor, offset)
+    solve_ladder(r, inv_alpha, E, A, B, S, 1.0, anchor, offset)
 
 
 @helper
