@@ -146,8 +146,9 @@ class RankRule(Rule):
 
     def vjp(self, ctx, cotangent):
         rows = ctx.rows
-        v = rows.to_core(cotangent, "row", (rows.n,), "cotangent")
-        x_bar = ctx.empty(rows.xs.shape)
+        v, owned = rows.to_core_owned(cotangent, "row", (rows.n,), "cotangent")
+        # rank_vjp gathers each row of v before it writes that row of x_bar
+        x_bar = v if owned and ctx.kernels is core else ctx.empty(rows.xs.shape)
         alpha_bar = ctx.empty(rows.rows)
         ctx.kernels.rank_vjp(
             rows.xs,
@@ -396,10 +397,12 @@ class TopKRule(Rule):
     def vjp(self, ctx, cotangent):
         rows, targets, s = ctx.rows, ctx.params["targets"], ctx.saved
         core_shape = (targets.m, rows.n) if targets.multi else (rows.n,)
-        v = rows.to_core(cotangent, self._kind(ctx), core_shape, "cotangent").reshape(
-            rows.rows, targets.m, rows.n
-        )
-        x_bar = ctx.empty(rows.xs.shape)
+        v, owned = rows.to_core_owned(cotangent, self._kind(ctx), core_shape, "cotangent")
+        v = v.reshape(rows.rows, targets.m, rows.n)
+        # with one target per row, topk_vjp gathers each row of v before it scatters that row
+        # of x_bar (the CPU kernel; the GPU twin is not written for it)
+        alias = owned and targets.m == 1 and ctx.kernels is core
+        x_bar = v.reshape(rows.xs.shape) if alias else ctx.empty(rows.xs.shape)
         w_bar = ctx.empty((rows.rows, targets.m))
         alpha_bar = ctx.empty(rows.rows)
         ctx.kernels.topk_vjp(
