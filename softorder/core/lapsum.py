@@ -280,12 +280,32 @@ def row_tables(r, inv_alpha, moments, work):
     A = work[1, :n]
     B = work[2, :n]
     S = work[3, :n]
-    prefix_sums(r, inv_alpha, E, A, B)
-    lapsum_at_points(A, B, S)
     Ad = work[4, :n] if moments else work[0, :0]
     Bd = work[5, :n] if moments else work[0, :0]
-    if moments:
-        prefix_moments(r, inv_alpha, E, Ad, Bd, A, B)
+    if not moments:
+        prefix_sums(r, inv_alpha, E, A, B)
+        lapsum_at_points(A, B, S)
+        return E, A, B, Ad, Bd, S
+    # :func:`prefix_sums`, :func:`lapsum_at_points` and :func:`prefix_moments` in two passes
+    # instead of five (the same operations on the same values; without the moments, fusing
+    # the passes was slower: 7.5 against 5.7 ms at n = 1e6)
+    A[0] = 1.0
+    E[0] = 0.0
+    Ad[0] = 0.0
+    for i in range(1, n):
+        d = gap(r[i], r[i - 1])
+        e = math.exp(-d * inv_alpha)
+        E[i] = e
+        A[i] = 1.0 + e * A[i - 1]
+        Ad[i] = e * (Ad[i - 1] + d * inv_alpha * A[i - 1]) if e > 0.0 else 0.0
+    B[n - 1] = 1.0
+    S[n - 1] = n - 1 + 0.5 + 0.5 * (B[n - 1] - A[n - 1])
+    Bd[n - 1] = 0.0
+    for i in range(n - 2, -1, -1):
+        e = E[i + 1]
+        B[i] = 1.0 + e * B[i + 1]
+        S[i] = i + 0.5 + 0.5 * (B[i] - A[i])
+        Bd[i] = e * (Bd[i + 1] + gap(r[i + 1], r[i]) * inv_alpha * B[i + 1]) if e > 0.0 else 0.0
     return E, A, B, Ad, Bd, S
 
 
