@@ -204,19 +204,22 @@ class InverseRule(Rule):
         # the CPU kernel skips w_bar when it has width 0 (the GPU twin always writes it)
         w_bar = ctx.empty(u.shape if self.targets_differentiable or not host else (rows.rows, 0))
         alpha_bar = ctx.empty(rows.rows)
+        # the CPU kernel reads neither the targets' order nor per-target scratch (for soft
+        # sort at n = 1e6 they were 24 MB)
+        cpu = ctx.kernels is core
         ctx.kernels.inverse_vjp(
             rows.xs,
             rows.order,
             ctx.alpha,
             s["anchor"],
             s["offset"],
-            self._target_order(ctx),
+            np.empty((rows.rows, 0), np.int64) if cpu else self._target_order(ctx),
             u,
             x_bar,
             w_bar,
             alpha_bar,
             ctx.work(core.sort.VJP_WORK),
-            ctx.work(core.lapsum.PULLBACK_WORK, u.shape[1]),
+            ctx.work(0 if cpu else core.lapsum.PULLBACK_WORK, u.shape[1]),
         )
         return x_bar, w_bar, alpha_bar
 
