@@ -508,7 +508,7 @@ class PermutationRule(Rule):
             ctx.alpha,
             s["anchor"],
             s["offset"],
-            _boundary_targets(rows)[1],
+            _boundary_targets(rows, read=True)[1],
             _x_tangent(tangents, rows),
             ctx.alpha_tangent(tangents),
             out,
@@ -518,8 +518,15 @@ class PermutationRule(Rule):
         return rows.to_user(out, "matrix")
 
 
-def _boundary_targets(rows: Rows) -> tuple[np.ndarray, np.ndarray]:
-    """Targets ``w = 1..n-1`` of the permutation boundaries and their (sorted) order."""
+def _boundary_targets(rows: Rows, read: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Targets ``w = 1..n-1`` of the permutation boundaries and their (sorted) order.
+
+    The CPU kernels invert this ladder without reading them (``solve_ladder``); unless
+    ``read`` (the JVP's pushforward reads the order) they get empty arrays of the same types,
+    two arrays of n - 1 less per call.
+    """
+    if not read and rows.backend.kernels is core:
+        return np.empty(0), np.empty(0, np.int64)
     m = rows.n - 1
     return rows.backend.from_host(np.arange(1.0, m + 1.0)), rows.backend.from_host(np.arange(m))
 
