@@ -85,28 +85,26 @@ def _boundary_z(r, inv_alpha, anchor, offset, k, ri):
 
 
 @helper
-def _loss_lookup(r, order, target, anchor, ra, rank):
-    """``ra[k] = r[anchor[k]]`` per boundary and ``rank[i] = target[order[i]]`` per sorted
-    element (as a float, exact below 2**53), in two streaming passes.
+def _values_by_rank(r, order, target, out):
+    """``out[t_i - 1] = r_i``: each sorted element's value at its target rank.
 
-    The loss reads two boundaries per element at its target rank, a random position: through
-    ``target[order[i]]``, then ``anchor``, then ``r``, that chain of dependent cache misses made
-    the loss 30x a sort at n = 1e6. With these tables each element costs one independent miss.
+    The loss reads two boundaries per element at its target rank, a random position. With
+    the element's value moved to its rank first (a tight loop of independent random writes),
+    the boundaries are read in order; a long loop body with random reads kept too few misses
+    in flight (the loss was 10x a sort at n = 1e6).
     """
-    for k in range(anchor.shape[0]):
-        ra[k] = r[anchor[k]]
     for i in range(r.shape[0]):
-        rank[i] = target[order[i]]
+        out[target[order[i]] - 1] = r[i]
 
 
 @inner_helper
-def _table_z(n, inv_alpha, ra, offset, k, ri):
-    """:func:`_boundary_z` from the table ``ra`` of :func:`_loss_lookup` (the same value)."""
+def _rank_z(r, inv_alpha, anchor, offset, k, ri):
+    """:func:`_boundary_z` for boundary ``k`` in 0..n (the same value)."""
     if k == 0:
         return -INF
-    if k == n:
+    if k == r.shape[0]:
         return INF
-    return offset_z(ra[k - 1], ri, inv_alpha, offset[k - 1])
+    return offset_z(r[anchor[k - 1]], ri, inv_alpha, offset[k - 1])
 
 
 @kernel
@@ -191,16 +189,21 @@ def permutation_loss_forward(xs, order, alpha, target, w, worder, out, anchor, o
         inv_alpha = 1.0 / alpha[row]
         tables = row_tables(r, inv_alpha, False, work[row])
         _boundaries(r, inv_alpha, tables, w, worder, anchor[row], offset[row])
-        ra = work[row, 1]  # the tables are spent once the boundaries are solved
-        rank = work[row, 2]
-        _loss_lookup(r, order[row], target[row], anchor[row], ra, rank)
+        # the tables are spent once the boundaries are solved
+        terms = work[row, 0]
+        _values_by_rank(r, order[row], target[row], terms)
+        an = anchor[row]
         off = offset[row]
+        for k in range(n):  # the element of target rank k + 1, between boundaries k and k + 1
+            ri = terms[k]
+            z0 = _rank_z(r, inv_alpha, an, off, k, ri)
+            z1 = _rank_z(r, inv_alpha, an, off, k + 1, ri)
+            terms[k] = log_cdf_diff(z0, z1)
         loss = 0.0
-        for i in range(n):
-            k = int(rank[i]) - 1
-            z0 = _table_z(n, inv_alpha, ra, off, k, r[i])
-            z1 = _table_z(n, inv_alpha, ra, off, k + 1, r[i])
-            loss -= log_cdf_diff(z0, z1)
+        tg = target[row]
+        od = order[row]
+        for i in range(n):  # summed in the order of the elements, as before
+            loss -= terms[tg[od[i]] - 1]
         out[row] = loss
 
 
@@ -219,30 +222,51 @@ def permutation_loss_vjp(
         a = alpha[row]
         inv_alpha = 1.0 / a
         tables, beta, rbar = _gradient_buffers(r, inv_alpha, work[row], twork[row])
-        ra = twork[row, 2]  # the pullback's scratch, free until _finish_gradient
-        rank = work[row, 3]  # S: only the forward's solve reads it
-        _loss_lookup(r, order[row], target[row], anchor[row], ra, rank)
+        # free until _finish_gradient: S (row 3: only the forward's solve reads it) and the
+        # pullback's boundary scratch
+        byrank = work[row, 3]
+        _values_by_rank(r, order[row], target[row], byrank)
+        up_part = twork[row, 2]  # alpha_bar's term of boundary k + 1, at k (ranks 0..n-2)
+        down_part = twork[row, 3]  # its term of boundary k, at k - 1 (ranks 1..n-1)
+        an = anchor[row]
         off = offset[row]
-        abar = 0.0
         c = cot[row]
+        for k in range(n):  # the element of target rank k + 1, between boundaries k and k + 1
+            ri = byrank[k]
+            rb = 0.0
+            up = 0.0
+            down = 0.0
+            if abs(ri) != INF:
+                z0 = _rank_z(r, inv_alpha, an, off, k, ri)
+                z1 = _rank_z(r, inv_alpha, an, off, k + 1, ri)
+                lp = log_cdf_diff(z0, z1)
+                # d(-log P)/dz1 = -f(z1)/P and d(-log P)/dz0 = f(z0)/P, from logs (no 0/0).
+                if abs(z1) != INF:
+                    gamma = -math.exp(log_density(z1) - lp) * c * inv_alpha
+                    beta[k] += gamma
+                    rb -= gamma
+                    up = gamma * z1
+                if abs(z0) != INF:
+                    gamma = math.exp(log_density(z0) - lp) * c * inv_alpha
+                    beta[k - 1] += gamma
+                    rb -= gamma
+                    down = gamma * z0
+            byrank[k] = rb
+            if k < n - 1:
+                up_part[k] = up
+            if k > 0:
+                down_part[k - 1] = down
+        # back to the elements, with alpha_bar summed in their order as before
+        abar = 0.0
+        tg = target[row]
+        od = order[row]
         for i in range(n):
-            if abs(r[i]) == INF:
-                continue
-            k = int(rank[i]) - 1
-            z0 = _table_z(n, inv_alpha, ra, off, k, r[i])
-            z1 = _table_z(n, inv_alpha, ra, off, k + 1, r[i])
-            lp = log_cdf_diff(z0, z1)
-            # d(-log P)/dz1 = -f(z1)/P and d(-log P)/dz0 = f(z0)/P, from logs (no 0/0).
-            if abs(z1) != INF:
-                gamma = -math.exp(log_density(z1) - lp) * c * inv_alpha
-                beta[k] += gamma
-                rbar[i] -= gamma
-                abar -= gamma * z1
-            if abs(z0) != INF:
-                gamma = math.exp(log_density(z0) - lp) * c * inv_alpha
-                beta[k - 1] += gamma
-                rbar[i] -= gamma
-                abar -= gamma * z0
+            k = tg[od[i]] - 1
+            rbar[i] = byrank[k]
+            up = up_part[k] if k < n - 1 else 0.0
+            down = down_part[k - 1] if k > 0 else 0.0
+            abar -= up
+            abar -= down
         alpha_bar[row] = abar + _finish_gradient(
             r,
             order[row],
