@@ -282,7 +282,7 @@ class SortRule(InverseRule):
         if ctx.kernels is core:  # the CPU kernel needs no targets: they are k - 1/2
             out = ctx.empty(rows.xs.shape)
             anchor, offset = ctx.target_storage(rows.n)
-            work = ctx.work(core.lapsum.TABLES)
+            work = ctx.work(core.lapsum.SORT_TABLES)
             core.lapsum.sort_kernel(rows.xs, ctx.alpha, out, anchor, offset, work)
             return rows.to_user(_signed(ctx, out), "row")
         w = np.arange(rows.n, dtype=np.float64)

@@ -29,6 +29,8 @@ from softorder.core.rows import has_nan
 #: Rows of a kernel's workspace that :func:`row_tables` fills: E, A, B, S, and Ad, Bd.
 TABLES = 4
 TABLES_WITH_MOMENTS = 6
+#: Rows of :func:`sort_kernel`'s workspace: E, A, B (its count computes S without storing it).
+SORT_TABLES = 3
 #: Rows of per-target scratch (``twork``) that the GPU twin of :func:`inverse_pullback` and
 #: :func:`inverse_pushforward` use (the CPU pullback takes ``inj``, two rows of n, instead).
 PULLBACK_WORK = 2
@@ -161,7 +163,7 @@ def solve_targets(r, inv_alpha, E, A, B, S, w, worder, anchor, t):
 
 
 @helper
-def solve_ladder(r, inv_alpha, E, A, B, S, w0, anchor, t):
+def solve_ladder(r, alpha, inv_alpha, E, A, B, w0, anchor, t, out):
     """Invert the ascending targets ``w_q = w0 + q`` (q = 0..m-1, m = ``anchor.shape[0]``) of
     one row: soft sort (``w0 = 1/2``) and the permutation boundaries (``w0 = 1``).
 
@@ -171,31 +173,37 @@ def solve_ladder(r, inv_alpha, E, A, B, S, w0, anchor, t):
     at its first target and a prefix sum gives ``J_q``. Branch-free, unlike a merge, whose
     data-dependent exit was mispredicted about once per target (10 of 14 ms at n = 1e6).
     The same ``J`` as :func:`count_at_most` wherever ``S`` is non-decreasing; the inverse is
-    :func:`invert`'s, written with selects for the common case.
+    :func:`invert`'s, written with selects for the common case. ``S`` (:func:`lapsum_at_points`)
+    is computed in the count, never stored. With ``out`` of length m, the targets' values
+    :func:`target_position` go there too (``out`` of length 0: not wanted).
     """
     n = r.shape[0]
     m = anchor.shape[0]
     anchor[:] = 0  # the counts, then overwritten by the anchors
     for i in range(n):
-        first = math.ceil(S[i] - w0)
+        first = math.ceil(i + 0.5 + 0.5 * (B[i] - A[i]) - w0)
         if first < m:
             anchor[int(max(first, 0.0))] += 1
+    positions = out.shape[0] == m
     J = 0
     for q in range(m):
         J += anchor[q]
         w = w0 + q
         if J == 0 or J == n or E[J] < SMALL_E:
             anchor[q], t[q] = invert(r, inv_alpha, E, A, B, w, J)
-            continue
-        c = w - J
-        a = A[J - 1]
-        b = B[J]
-        d = math.sqrt(c * c + a * b * E[J])
-        up = c >= 0.0
-        num = c + d if up else a
-        den = b if up else d - c
-        anchor[q] = J if up else J - 1
-        t[q] = math.log(num / den)
+        else:
+            c = w - J
+            a = A[J - 1]
+            b = B[J]
+            d = math.sqrt(c * c + a * b * E[J])
+            up = c >= 0.0
+            num = c + d if up else a
+            den = b if up else d - c
+            anchor[q] = J if up else J - 1
+            t[q] = math.log(num / den)
+    if positions:  # a pass of its own: inside the loop above it cost 1 ms at n = 1e6
+        for q in range(m):
+            out[q] = target_position(r, alpha, anchor[q], t[q])
 
 
 @inner_helper
@@ -469,7 +477,7 @@ def inverse_kernel(xs, alpha, w, worder, out, anchor, offset, work):
 @kernel
 def sort_kernel(xs, alpha, out, anchor, offset, work):
     """Soft sort: :func:`inverse_kernel` at the targets ``w = k - 1/2`` (k = 1..n), which
-    need no array: they are a ladder (:func:`solve_ladder`). ``work``: (rows, TABLES, n).
+    need no array: they are a ladder (:func:`solve_ladder`). ``work``: (rows, SORT_TABLES, n).
     """
     rows, n = xs.shape
     for row in prange(rows):
@@ -479,8 +487,9 @@ def sort_kernel(xs, alpha, out, anchor, offset, work):
             anchor[row, :] = 0
             offset[row, :] = np.nan
             continue
+        E = work[row, 0]
+        A = work[row, 1]
+        B = work[row, 2]
         a = alpha[row]
-        E, A, B, Ad, Bd, S = row_tables(r, 1.0 / a, False, work[row])
-        solve_ladder(r, 1.0 / a, E, A, B, S, 0.5, anchor[row], offset[row])
-        for j in range(n):
-            out[row, j] = target_position(r, a, anchor[row, j], offset[row, j])
+        prefix_sums(r, 1.0 / a, E, A, B)
+        solve_ladder(r, a, 1.0 / a, E, A, B, 0.5, anchor[row], offset[row], out[row])

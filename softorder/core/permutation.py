@@ -43,7 +43,8 @@ def _boundaries(r, inv_alpha, tables, w, worder, anchor, offset):
     :func:`~softorder.core.lapsum.solve_ladder` inverts without reading them).
     """
     E, A, B, Ad, Bd, S = tables
-    solve_ladder(r, inv_alpha, E, A, B, S, 1.0, anchor, offset)
+    # (no values wanted: alpha is not read)
+    solve_ladder(r, 1.0, inv_alpha, E, A, B, 1.0, anchor, offset, S[:0])
 
 
 @helper
