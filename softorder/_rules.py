@@ -780,6 +780,11 @@ class PermutationCrossEntropyRule(LossRule):
             x_bar,
             alpha_bar,
             ctx.work(core.permutation.GRADIENT_WORK),
-            ctx.work(core.permutation.BOUNDARY_WORK, rows.n - 1),
+            ctx.work(
+                core.permutation.LOSS_BOUNDARY_WORK
+                if ctx.kernels is core
+                else core.permutation.BOUNDARY_WORK,
+                rows.n - 1,
+            ),
         )
         return x_bar, alpha_bar

@@ -35,6 +35,8 @@ GRADIENT_WORK = TABLES_WITH_MOMENTS + 2
 #: rows of the boundary-indexed scratch ``twork`` (rows, BOUNDARY_WORK, n - 1) of the gradients:
 #: two of their own (``beta`` and ``w_bar``, or ``b_dot`` and ``w_dot``), then the inverse's.
 BOUNDARY_WORK = 2 + max(PULLBACK_WORK, PUSHFORWARD_WORK)
+#: the rows of ``twork`` that the CPU :func:`permutation_loss_vjp` reads
+LOSS_BOUNDARY_WORK = 3
 
 
 @helper
@@ -87,15 +89,64 @@ def _boundary_z(r, inv_alpha, anchor, offset, k, ri):
 
 @helper
 def _values_by_rank(r, order, target, out):
-    """``out[t_i - 1] = r_i``: each sorted element's value at its target rank.
+    """``out[t_i - 1] = r_i``: each sorted element's value at its target rank; returns whether
+    the target ranks are a permutation (each rank once; the kernels also take repeated ranks,
+    which then go the general way, :func:`_loss_row` and :func:`_loss_row_vjp`).
 
     The loss reads two boundaries per element at its target rank, a random position. With
     the element's value moved to its rank first (a tight loop of independent random writes),
     the boundaries are read in order; a long loop body with random reads kept too few misses
-    in flight (the loss was 10x a sort at n = 1e6).
+    in flight (the loss was 10x a sort at n = 1e6). ``r`` holds no NaN (those rows are done
+    before), so a NaN left in ``out`` marks a rank not yet taken.
     """
+    out[:] = np.nan
+    once = True
     for i in range(r.shape[0]):
-        out[target[order[i]] - 1] = r[i]
+        k = target[order[i]] - 1
+        if out[k] == out[k]:
+            once = False
+        out[k] = r[i]
+    return once
+
+
+@helper
+def _loss_row(r, inv_alpha, order, target, anchor, offset):
+    """``-sum_i log P[t_i - 1, i]`` of one row element by element (any target ranks)."""
+    n = r.shape[0]
+    loss = 0.0
+    for i in range(n):
+        k = target[order[i]] - 1
+        z0 = _boundary_z(r, inv_alpha, anchor, offset, k, r[i])
+        z1 = _boundary_z(r, inv_alpha, anchor, offset, k + 1, r[i])
+        loss -= log_cdf_diff(z0, z1)
+    return loss
+
+
+@helper
+def _loss_row_vjp(r, inv_alpha, order, target, anchor, offset, c, beta, rbar):
+    """The loss's direct gradient terms of one row element by element (any target ranks):
+    adds to ``beta`` and ``rbar``, returns the direct part of ``alpha_bar``.
+    """
+    n = r.shape[0]
+    abar = 0.0
+    for i in range(n):
+        if abs(r[i]) == INF:
+            continue
+        k = target[order[i]] - 1
+        z0 = _boundary_z(r, inv_alpha, anchor, offset, k, r[i])
+        z1 = _boundary_z(r, inv_alpha, anchor, offset, k + 1, r[i])
+        lp = log_cdf_diff(z0, z1)
+        if abs(z1) != INF:
+            gamma = -math.exp(log_density(z1) - lp) * c * inv_alpha
+            beta[k] += gamma
+            rbar[i] -= gamma
+            abar -= gamma * z1
+        if abs(z0) != INF:
+            gamma = math.exp(log_density(z0) - lp) * c * inv_alpha
+            beta[k - 1] += gamma
+            rbar[i] -= gamma
+            abar -= gamma * z0
+    return abar
 
 
 @inner_helper
@@ -106,6 +157,56 @@ def _rank_z(r, inv_alpha, anchor, offset, k, ri):
     if k == r.shape[0]:
         return INF
     return offset_z(r[anchor[k - 1]], ri, inv_alpha, offset[k - 1])
+
+
+@helper
+def _loss_by_rank_vjp(r, inv_alpha, order, target, anchor, offset, c, byrank, twork, beta, rbar):
+    """:func:`_loss_row_vjp` for target ranks that are a permutation, rank by rank from
+    ``byrank`` (:func:`_values_by_rank`, overwritten); alpha_bar's part summed in the
+    elements' order as there (rows 1, 2 of ``twork`` hold its terms meanwhile).
+    """
+    up_part = twork[1]  # alpha_bar's term of boundary k + 1, at k (ranks 0..n-2)
+    down_part = twork[2]  # its term of boundary k, at k - 1 (ranks 1..n-1)
+    n = r.shape[0]
+    an = anchor
+    off = offset
+    for k in range(n):  # the element of target rank k + 1, between boundaries k and k + 1
+        ri = byrank[k]
+        rb = 0.0
+        up = 0.0
+        down = 0.0
+        if abs(ri) != INF:
+            z0 = _rank_z(r, inv_alpha, an, off, k, ri)
+            z1 = _rank_z(r, inv_alpha, an, off, k + 1, ri)
+            lp = log_cdf_diff(z0, z1)
+            # d(-log P)/dz1 = -f(z1)/P and d(-log P)/dz0 = f(z0)/P, from logs (no 0/0).
+            if abs(z1) != INF:
+                gamma = -math.exp(log_density(z1) - lp) * c * inv_alpha
+                beta[k] += gamma
+                rb -= gamma
+                up = gamma * z1
+            if abs(z0) != INF:
+                gamma = math.exp(log_density(z0) - lp) * c * inv_alpha
+                beta[k - 1] += gamma
+                rb -= gamma
+                down = gamma * z0
+        byrank[k] = rb
+        if k < n - 1:
+            up_part[k] = up
+        if k > 0:
+            down_part[k - 1] = down
+    # back to the elements, with alpha_bar summed in their order as before
+    abar = 0.0
+    tg = target
+    od = order
+    for i in range(n):
+        k = tg[od[i]] - 1
+        rbar[i] = byrank[k]
+        up = up_part[k] if k < n - 1 else 0.0
+        down = down_part[k - 1] if k > 0 else 0.0
+        abar -= up
+        abar -= down
+    return abar
 
 
 @kernel
@@ -192,7 +293,9 @@ def permutation_loss_forward(xs, order, alpha, target, w, worder, out, anchor, o
         _boundaries(r, inv_alpha, tables, w, worder, anchor[row], offset[row])
         # the tables are spent once the boundaries are solved
         terms = work[row, 0]
-        _values_by_rank(r, order[row], target[row], terms)
+        if not _values_by_rank(r, order[row], target[row], terms):
+            out[row] = _loss_row(r, inv_alpha, order[row], target[row], anchor[row], offset[row])
+            continue
         an = anchor[row]
         off = offset[row]
         for k in range(n):  # the element of target rank k + 1, between boundaries k and k + 1
@@ -223,51 +326,28 @@ def permutation_loss_vjp(
         a = alpha[row]
         inv_alpha = 1.0 / a
         tables, beta, rbar = _gradient_buffers(r, inv_alpha, work[row], twork[row])
-        # free until _finish_gradient: S (row 3: only the forward's solve reads it) and the
-        # pullback's boundary scratch
+        # free until _finish_gradient: S (row 3: only the forward's solve reads it) and rows
+        # 1, 2 of twork (the pullback is not asked for w_bar, which it would write in row 1)
         byrank = work[row, 3]
-        _values_by_rank(r, order[row], target[row], byrank)
-        up_part = twork[row, 2]  # alpha_bar's term of boundary k + 1, at k (ranks 0..n-2)
-        down_part = twork[row, 3]  # its term of boundary k, at k - 1 (ranks 1..n-1)
-        an = anchor[row]
-        off = offset[row]
         c = cot[row]
-        for k in range(n):  # the element of target rank k + 1, between boundaries k and k + 1
-            ri = byrank[k]
-            rb = 0.0
-            up = 0.0
-            down = 0.0
-            if abs(ri) != INF:
-                z0 = _rank_z(r, inv_alpha, an, off, k, ri)
-                z1 = _rank_z(r, inv_alpha, an, off, k + 1, ri)
-                lp = log_cdf_diff(z0, z1)
-                # d(-log P)/dz1 = -f(z1)/P and d(-log P)/dz0 = f(z0)/P, from logs (no 0/0).
-                if abs(z1) != INF:
-                    gamma = -math.exp(log_density(z1) - lp) * c * inv_alpha
-                    beta[k] += gamma
-                    rb -= gamma
-                    up = gamma * z1
-                if abs(z0) != INF:
-                    gamma = math.exp(log_density(z0) - lp) * c * inv_alpha
-                    beta[k - 1] += gamma
-                    rb -= gamma
-                    down = gamma * z0
-            byrank[k] = rb
-            if k < n - 1:
-                up_part[k] = up
-            if k > 0:
-                down_part[k - 1] = down
-        # back to the elements, with alpha_bar summed in their order as before
-        abar = 0.0
-        tg = target[row]
-        od = order[row]
-        for i in range(n):
-            k = tg[od[i]] - 1
-            rbar[i] = byrank[k]
-            up = up_part[k] if k < n - 1 else 0.0
-            down = down_part[k - 1] if k > 0 else 0.0
-            abar -= up
-            abar -= down
+        if not _values_by_rank(r, order[row], target[row], byrank):
+            abar = _loss_row_vjp(
+                r, inv_alpha, order[row], target[row], anchor[row], offset[row], c, beta, rbar
+            )
+        else:
+            abar = _loss_by_rank_vjp(
+                r,
+                inv_alpha,
+                order[row],
+                target[row],
+                anchor[row],
+                offset[row],
+                c,
+                byrank,
+                twork[row],
+                beta,
+                rbar,
+            )
         alpha_bar[row] = abar + _finish_gradient(
             r,
             order[row],
