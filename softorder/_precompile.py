@@ -73,6 +73,19 @@ def _jax(name: str, x: np.ndarray) -> None:
     jax.block_until_ready(jax.jit(jax.grad(lambda u: fn(u, *args[1:]).sum()))(args[0]))
 
 
+def _names(value, name: str) -> tuple[str, ...]:
+    """A name or an iterable of names as a tuple (a bare string is one name, not its letters)."""
+    if isinstance(value, str):
+        return (value,)
+    try:
+        names = tuple(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a name or an iterable of names; got {value!r}") from None
+    if not all(isinstance(v, str) for v in names):
+        raise TypeError(f"{name} must hold names (str); got {names!r}")
+    return names
+
+
 def precompile(
     operations: Iterable[str] | None = None,
     *,
@@ -89,9 +102,9 @@ def precompile(
 
     Parameters
     ----------
-    operations : iterable of str, optional
+    operations : str or iterable of str, optional
         Names of public operations (e.g. ``["soft_rank", "soft_topk"]``); all by default.
-    apis : iterable of {"numpy", "torch", "jax"}
+    apis : str or iterable of {"numpy", "torch", "jax"}
         Which APIs to run each operation through. The torch bridge uses the NumPy API's
         kernels; the JAX bridge passes read-only arrays, which numba compiles separately.
     parallel : bool
@@ -116,11 +129,11 @@ def precompile(
     from softorder import core
     from softorder.core import _jit
 
-    names = OPERATIONS if operations is None else tuple(operations)
+    names = OPERATIONS if operations is None else _names(operations, "operations")
     unknown = [n for n in names if n not in OPERATIONS]
     if unknown:
         raise ValueError(f"unknown operation(s) {unknown}; expected names from {OPERATIONS}")
-    apis = tuple(apis)
+    apis = _names(apis, "apis")
     runners = {"numpy": _numpy, "torch": _torch, "jax": _jax}
     bad = [a for a in apis if a not in runners]
     if bad:

@@ -13,6 +13,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -91,3 +93,17 @@ def test_precompile_covers_what_calls_need(tmp_path):
     assert second.returncode == 0, second.stderr
     assert second.stdout.strip() == "[]"
     assert "compiling" not in second.stderr
+
+
+def test_precompile_takes_one_name_and_refuses_bad_arguments():
+    import softorder
+
+    assert list(softorder.precompile("soft_rank", apis="numpy", progress=False)) == ["soft_rank"]
+    with pytest.raises(ValueError, match="unknown operation"):
+        softorder.precompile(["soft_rank", "soft_nope"], progress=False)
+    with pytest.raises(ValueError, match="apis must be among"):
+        softorder.precompile("soft_rank", apis=["tensorflow"], progress=False)
+    with pytest.raises(TypeError, match="operations must be a name or an iterable"):
+        softorder.precompile(3, progress=False)
+    with pytest.raises(TypeError, match="operations must hold names"):
+        softorder.precompile([softorder.soft_rank], progress=False)
