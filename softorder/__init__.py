@@ -5,7 +5,7 @@
 array([2., 1., 3.])
 """
 
-from softorder._autodiff import jvp, vjp
+from softorder._engine.autodiff import jvp, vjp
 from softorder._precompile import precompile
 from softorder._version import __version__
 from softorder.operations import (

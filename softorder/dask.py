@@ -45,8 +45,8 @@ import dask
 import dask.array as da
 import numpy as np
 
-from softorder._autodiff import _bind, _rule_of
-from softorder._autodiff import vjp as _vjp
+from softorder._engine.autodiff import _bind, _rule_of
+from softorder._engine.autodiff import vjp as _vjp
 
 __all__ = ["apply", "vjp"]
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from softorder._autodiff import operation
-from softorder._rules import (
+from softorder._engine.autodiff import operation
+from softorder._engine.rules import (
     PermutationCrossEntropyRule,
     PermutationRule,
     QuantileRule,

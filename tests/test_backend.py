@@ -1,11 +1,11 @@
-"""How :func:`softorder._backend.backend_of` chooses a backend, without a GPU."""
+"""How :func:`softorder._engine.backend.backend_of` chooses a backend, without a GPU."""
 
 import sys
 
 import numpy as np
 import pytest
 
-from softorder import _backend
+from softorder._engine import backend as _backend
 
 
 class _FakeDeviceArray:
@@ -39,10 +39,12 @@ def test_host_values_stay_on_numpy(fresh):
 
 
 def test_device_array_without_numba_cuda_raises_every_time(fresh):
-    import softorder._backends
+    import softorder._engine.backends
 
-    fresh.setitem(sys.modules, "softorder._backends.numba_cuda", None)  # import fails
-    fresh.delattr(softorder._backends, "numba_cuda", raising=False)  # even if imported before
+    fresh.setitem(sys.modules, "softorder._engine.backends.numba_cuda", None)  # import fails
+    fresh.delattr(
+        softorder._engine.backends, "numba_cuda", raising=False
+    )  # even if imported before
     for _ in range(2):  # never a silent fall back to NumPy
         with pytest.raises(ImportError, match="softorder.*numba-cuda"):
             _backend.backend_of(_FakeDeviceArray())

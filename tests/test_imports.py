@@ -5,8 +5,8 @@ The layering rules (issue 16's whiteboard):
 * no cycles among module-level imports;
 * ``softorder/core`` (the kernels) imports nothing of softorder outside ``softorder/core``, at
   module level or inside a function;
-* the NumPy API (``softorder``, ``operations``, ``_autodiff``, ``_rules``, ``_layout``,
-  ``_backend`` and everything they import at module level) imports no torch and no jax at
+* the NumPy API (``softorder``, ``operations``, the ``_engine`` modules
+  and everything they import at module level) imports no torch and no jax at
   module level;
 * nothing outside ``softorder/baselines`` imports ``softorder.baselines`` at module level.
 
@@ -34,10 +34,10 @@ PACKAGE = ROOT / "softorder"
 NUMPY_API = (
     "softorder",
     "softorder.operations",
-    "softorder._autodiff",
-    "softorder._rules",
-    "softorder._layout",
-    "softorder._backend",
+    "softorder._engine.autodiff",
+    "softorder._engine.rules",
+    "softorder._engine.layout",
+    "softorder._engine.backend",
 )
 
 
@@ -186,7 +186,7 @@ EDGES = edges()
 
 def test_the_walker_sees_both_kinds_of_import():
     listed = {(e.source, e.target, e.module_level) for e in EDGES}
-    assert ("softorder._layout", "softorder._backend", True) in listed
+    assert ("softorder._engine.layout", "softorder._engine.backend", True) in listed
     assert ("softorder.core.rank", "softorder.core.lapsum", True) in listed
     assert ("softorder.bridges.torch", "torch", True) in listed
     # the PyTorch bridge loads the baselines only when a baseline method is asked for

@@ -3,5 +3,5 @@
 Each bridge is a separate module, imported on demand so that softorder itself needs neither
 framework: ``import softorder.bridges.jax as soj`` or ``import softorder.bridges.torch``.
 Both route every operation through the same rules as the NumPy API
-(:mod:`softorder._rules`), so values and gradients agree with :func:`softorder.vjp`.
+(:mod:`softorder._engine.rules`), so values and gradients agree with :func:`softorder.vjp`.
 """

@@ -1,4 +1,4 @@
-"""PyTorch tensors on a GPU as a backend of the rules (:mod:`softorder._backend`): ``torch``
+"""PyTorch tensors on a GPU as a backend of the rules (:mod:`softorder._engine.backend`): ``torch``
 operations for the layout (moving axes, casting, sorting with ``torch.sort``), the numba-cuda
 kernels of :mod:`softorder.core.cuda` for the mathematics, on the tensor's device and on
 ``torch.cuda.current_stream()``, with temporaries from PyTorch's caching allocator.
@@ -15,7 +15,7 @@ import functools
 import numpy as np
 import torch
 
-from softorder import _backend
+from softorder._engine import backend as _backend
 
 _TORCH = {
     np.dtype(np.float64): torch.float64,
@@ -156,7 +156,7 @@ def backend_for(device: torch.device) -> TorchDeviceBackend:
 
 
 def device_type_lookup(device_type: str):
-    """A lookup for :func:`softorder._backend.register`: tensors on devices of this type."""
+    """A lookup for :func:`softorder._engine.backend.register`: tensors on devices of this type."""
 
     def lookup(x):
         if isinstance(x, torch.Tensor) and x.device.type == device_type:

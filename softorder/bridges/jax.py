@@ -58,8 +58,9 @@ Devices
     kernels. When JAX's default backend is CUDA and ``numba-cuda`` is installed, they are
     :func:`jax.experimental.buffer_callback.buffer_callback` calls instead: the input, the
     cotangent and the residuals stay in XLA's buffers, seen as numba device arrays; the rules
-    run on them through the numba device backend (:mod:`softorder._backends.numba_cuda`), with
-    the GPU kernels of :mod:`softorder.core.cuda` on XLA's compute stream; results, residuals
+    run on them through the numba device backend
+    (:mod:`softorder._engine.backends.numba_cuda`), with the GPU kernels of
+    :mod:`softorder.core.cuda` on XLA's compute stream; results, residuals
     and gradients are copied into the output buffers device to device. Only the small
     arguments the rules validate (``alpha``, ``k``, ``q``, labels, ``p_k``,
     ``target_ranks``) are copied to the host, once per call after synchronizing the stream,
@@ -104,9 +105,9 @@ from numpy.typing import ArrayLike
 
 from softorder import core
 from softorder import operations as _ops
-from softorder._backend import NUMPY
 from softorder._docs import Dialect, documented
-from softorder._layout import (
+from softorder._engine.backend import NUMPY
+from softorder._engine.layout import (
     Layout,
     Targets,
     axes_after_leading,
@@ -115,7 +116,7 @@ from softorder._layout import (
     float_array,
     refuse_masked,
 )
-from softorder._rules import _labels_in_rows, check_p_k, check_target_ranks
+from softorder._engine.rules import _labels_in_rows, check_p_k, check_target_ranks
 
 __all__ = [
     "log_soft_topk",
@@ -263,7 +264,7 @@ class _Backward:
 
 # --------------------------------------------------------------------------------------------
 # The device path: buffer_callback hands the callbacks XLA's own buffers, which become numba
-# device arrays for the rules (the numba device backend, softorder._backends.numba_cuda), and
+# device arrays for the rules (the numba device backend, softorder._engine.backends.numba_cuda), and
 # the results are copied into the output buffers on the device.
 
 _DLPACK_CPU = 1  # DLDeviceType kDLCPU
@@ -306,11 +307,11 @@ def _simulator() -> bool:
 class _Device:
     """The kernels' side of one buffer callback: numba device arrays viewing XLA's buffers,
     the stream the kernels launch on (XLA's compute stream; 0 in the simulator), and the numba
-    device backend of the rules (:mod:`softorder._backends.numba_cuda`).
+    device backend of the rules (:mod:`softorder._engine.backends.numba_cuda`).
     """
 
     stream: Any
-    backend: Any  # softorder._backends.numba_cuda.DEVICE
+    backend: Any  # softorder._engine.backends.numba_cuda.DEVICE
     wrap: Callable  # a buffer (or device array) as a numba device array, no copy
 
     @classmethod
@@ -319,7 +320,7 @@ class _Device:
         """Launch every kernel inside the block on XLA's stream of ``buffer``'s device."""
         from numba import cuda
 
-        from softorder._backends import numba_cuda as backend
+        from softorder._engine.backends import numba_cuda as backend
         from softorder.core import cuda as gpu
         from softorder.core.cuda import _launch
 

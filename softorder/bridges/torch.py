@@ -12,7 +12,7 @@ torch.Size([1, 4])
 
 The bridge converts and routes, nothing else: CPU tensors reach the numba kernels as NumPy
 views (no copy for contiguous input) through the same rules as the NumPy API
-(:mod:`softorder._rules`), results come back with :func:`torch.from_numpy`.
+(:mod:`softorder._engine.rules`), results come back with :func:`torch.from_numpy`.
 
 How it plugs into PyTorch:
 
@@ -64,9 +64,9 @@ import torch
 from torch import Tensor, nn
 
 from softorder import core, operations
-from softorder._autodiff import Rule
 from softorder._docs import Dialect, documented
-from softorder._layout import axes_after_leading
+from softorder._engine.autodiff import Rule
+from softorder._engine.layout import axes_after_leading
 from softorder.bridges import _torch_compat as compat
 
 __all__ = [

@@ -9,7 +9,8 @@ ascending (NaN last) by the caller, with ``order`` its argsort: a framework's de
 (``torch.sort``) is faster than any sort written here. Host arrays raise ``TypeError``.
 
 The PyTorch bridge calls these through the same rules as the NumPy API
-(:mod:`softorder._rules`), so ``softorder.bridges.torch`` operations on CUDA tensors run here.
+(:mod:`softorder._engine.rules`), so ``softorder.bridges.torch`` operations on CUDA tensors
+run here.
 
 Importing this module needs the ``numba-cuda`` package (``pip install "softorder[cuda]"``);
 launching a kernel needs a GPU, or ``NUMBA_ENABLE_CUDASIM=1`` (numba's simulator, set before

@@ -1,5 +1,5 @@
 """Elementwise kernels on flat device arrays, one thread per element: the layout work of the
-numba device backend (:mod:`softorder._backends.numba_cuda`). Launch them with
+numba device backend (:mod:`softorder._engine.backends.numba_cuda`). Launch them with
 :func:`softorder.core.cuda._launch.for_each`.
 """
 

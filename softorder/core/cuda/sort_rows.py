@@ -1,5 +1,5 @@
 """A per-row argsort on the device, in NumPy's order (ascending, NaN last), for device arrays
-that come without a framework's sort (:mod:`softorder._backends.numba_cuda`).
+that come without a framework's sort (:mod:`softorder._engine.backends.numba_cuda`).
 
 A bottom-up merge sort: pass ``p`` merges neighbouring sorted runs of width ``w = 2**p`` of
 each row, with one kernel launch per pass (``ceil(log2 n)`` passes) and one thread per

@@ -1,4 +1,4 @@
-"""The NumPy API on plain device arrays (:mod:`softorder._backends.numba_cuda`), in numba's
+"""The NumPy API on plain device arrays (:mod:`softorder._engine.backends.numba_cuda`), in numba's
 simulator: every operation, its VJP and a JVP on ``cuda.to_device(x)`` must equal the NumPy
 API on ``x``, return device arrays of the input's dtype and leave the input alone; and the
 device merge sort must order rows as ``np.argsort(kind="stable")``.
@@ -11,8 +11,8 @@ import pytest
 from numba import cuda
 
 import softorder
-from softorder import _backend
-from softorder._backends import numba_cuda as backend
+from softorder._engine import backend as _backend
+from softorder._engine.backends import numba_cuda as backend
 from softorder.core.cuda import sort_rows
 
 INF, NAN = np.inf, np.nan

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import softorder.bridges.torch as sot
-from softorder import _backend
+from softorder._engine import backend as _backend
 from softorder.bridges import _torch_device
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from softorder._layout import Layout
+from softorder._engine.layout import Layout
 
 
 class Rule:
@@ -49,7 +49,7 @@ class Rule:
         raise NotImplementedError
 
     def result(self, layout: Layout, arguments: dict) -> tuple[str, tuple]:  # pragma: no cover
-        """The result's kind (see :data:`softorder._layout.KINDS`, or ``"scalar"``) and its
+        """The result's kind (see :data:`softorder._engine.layout.KINDS`, or ``"scalar"``) and its
         core shape.
         """
         raise NotImplementedError

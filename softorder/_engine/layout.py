@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from softorder._backend import NUMPY, backend_of, float_array
+from softorder._engine.backend import NUMPY, backend_of, float_array
 
 #: where the core axes of a result go, by kind: ``row`` (n), ``targets_row`` (m, n),
 #: ``targets`` (m), ``none`` () and ``matrix`` (n, n).
@@ -167,7 +167,7 @@ class Rows:
     layout: Layout
     dtype: np.dtype
     sign: float
-    backend: object = NUMPY  # where the arrays live (softorder._backend)
+    backend: object = NUMPY  # where the arrays live (softorder._engine.backend)
 
     @classmethod
     def from_input(

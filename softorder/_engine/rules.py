@@ -1,7 +1,7 @@
 """How each public operation maps onto the core kernels: its forward pass and gradient products.
 
 Everything here is routing: the mathematics is in :mod:`softorder.core`, the shapes in
-:mod:`softorder._layout`. Bridges reuse these rules.
+:mod:`softorder._engine.layout`. Bridges reuse these rules.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from softorder import core
-from softorder._autodiff import Rule
-from softorder._layout import (
+from softorder._engine.autodiff import Rule
+from softorder._engine.layout import (
     Rows,
     Targets,
     alpha_batch_shape,

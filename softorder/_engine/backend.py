@@ -1,9 +1,10 @@
 """Where a call's arrays live and which kernels run on them: the choice of a backend.
 
-The rules (:mod:`softorder._rules`) and the shape handling (:mod:`softorder._layout`) are
-written once against one small interface, implemented by the backends of
-:mod:`softorder._backends`: :data:`NUMPY` keeps arrays in host memory and runs the CPU kernels
-of :mod:`softorder.core`; device arrays of any framework (``__cuda_array_interface__``) go to
+The rules (:mod:`softorder._engine.rules`) and the shape handling
+(:mod:`softorder._engine.layout`) are written once against one small interface, implemented
+by the backends of :mod:`softorder._engine.backends`: :data:`NUMPY` keeps arrays in host
+memory and runs the CPU kernels of :mod:`softorder.core`; device arrays of any framework
+(``__cuda_array_interface__``) go to
 the numba device backend, loaded the first time one is seen; a bridge registers a backend for
 its own device arrays (the PyTorch bridge does for CUDA tensors). Small arguments that must be
 validated (``alpha``, ``k``, ``q``, labels, ``p_k``) are always validated in host memory and
@@ -14,7 +15,13 @@ from __future__ import annotations
 
 import sys
 
-from softorder._backends.numpy_host import NUMPY, NumpyBackend, cast, float_array, unbroadcast
+from softorder._engine.backends.numpy_host import (
+    NUMPY,
+    NumpyBackend,
+    cast,
+    float_array,
+    unbroadcast,
+)
 
 __all__ = [
     "NUMPY",
@@ -64,7 +71,7 @@ _device_backend_loaded = False
 def _load_device_backend() -> None:
     global _device_backend_loaded
     try:
-        from softorder._backends import numba_cuda
+        from softorder._engine.backends import numba_cuda
     except ImportError as error:
         raise ImportError(
             "softorder runs device arrays (__cuda_array_interface__) on its GPU kernels, "

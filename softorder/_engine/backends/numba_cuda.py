@@ -1,4 +1,4 @@
-"""Device arrays of any framework as a backend of the rules (:mod:`softorder._backend`).
+"""Device arrays of any framework as a backend of the rules (:mod:`softorder._engine.backend`).
 
 Anything with ``__cuda_array_interface__`` (numba device arrays, CuPy arrays, JAX GPU arrays;
 not PyTorch tensors, which the torch bridge's own backend takes) goes through the same rules
@@ -17,7 +17,7 @@ input's dtype, C-contiguous in the caller's layout.
   a few values per row at most).
 
 Kernels launch on the stream of :func:`softorder.core.cuda.on_stream` (the default stream
-otherwise). :func:`softorder._backend.backend_of` imports this module and registers
+otherwise). :func:`softorder._engine.backend.backend_of` imports this module and registers
 :func:`lookup` the first time it sees a device array; importing it registers nothing.
 """
 
@@ -29,7 +29,7 @@ import sys
 import numpy as np
 from numba import cuda
 
-from softorder._backends import numpy_host
+from softorder._engine.backends import numpy_host
 from softorder.core.cuda import _launch, elementwise, scan
 from softorder.core.cuda.rows import take_rows
 from softorder.core.cuda.sort_rows import sort_rows as argsort_rows
@@ -203,7 +203,7 @@ def _flat(a):
 class NumbaDeviceBackend:
     """Device arrays (numba's, or any ``__cuda_array_interface__``); ``kernels`` are the GPU
     kernels of :mod:`softorder.core.cuda`. The methods are those of
-    :class:`softorder._backends.numpy_host.NumpyBackend`.
+    :class:`softorder._engine.backends.numpy_host.NumpyBackend`.
     """
 
     @property
@@ -356,7 +356,7 @@ DEVICE = NumbaDeviceBackend()
 
 def lookup(x):
     """:data:`DEVICE` for a device array that is not a PyTorch tensor (the torch bridge has
-    its own backend for those), for :func:`softorder._backend.register`.
+    its own backend for those), for :func:`softorder._engine.backend.register`.
     """
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
