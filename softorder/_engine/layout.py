@@ -8,103 +8,16 @@ caller's layout and dtype. The kernels only ever see C-contiguous float64 ``(row
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
-from softorder._engine.backend import NUMPY, backend_of, float_array
+from softorder._engine.backend import NUMPY, backend_of
+from softorder._engine.checks import check_targets, refuse_masked
 
 #: where the core axes of a result go, by kind: ``row`` (n), ``targets_row`` (m, n),
 #: ``targets`` (m), ``none`` () and ``matrix`` (n, n).
 KINDS = ("row", "targets_row", "targets", "none", "matrix")
-
-
-_SMALLEST_ALPHA = float(np.finfo(np.float64).tiny)
-
-
-def refuse_masked(value, name: str) -> None:
-    """``TypeError`` for a :class:`numpy.ma.MaskedArray`: its mask would be silently lost."""
-    if isinstance(value, np.ma.MaskedArray):
-        raise TypeError(
-            f"{name} is a numpy.ma.MaskedArray; softorder does not read masks (np.asarray would "
-            f"silently drop it): fill the masked entries explicitly, e.g. {name}.filled(-np.inf) "
-            "as padding for soft_topk(largest=True), or pass np.ma.getdata"
-            f"({name}) to ignore the mask"
-        )
-
-
-def check_flag(value, name: str) -> bool:
-    """``value`` as a bool, or ``TypeError`` naming ``name``: only ``True``/``False`` (or NumPy
-    bools) are flags; a string such as ``"False"`` would otherwise count as true.
-    """
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    raise TypeError(f"{name} must be a bool (True or False); got {value!r}")
-
-
-def alpha_batch_shape(alpha_shape: tuple, batch_ndim: int, axis: int) -> tuple:
-    """The shape of an ``alpha`` argument lined up with the batch axes: an ``alpha`` with as
-    many axes as ``x`` (NumPy's ``keepdims`` shape, e.g. ``x.std(axis, keepdims=True)``) loses
-    the operation's ``axis`` (its length is 1); any other shape is already aligned.
-    """
-    if len(alpha_shape) == batch_ndim + 1:
-        return alpha_shape[:axis] + alpha_shape[axis + 1 :]
-    return alpha_shape
-
-
-def check_alpha(
-    alpha, batch_shape: tuple = (), axis: int | None = None
-) -> tuple[np.ndarray, tuple]:
-    """``alpha`` once per row as float64 ``(rows,)``, and the shape the caller gave it.
-
-    ``alpha`` is a positive finite scalar, or an array of them broadcastable to
-    ``batch_shape`` (one temperature per row). With ``axis`` (the operation's axis, counted
-    from 0 in ``x``, which has ``len(batch_shape) + 1`` axes) ``alpha`` may also have ``x``'s
-    number of axes with length 1 along ``axis`` (NumPy's ``keepdims`` shape). Anything else
-    raises ``TypeError`` or ``ValueError`` naming alpha and the offending value.
-    """
-    # the common case first, fast: one valid scalar (np.ndarray exactly: not a masked array)
-    value = math.nan
-    if isinstance(alpha, float):
-        value = alpha
-    elif type(alpha) is np.ndarray and alpha.shape == () and alpha.dtype.kind in "iuf":
-        value = float(alpha)
-    rows = math.prod(batch_shape)
-    if math.isfinite(value) and value >= _SMALLEST_ALPHA and rows:
-        return np.full(rows, value), ()
-    refuse_masked(alpha, "alpha")
-    if isinstance(alpha, bool) or (
-        not isinstance(alpha, numbers.Real) and np.asarray(alpha).dtype.kind not in "iuf"
-    ):
-        raise TypeError(f"alpha must be a positive real scalar or array; got {alpha!r}")
-    arr = np.asarray(alpha, dtype=np.float64)
-    nb = len(batch_shape)
-    try:
-        if axis is not None and arr.ndim == nb + 1:  # the keepdims shape: length 1 along axis
-            if arr.shape[axis] != 1:
-                raise ValueError
-            full = np.broadcast_to(arr.reshape(alpha_batch_shape(arr.shape, nb, axis)), batch_shape)
-        else:
-            full = np.broadcast_to(arr, batch_shape)
-    except ValueError:
-        keepdims = batch_shape[:axis] + (1,) + batch_shape[axis:] if axis is not None else None
-        raise ValueError(
-            f"alpha of shape {arr.shape} does not broadcast to the batch shape {batch_shape}"
-            + (f" or to the keepdims shape {keepdims} (one alpha per row)" if keepdims else "")
-        ) from None
-    bad = ~(np.isfinite(arr) & (arr > 0.0))
-    if bad.any():
-        raise ValueError(
-            f"alpha must be positive and finite; got alpha={arr[bad].flat[0].item()!r}"
-        )
-    if (arr < _SMALLEST_ALPHA).any():
-        raise ValueError(
-            f"alpha must be at least {_SMALLEST_ALPHA:.3g} (1/alpha must be finite); "
-            f"got alpha={arr[arr < _SMALLEST_ALPHA].flat[0].item()!r}"
-        )
-    return np.ascontiguousarray(full).reshape(-1), arr.shape
 
 
 @dataclass(frozen=True)
@@ -265,40 +178,9 @@ class Targets:
             backend = rows.backend
             values = backend.from_host(np.full((rows.rows, 1), float(value)))
             return cls(values, backend.from_host(np.zeros((rows.rows, 1), np.int64)), False, ())
-        refuse_masked(value, name)
-        arr, _ = float_array(value, name)
-        if arr.dtype.kind == "b":  # True would silently be 1
-            raise TypeError(f"{name} must be a real number or array, not a bool; got {value!r}")
-        nb = len(rows.batch_shape)
-        multi = arr.ndim == nb + 1
-        if arr.ndim > nb + 1:
-            raise ValueError(
-                f"{name} has {arr.ndim} dimensions; expected at most {nb + 1}: the batch shape "
-                f"{rows.batch_shape} plus one optional trailing axis listing several {name} per row"
-            )
-        target_shape = rows.batch_shape + ((arr.shape[-1],) if multi else ())
-        try:
-            full = np.broadcast_to(arr, target_shape)
-        except ValueError:
-            hint = (
-                f"; to ask for several {name} per row give {name} a trailing axis, "
-                f"e.g. shape {(1,) * nb + arr.shape[-1:]}"
-                if arr.ndim == nb
-                else ""
-            )
-            raise ValueError(
-                f"{name} of shape {arr.shape} does not broadcast to the batch shape "
-                f"{rows.batch_shape}{hint}"
-            ) from None
-        if full.size and not np.all((full > 0) & (full < high)):
-            bad = full[~((full > 0) & (full < high))].flat[0]
-            raise ValueError(
-                f"{name} must lie strictly between 0 and {high_text}; got {bad.item()}"
-            )
-        m = arr.shape[-1] if multi else 1
-        values = np.ascontiguousarray(full, dtype=np.float64).reshape(rows.rows, m)
+        values, multi, shape = check_targets(value, rows.batch_shape, name, high, high_text)
         order = np.argsort(values, axis=1)
-        return cls(rows.backend.from_host(values), rows.backend.from_host(order), multi, arr.shape)
+        return cls(rows.backend.from_host(values), rows.backend.from_host(order), multi, shape)
 
     @property
     def m(self) -> int:

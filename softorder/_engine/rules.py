@@ -12,17 +12,16 @@ import numpy as np
 
 from softorder import core
 from softorder._engine.autodiff import Rule
-from softorder._engine.layout import (
-    Rows,
-    Targets,
+from softorder._engine.checks import (
     alpha_batch_shape,
     check_alpha,
     check_flag,
-    float_array,
-    refuse_masked,
+    check_labels,
+    check_p_k,
+    check_reduction,
+    check_target_ranks,
 )
-
-REDUCTIONS = ("mean", "sum", "none")
+from softorder._engine.layout import Rows, Targets
 
 
 @dataclass
@@ -539,11 +538,6 @@ class LossRule(Rule):
     def result(self, layout, arguments):
         return ("none", ()) if arguments["reduction"] == "none" else ("scalar", ())
 
-    def _reduction(self, reduction):
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"reduction must be one of {REDUCTIONS}; got {reduction!r}")
-        return reduction
-
     def _reduce(self, ctx, per_row):
         rows, reduction = ctx.rows, ctx.params["reduction"]
         if reduction == "none":
@@ -583,92 +577,6 @@ class LossRule(Rule):
         return self._reduce(ctx, per_row)
 
 
-def _labels_in_rows(labels, rows: Rows, name: str, low: int, high: int, core_shape: tuple):
-    refuse_masked(labels, name)
-    arr = np.asarray(labels)
-    if arr.dtype.kind not in "iu":
-        raise TypeError(f"{name} must be an integer array; got dtype {arr.dtype}")
-    expected = rows.batch_shape + core_shape
-    if arr.shape != expected:
-        raise ValueError(f"{name} must have shape {expected}; got {arr.shape}")
-    if arr.size and (arr.min() < low or arr.max() > high):
-        bad = arr[(arr < low) | (arr > high)].flat[0]
-        raise ValueError(f"{name} must lie in [{low}, {high}]; got {bad.item()}")
-    return np.ascontiguousarray(arr, dtype=np.int64).reshape((rows.rows,) + core_shape)
-
-
-def check_target_ranks(target_ranks, rows: Rows) -> np.ndarray:
-    """``target_ranks`` as int64 ``(rows, n)``: in each row a permutation of ``1..n`` (the
-    loss is the cross-entropy of a permutation), or ``ValueError``/``TypeError`` naming it.
-    """
-    n = rows.n
-    ranks = _labels_in_rows(target_ranks, rows, "target_ranks", 1, n, (n,))
-    # ranks lie in [1, n]: a row holds all of them iff none repeats (flat indices: 3x faster
-    # than put_along_axis)
-    seen = np.zeros(ranks.shape[0] * (n + 1), dtype=bool)
-    seen[(ranks + (n + 1) * np.arange(ranks.shape[0])[:, None]).ravel()] = True
-    missing = ~seen.reshape(-1, n + 1)[:, 1:].all(axis=1)
-    if missing.any():
-        row = int(np.argmax(missing))
-        repeated = int(np.argmax(np.bincount(ranks[row], minlength=n + 1) > 1))
-        where = np.unravel_index(row, rows.batch_shape) if rows.batch_shape else ()
-        raise ValueError(
-            f"target_ranks must be a permutation of 1..{n} along the last axis (each rank "
-            f"once); row {tuple(int(i) for i in where)} repeats rank {repeated}"
-        )
-    return ranks
-
-
-#: how far each row of ``p_k`` may sum from 1 (in float64), beyond the rounding of its dtype
-P_K_TOLERANCE = 1e-6
-
-
-def check_p_k(p_k, batch_shape: tuple, n: int) -> np.ndarray:
-    """``p_k`` broadcast to ``batch_shape + (K,)`` as float64, or ``ValueError`` saying what
-    is wrong: no trailing K axis, K >= n classes, a shape that does not broadcast, or not a
-    probability distribution.
-    """
-    refuse_masked(p_k, "p_k")
-    pk, _ = float_array(p_k, "p_k")
-    if pk.dtype.kind == "b":
-        raise TypeError(f"p_k must hold probabilities, not bools; got {p_k!r}")
-    tolerance = P_K_TOLERANCE
-    if pk.dtype.kind == "f":  # float16 cannot sum to 1 within 1e-6: a few of its own steps
-        tolerance = max(tolerance, 4 * float(np.finfo(pk.dtype).eps))
-    if pk.ndim == 0 or pk.shape[-1] == 0:
-        raise ValueError(
-            f"p_k must list P_K(k) for k = 1..K along its last axis; got shape {pk.shape}"
-        )
-    K = pk.shape[-1]
-    if K >= n:
-        raise ValueError(
-            f"p_k has K={K} entries but top-k needs k < number of classes "
-            f"(C={n}); give at most {n - 1}"
-        )
-    try:
-        pk = np.broadcast_to(pk, batch_shape + (K,))
-    except ValueError:
-        raise ValueError(
-            f"p_k of shape {np.shape(p_k)} does not broadcast to {batch_shape + (K,)}"
-        ) from None
-    pk = pk.astype(np.float64)
-    if not np.all(np.isfinite(pk) & (pk >= 0)):
-        bad = pk[~(np.isfinite(pk) & (pk >= 0))].flat[0]
-        raise ValueError(
-            "p_k must be a probability distribution over k = 1..K (non-negative, summing to "
-            f"1); got an entry {bad.item()!r}"
-        )
-    deviation = np.abs(pk.sum(-1) - 1.0)
-    if deviation.size and deviation.max() > tolerance:
-        worst = pk.sum(-1).flat[int(np.argmax(deviation))]
-        raise ValueError(
-            "p_k must be a probability distribution over k = 1..K (non-negative, summing to "
-            f"1 within {tolerance:.3g}); got a sum of {worst.item()!r}. It is used as given, "
-            "not renormalised: divide it by its sum first if that is what you mean"
-        )
-    return pk
-
-
 class TopKCrossEntropyRule(LossRule):
     differentiable = ("logits", "alpha")
 
@@ -678,9 +586,9 @@ class TopKCrossEntropyRule(LossRule):
         rows = Rows.from_input(logits, -1, name="logits", negate=True, order=order)
         ctx = Context.of(rows, alpha)
         n = rows.n
-        ctx.params["reduction"] = self._reduction(reduction)
+        ctx.params["reduction"] = check_reduction(reduction)
         ctx.params["labels"] = rows.backend.from_host(
-            _labels_in_rows(labels, rows, "labels", 0, n - 1, ())
+            check_labels(labels, rows.batch_shape, "labels", 0, n - 1)
         )
         pk = check_p_k(p_k, rows.batch_shape, n)
         pk = pk.reshape(rows.rows, pk.shape[-1])
@@ -740,8 +648,9 @@ class PermutationCrossEntropyRule(LossRule):
     def prepare(self, x, target_ranks, alpha, reduction, descending, order=None):
         rows = Rows.from_input(x, -1, negate=check_flag(descending, "descending"), order=order)
         ctx = Context.of(rows, alpha)
-        ctx.params["reduction"] = self._reduction(reduction)
-        ctx.params["target"] = rows.backend.from_host(check_target_ranks(target_ranks, rows))
+        ctx.params["reduction"] = check_reduction(reduction)
+        ranks = check_target_ranks(target_ranks, rows.batch_shape, rows.n)
+        ctx.params["target"] = rows.backend.from_host(ranks)
         return ctx
 
     def target_count(self, layout, arguments):

@@ -93,7 +93,6 @@ import contextlib
 import dataclasses
 import functools
 import math
-import types
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -106,17 +105,19 @@ from numpy.typing import ArrayLike
 from softorder import core
 from softorder import operations as _ops
 from softorder._docs import Dialect, documented
-from softorder._engine.backend import NUMPY
-from softorder._engine.layout import (
-    Layout,
-    Targets,
-    axes_after_leading,
+from softorder._engine.backend import float_array
+from softorder._engine.checks import (
+    FLOAT_ARGUMENTS,
+    as_computed,
     check_alpha,
+    check_argument,
     check_flag,
-    float_array,
+    check_reduction,
+    check_targets,
+    placeholder,
     refuse_masked,
 )
-from softorder._engine.rules import _labels_in_rows, check_p_k, check_target_ranks
+from softorder._engine.layout import Layout, axes_after_leading
 
 __all__ = [
     "log_soft_topk",
@@ -142,8 +143,6 @@ VMAP_METHOD = "broadcast_all"
 #: ``NUMBA_ENABLE_CUDASIM=1``, and the CPU kernels in place otherwise). Read when a call is
 #: traced: functions already jitted keep the path they were traced with.
 _DEVICE_CALLBACKS: str | bool = "auto"
-
-_FLOAT_ARGUMENTS = ("alpha", "k", "q", "p_k")  # converted to the compute dtype
 
 
 # --------------------------------------------------------------------------------------------
@@ -566,18 +565,15 @@ def _ffi_route(op: Callable, statics: dict, arguments: dict, layout: Layout, com
     negate = bool(statics.get("descending", False))
     targets = None
     if "k" in arguments:
-        rows_ns = types.SimpleNamespace(
-            batch_shape=batch_shape, rows=rows, n=layout.n, backend=NUMPY
-        )
         n = layout.n
         k = _as_kernel_value(arguments["k"], compute)
-        targets = Targets.parse(k, rows_ns, "k", n, f"n={n}")
-        if targets.multi:
+        targets, multi, _ = check_targets(k, batch_shape, "k", n, f"n={n}")
+        if multi:
             return None  # several k per row: the callbacks
         negate = bool(statics["largest"])
     constants.append(np.array([negate, log], np.int32))
     if targets is not None:
-        constants.append(targets.values.astype(compute))
+        constants.append(targets.astype(compute))
     spec = _FfiSpec(handler, layout.axis - layout.ndim)
 
     def run(x):
@@ -602,7 +598,7 @@ def _as_kernel_value(value, compute) -> np.ndarray:
     host = _host_value(value)
     if np.dtype(compute) == np.float64:
         return np.asarray(host, dtype=np.float64)
-    return _as_computed(host, compute).astype(np.float64)
+    return as_computed(host, compute).astype(np.float64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -694,100 +690,18 @@ def _host_value(value):
     return arr
 
 
-def _placeholder(value, fill) -> np.ndarray:
-    """A valid stand-in for a traced argument: its shape, ``fill`` as the value, and a dtype
-    of the same kind (floating stands in as float64), so that dtype checks still apply.
-    """
-    dtype = np.dtype(value.dtype)
-    if jnp.issubdtype(dtype, jnp.floating):
-        dtype = np.dtype(np.float64)
-    return np.broadcast_to(np.asarray(fill).astype(dtype), value.shape)
-
-
 def _check(name: str, value, layout: Layout, compute=np.float64) -> None:
-    """Raise the NumPy API's error for a bad array argument other than the input; a concrete
-    ``alpha``, ``k``, ``q`` or ``p_k`` is checked also as the kernels will see it, rounded to
-    the ``compute`` dtype.
+    """Raise the NumPy API's error for a bad array argument other than the input: a concrete
+    one as NumPy sees it (also rounded to ``compute``), a traced one as a placeholder of its
+    shape and dtype kind.
     """
-    n, batch_shape = layout.n, layout.batch_shape
-    rows = types.SimpleNamespace(
-        batch_shape=batch_shape, rows=int(np.prod(batch_shape)), n=n, backend=NUMPY
-    )
     refuse_masked(value, name)
-    fills = {
-        "alpha": 1.0,
-        "k": n / 2.0,
-        "q": 0.5,
-        "labels": 0,
-        # a permutation where the shape allows it (else the shape check speaks)
-        "target_ranks": np.arange(1, n + 1) if np.shape(value)[-1:] == (n,) else 1,
-        "p_k": 1.0 / max(np.shape(value)[-1], 1) if np.ndim(value) else 1.0,
-    }
-
-    def validate(host) -> None:
-        if name == "alpha":
-            check_alpha(host, batch_shape, layout.axis)
-        elif name == "k":
-            Targets.parse(host, rows, "k", float(n), f"n={n}")
-        elif name == "q":
-            Targets.parse(host, rows, "q", 1.0, "1")
-        elif name == "labels":
-            _labels_in_rows(host, rows, "labels", 0, n - 1, ())
-        elif name == "target_ranks":
-            check_target_ranks(host, rows)
-        elif name == "p_k":
-            check_p_k(host, batch_shape, n)
-
-    if _is_traced(value):
-        validate(_placeholder(value, fills[name]))
+    if not _is_traced(value):
+        check_argument(name, _host_value(value), layout, compute)
         return
-    host = _host_value(value)
-    validate(host)
-    if name in _FLOAT_ARGUMENTS and np.dtype(compute) != np.float64:
-        rounded = _as_computed(host, compute)
-        if np.array_equal(rounded, np.asarray(host, dtype=np.float64)):
-            return  # exact in float32 (0.5, 2.0, ...): nothing new to check
-        try:
-            validate(rounded)
-        except ValueError as error:
-            raise ValueError(f"{_rounding(name, host, rounded, n, compute)}: {error}") from None
-
-
-def _as_computed(host, compute) -> np.ndarray:
-    """A concrete float argument as the kernels see it: rounded to ``compute`` (float32),
-    subnormals flushed to zero as XLA does.
-    """
-    with np.errstate(over="ignore"):
-        arr = np.asarray(host, dtype=np.float64).astype(compute)
-    return np.where(np.abs(arr) < np.finfo(compute).tiny, np.zeros((), compute), arr)
-
-
-def _rounding(name: str, host, rounded: np.ndarray, n: int, compute) -> str:
-    """Which value the rounding to ``compute`` spoils, e.g. "alpha=1e-40 rounds to 0.0 in
-    float32".
-    """
-    where = (
-        f"in {np.dtype(compute).name}, the dtype this call computes in (the input's; JAX's "
-        "default float32 without jax_enable_x64)"
-    )
-    original = np.broadcast_to(np.asarray(host, dtype=np.float64), rounded.shape)
-    bounds = {"alpha": (0.0, np.inf), "k": (0.0, float(n)), "q": (0.0, 1.0)}
-    if name in bounds:
-        low, high = bounds[name]
-        bad = np.flatnonzero(~((rounded > low) & (rounded < high)))
-        if bad.size:
-            i = bad[0]
-            return (
-                f"{name}={original.flat[i].item()!r} rounds to {rounded.flat[i].item()!r} {where}"
-            )
-    if name == "p_k":
-        sums = rounded.astype(np.float64).sum(-1)
-        i = int(np.argmax(np.abs(sums - 1.0)))
-        return (
-            f"p_k, which sums to {original.sum(-1).flat[i].item()!r}, sums to "
-            f"{sums.flat[i].item()!r} once rounded {where}"
-        )
-    return f"{name} changes when rounded {where}"
+    floating = jnp.issubdtype(value.dtype, jnp.floating)
+    dtype = np.float64 if floating else value.dtype
+    check_argument(name, placeholder(name, value.shape, dtype, layout.n), layout)
 
 
 def _compute_dtype(dtype) -> tuple[np.dtype, np.dtype]:
@@ -814,7 +728,7 @@ def _run(op: Callable, **kwargs: Any) -> jax.Array:
     statics = {p: arguments[p] for p in signature.parameters if p not in names}
     is_loss = "reduction" in statics
     if is_loss:
-        rule._reduction(statics["reduction"])  # ValueError naming the choices
+        check_reduction(statics["reduction"])
         statics["reduction"] = "none"  # reduced below, in JAX, per vmapped element
     for flag in ("largest", "descending", "split_top1"):
         if flag in statics:
@@ -833,7 +747,7 @@ def _run(op: Callable, **kwargs: Any) -> jax.Array:
     for name in names[1:]:
         value = arguments[name]
         _check(name, value, layout, compute)
-        if name in _FLOAT_ARGUMENTS:
+        if name in FLOAT_ARGUMENTS:
             value = jnp.asarray(value).astype(compute)
         else:
             value = jnp.asarray(value)

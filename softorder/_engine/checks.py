@@ -1,0 +1,353 @@
+"""Validation of the arguments, from values and shapes alone: written once for the NumPy API,
+the rules and both bridges.
+
+Every function here takes plain values (host arrays, Python numbers) and the shapes they must
+fit (a batch shape, a row length ``n``, or a :class:`~softorder._engine.layout.Layout`), never
+the sorted rows of a call, so that a bridge can check its arguments when a function is traced,
+before any data exists. Each raises ``TypeError`` or ``ValueError`` naming the argument.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from softorder._engine.backend import float_array
+
+if TYPE_CHECKING:
+    from softorder._engine.layout import Layout
+
+#: the reductions of the losses
+REDUCTIONS = ("mean", "sum", "none")
+
+_SMALLEST_ALPHA = float(np.finfo(np.float64).tiny)
+
+
+def refuse_masked(value, name: str) -> None:
+    """``TypeError`` for a :class:`numpy.ma.MaskedArray`: its mask would be silently lost."""
+    if isinstance(value, np.ma.MaskedArray):
+        raise TypeError(
+            f"{name} is a numpy.ma.MaskedArray; softorder does not read masks (np.asarray would "
+            f"silently drop it): fill the masked entries explicitly, e.g. {name}.filled(-np.inf) "
+            "as padding for soft_topk(largest=True), or pass np.ma.getdata"
+            f"({name}) to ignore the mask"
+        )
+
+
+def check_flag(value, name: str) -> bool:
+    """``value`` as a bool, or ``TypeError`` naming ``name``: only ``True``/``False`` (or NumPy
+    bools) are flags; a string such as ``"False"`` would otherwise count as true.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool (True or False); got {value!r}")
+
+
+def alpha_batch_shape(alpha_shape: tuple, batch_ndim: int, axis: int) -> tuple:
+    """The shape of an ``alpha`` argument lined up with the batch axes: an ``alpha`` with as
+    many axes as ``x`` (NumPy's ``keepdims`` shape, e.g. ``x.std(axis, keepdims=True)``) loses
+    the operation's ``axis`` (its length is 1); any other shape is already aligned.
+    """
+    if len(alpha_shape) == batch_ndim + 1:
+        return alpha_shape[:axis] + alpha_shape[axis + 1 :]
+    return alpha_shape
+
+
+def check_alpha(
+    alpha, batch_shape: tuple = (), axis: int | None = None
+) -> tuple[np.ndarray, tuple]:
+    """``alpha`` once per row as float64 ``(rows,)``, and the shape the caller gave it.
+
+    ``alpha`` is a positive finite scalar, or an array of them broadcastable to
+    ``batch_shape`` (one temperature per row). With ``axis`` (the operation's axis, counted
+    from 0 in ``x``, which has ``len(batch_shape) + 1`` axes) ``alpha`` may also have ``x``'s
+    number of axes with length 1 along ``axis`` (NumPy's ``keepdims`` shape). Anything else
+    raises ``TypeError`` or ``ValueError`` naming alpha and the offending value.
+    """
+    # the common case first, fast: one valid scalar (np.ndarray exactly: not a masked array)
+    value = math.nan
+    if isinstance(alpha, float):
+        value = alpha
+    elif type(alpha) is np.ndarray and alpha.shape == () and alpha.dtype.kind in "iuf":
+        value = float(alpha)
+    rows = math.prod(batch_shape)
+    if math.isfinite(value) and value >= _SMALLEST_ALPHA and rows:
+        return np.full(rows, value), ()
+    refuse_masked(alpha, "alpha")
+    if isinstance(alpha, bool) or (
+        not isinstance(alpha, numbers.Real) and np.asarray(alpha).dtype.kind not in "iuf"
+    ):
+        raise TypeError(f"alpha must be a positive real scalar or array; got {alpha!r}")
+    arr = np.asarray(alpha, dtype=np.float64)
+    nb = len(batch_shape)
+    try:
+        if axis is not None and arr.ndim == nb + 1:  # the keepdims shape: length 1 along axis
+            if arr.shape[axis] != 1:
+                raise ValueError
+            full = np.broadcast_to(arr.reshape(alpha_batch_shape(arr.shape, nb, axis)), batch_shape)
+        else:
+            full = np.broadcast_to(arr, batch_shape)
+    except ValueError:
+        keepdims = batch_shape[:axis] + (1,) + batch_shape[axis:] if axis is not None else None
+        raise ValueError(
+            f"alpha of shape {arr.shape} does not broadcast to the batch shape {batch_shape}"
+            + (f" or to the keepdims shape {keepdims} (one alpha per row)" if keepdims else "")
+        ) from None
+    bad = ~(np.isfinite(arr) & (arr > 0.0))
+    if bad.any():
+        raise ValueError(
+            f"alpha must be positive and finite; got alpha={arr[bad].flat[0].item()!r}"
+        )
+    if (arr < _SMALLEST_ALPHA).any():
+        raise ValueError(
+            f"alpha must be at least {_SMALLEST_ALPHA:.3g} (1/alpha must be finite); "
+            f"got alpha={arr[arr < _SMALLEST_ALPHA].flat[0].item()!r}"
+        )
+    return np.ascontiguousarray(full).reshape(-1), arr.shape
+
+
+def check_labels(
+    labels, batch_shape: tuple, name: str, low: int, high: int, core_shape: tuple = ()
+) -> np.ndarray:
+    """Integer ``labels`` of shape ``batch_shape + core_shape`` with values in ``[low, high]``,
+    as int64 ``(rows, *core_shape)``; ``TypeError``/``ValueError`` naming ``name`` otherwise.
+    """
+    refuse_masked(labels, name)
+    arr = np.asarray(labels)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be an integer array; got dtype {arr.dtype}")
+    expected = tuple(batch_shape) + core_shape
+    if arr.shape != expected:
+        raise ValueError(f"{name} must have shape {expected}; got {arr.shape}")
+    if arr.size and (arr.min() < low or arr.max() > high):
+        bad = arr[(arr < low) | (arr > high)].flat[0]
+        raise ValueError(f"{name} must lie in [{low}, {high}]; got {bad.item()}")
+    return np.ascontiguousarray(arr, dtype=np.int64).reshape((math.prod(batch_shape),) + core_shape)
+
+
+def check_target_ranks(target_ranks, batch_shape: tuple, n: int) -> np.ndarray:
+    """``target_ranks`` as int64 ``(rows, n)``: in each row a permutation of ``1..n`` (the
+    loss is the cross-entropy of a permutation), or ``ValueError``/``TypeError`` naming it.
+    """
+    ranks = check_labels(target_ranks, batch_shape, "target_ranks", 1, n, (n,))
+    # ranks lie in [1, n]: a row holds all of them iff none repeats (flat indices: 3x faster
+    # than put_along_axis)
+    seen = np.zeros(ranks.shape[0] * (n + 1), dtype=bool)
+    seen[(ranks + (n + 1) * np.arange(ranks.shape[0])[:, None]).ravel()] = True
+    missing = ~seen.reshape(-1, n + 1)[:, 1:].all(axis=1)
+    if missing.any():
+        row = int(np.argmax(missing))
+        repeated = int(np.argmax(np.bincount(ranks[row], minlength=n + 1) > 1))
+        where = np.unravel_index(row, batch_shape) if batch_shape else ()
+        raise ValueError(
+            f"target_ranks must be a permutation of 1..{n} along the last axis (each rank "
+            f"once); row {tuple(int(i) for i in where)} repeats rank {repeated}"
+        )
+    return ranks
+
+
+#: how far each row of ``p_k`` may sum from 1 (in float64), beyond the rounding of its dtype
+P_K_TOLERANCE = 1e-6
+
+
+def check_p_k(p_k, batch_shape: tuple, n: int) -> np.ndarray:
+    """``p_k`` broadcast to ``batch_shape + (K,)`` as float64, or ``ValueError`` saying what
+    is wrong: no trailing K axis, K >= n classes, a shape that does not broadcast, or not a
+    probability distribution.
+    """
+    refuse_masked(p_k, "p_k")
+    pk, _ = float_array(p_k, "p_k")
+    if pk.dtype.kind == "b":
+        raise TypeError(f"p_k must hold probabilities, not bools; got {p_k!r}")
+    tolerance = P_K_TOLERANCE
+    if pk.dtype.kind == "f":  # float16 cannot sum to 1 within 1e-6: a few of its own steps
+        tolerance = max(tolerance, 4 * float(np.finfo(pk.dtype).eps))
+    if pk.ndim == 0 or pk.shape[-1] == 0:
+        raise ValueError(
+            f"p_k must list P_K(k) for k = 1..K along its last axis; got shape {pk.shape}"
+        )
+    K = pk.shape[-1]
+    if K >= n:
+        raise ValueError(
+            f"p_k has K={K} entries but top-k needs k < number of classes "
+            f"(C={n}); give at most {n - 1}"
+        )
+    try:
+        pk = np.broadcast_to(pk, batch_shape + (K,))
+    except ValueError:
+        raise ValueError(
+            f"p_k of shape {np.shape(p_k)} does not broadcast to {batch_shape + (K,)}"
+        ) from None
+    pk = pk.astype(np.float64)
+    if not np.all(np.isfinite(pk) & (pk >= 0)):
+        bad = pk[~(np.isfinite(pk) & (pk >= 0))].flat[0]
+        raise ValueError(
+            "p_k must be a probability distribution over k = 1..K (non-negative, summing to "
+            f"1); got an entry {bad.item()!r}"
+        )
+    deviation = np.abs(pk.sum(-1) - 1.0)
+    if deviation.size and deviation.max() > tolerance:
+        worst = pk.sum(-1).flat[int(np.argmax(deviation))]
+        raise ValueError(
+            "p_k must be a probability distribution over k = 1..K (non-negative, summing to "
+            f"1 within {tolerance:.3g}); got a sum of {worst.item()!r}. It is used as given, "
+            "not renormalised: divide it by its sum first if that is what you mean"
+        )
+    return pk
+
+
+def check_reduction(reduction) -> str:
+    """``reduction`` of a loss, or ``ValueError`` naming the choices."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}; got {reduction!r}")
+    return reduction
+
+
+def check_targets(
+    value, batch_shape: tuple, name: str, high: float, high_text: str
+) -> tuple[np.ndarray, bool, tuple]:
+    """Inversion targets (``k`` of top-k, ``q`` of quantile) strictly between 0 and ``high``.
+
+    ``value`` broadcasts to ``batch_shape`` (one target per row) or, with one more trailing
+    axis, lists several targets per row. Returns the targets as float64 ``(rows, m)``, whether
+    there were several per row, and the shape the caller gave (for the gradient).
+    """
+    refuse_masked(value, name)
+    arr, _ = float_array(value, name)
+    if arr.dtype.kind == "b":  # True would silently be 1
+        raise TypeError(f"{name} must be a real number or array, not a bool; got {value!r}")
+    nb = len(batch_shape)
+    multi = arr.ndim == nb + 1
+    if arr.ndim > nb + 1:
+        raise ValueError(
+            f"{name} has {arr.ndim} dimensions; expected at most {nb + 1}: the batch shape "
+            f"{batch_shape} plus one optional trailing axis listing several {name} per row"
+        )
+    target_shape = tuple(batch_shape) + ((arr.shape[-1],) if multi else ())
+    try:
+        full = np.broadcast_to(arr, target_shape)
+    except ValueError:
+        hint = (
+            f"; to ask for several {name} per row give {name} a trailing axis, "
+            f"e.g. shape {(1,) * nb + arr.shape[-1:]}"
+            if arr.ndim == nb
+            else ""
+        )
+        raise ValueError(
+            f"{name} of shape {arr.shape} does not broadcast to the batch shape {batch_shape}{hint}"
+        ) from None
+    if full.size and not np.all((full > 0) & (full < high)):
+        bad = full[~((full > 0) & (full < high))].flat[0]
+        raise ValueError(f"{name} must lie strictly between 0 and {high_text}; got {bad.item()}")
+    m = arr.shape[-1] if multi else 1
+    values = np.ascontiguousarray(full, dtype=np.float64).reshape(math.prod(batch_shape), m)
+    return values, multi, arr.shape
+
+
+# --- checking an argument before the call: the bridges' trace-time checks ------------------
+
+#: the arguments that are real numbers, computed in the call's compute dtype
+FLOAT_ARGUMENTS = ("alpha", "k", "q", "p_k")
+
+
+def check_argument(name: str, value, layout: Layout, compute=np.float64) -> None:
+    """Raise the NumPy API's error for a bad argument ``name`` (other than the input) of a
+    call whose input has ``layout``; ``value`` is a host value or a :func:`placeholder`.
+
+    A real-valued argument (:data:`FLOAT_ARGUMENTS`) of a call that computes in a narrower
+    ``compute`` dtype (float32) is checked also as the kernels will see it, rounded to that
+    dtype with subnormals flushed to zero: ``alpha=1e-40`` raises "alpha=1e-40 rounds to 0.0
+    in float32, ...".
+
+    Examples
+    --------
+    >>> from softorder._engine.layout import Layout
+    >>> layout = Layout.of((2, 5), axis=-1)
+    >>> check_argument("k", [[1.0], [4.5]], layout)  # one k per row: valid
+    >>> check_argument("alpha", 1e-40, layout, np.float32)
+    Traceback (most recent call last):
+    ...
+    ValueError: alpha=1e-40 rounds to 0.0 in float32, ...: alpha must be positive and finite; ...
+    """
+    refuse_masked(value, name)
+    _validate(name, value, layout)
+    if name not in FLOAT_ARGUMENTS or np.dtype(compute) == np.float64:
+        return
+    rounded = as_computed(value, compute)
+    if np.array_equal(rounded, np.asarray(value, dtype=np.float64)):
+        return  # exact in float32 (0.5, 2.0, ...): nothing new to check
+    try:
+        _validate(name, rounded, layout)
+    except ValueError as error:
+        raise ValueError(f"{_rounding(name, value, rounded, layout.n, compute)}: {error}") from None
+
+
+def _validate(name: str, value, layout: Layout) -> None:
+    n, batch_shape = layout.n, layout.batch_shape
+    if name == "alpha":
+        check_alpha(value, batch_shape, layout.axis)
+    elif name == "k":
+        check_targets(value, batch_shape, "k", float(n), f"n={n}")
+    elif name == "q":
+        check_targets(value, batch_shape, "q", 1.0, "1")
+    elif name == "labels":
+        check_labels(value, batch_shape, "labels", 0, n - 1)
+    elif name == "target_ranks":
+        check_target_ranks(value, batch_shape, n)
+    elif name == "p_k":
+        check_p_k(value, batch_shape, n)
+
+
+def placeholder(name: str, shape: tuple, dtype, n: int) -> np.ndarray:
+    """A valid stand-in for an argument whose values are not known yet (traced): its shape
+    and dtype with a valid value, so that :func:`check_argument` checks the shape and the
+    dtype's kind; a floating ``dtype`` should be given as float64.
+    """
+    shape = tuple(shape)
+    if name == "target_ranks":  # a permutation where the shape allows it (else the shape speaks)
+        fill = np.arange(1, n + 1) if shape[-1:] == (n,) else 1
+    elif name == "p_k":
+        fill = 1.0 / max(shape[-1], 1) if shape else 1.0
+    else:
+        fill = {"alpha": 1.0, "k": n / 2.0, "q": 0.5, "labels": 0}[name]
+    return np.broadcast_to(np.asarray(fill).astype(dtype), shape)
+
+
+def as_computed(value, compute) -> np.ndarray:
+    """A real argument as the kernels see it in a call computing in ``compute`` (float32):
+    rounded to it, subnormals flushed to zero (as XLA does), in ``compute``.
+    """
+    with np.errstate(over="ignore"):
+        arr = np.asarray(value, dtype=np.float64).astype(compute)
+    return np.where(np.abs(arr) < np.finfo(compute).tiny, np.zeros((), compute), arr)
+
+
+def _rounding(name: str, host, rounded: np.ndarray, n: int, compute) -> str:
+    """Which value the rounding to ``compute`` spoils, e.g. "alpha=1e-40 rounds to 0.0 in
+    float32".
+    """
+    where = (
+        f"in {np.dtype(compute).name}, the dtype this call computes in (the input's; JAX's "
+        "default float32 without jax_enable_x64)"
+    )
+    original = np.broadcast_to(np.asarray(host, dtype=np.float64), rounded.shape)
+    bounds = {"alpha": (0.0, np.inf), "k": (0.0, float(n)), "q": (0.0, 1.0)}
+    if name in bounds:
+        low, high = bounds[name]
+        bad = np.flatnonzero(~((rounded > low) & (rounded < high)))
+        if bad.size:
+            i = bad[0]
+            return (
+                f"{name}={original.flat[i].item()!r} rounds to {rounded.flat[i].item()!r} {where}"
+            )
+    if name == "p_k":
+        sums = rounded.astype(np.float64).sum(-1)
+        i = int(np.argmax(np.abs(sums - 1.0)))
+        return (
+            f"p_k, which sums to {original.sum(-1).flat[i].item()!r}, sums to "
+            f"{sums.flat[i].item()!r} once rounded {where}"
+        )
+    return f"{name} changes when rounded {where}"
