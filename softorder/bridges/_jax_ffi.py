@@ -34,18 +34,16 @@ adds some, ``vmap_method="broadcast_all"``):
 from __future__ import annotations
 
 import ctypes
-import functools
 import logging
 import threading
 
-import numba
 import numpy as np
 from numba import carray, types
 from numba.core.ccallback import CFunc
 from numba.extending import intrinsic
 
 from softorder.core import _jit, rank, topk
-from softorder.core._jit import _cache_classes, cache_dir
+from softorder.core._jit import _cache_classes, cache_dir, helper
 
 rank_forward, rank_vjp = rank.rank_forward.serial, rank.rank_vjp.serial
 topk_forward, topk_vjp = topk.topk_forward.serial, topk.topk_vjp.serial
@@ -67,9 +65,6 @@ _noted = _jit._noted  # one first-compilation note per process (softorder.precom
 _log = logging.getLogger("softorder")
 
 
-njit = functools.partial(numba.njit, nogil=True, error_model="numpy", fastmath=False)
-
-
 @intrinsic
 def address(typingctx, value):
     """An integer address as a ``void*``."""
@@ -81,7 +76,7 @@ def address(typingctx, value):
     return sig, codegen
 
 
-@njit
+@helper
 def begin(frame_address):
     """The call frame as int64 words, and whether to compute now: False for XLA's metadata
     query (answered here: the API version) and for the stages before execution.
@@ -105,7 +100,7 @@ def begin(frame_address):
     return frame, (frame[4] & 0xFFFFFFFF) == EXECUTE
 
 
-@njit
+@helper
 def buffer(frame, slot, i):
     """(dtype, data address, element count, last dimension) of argument or result i
     (``slot`` 9: the arguments, 14: the results).
@@ -119,7 +114,7 @@ def buffer(frame, slot, i):
     return b[2] & 0xFFFFFFFF, b[3], count, dims[ndim - 1] if ndim > 0 else 1
 
 
-@njit
+@helper
 def load(frame, i, rows, cols, negate):
     """Argument i (float32 or float64) as a new float64 (rows, cols) array, negated on
     request.
@@ -141,7 +136,7 @@ def load(frame, i, rows, cols, negate):
     return out
 
 
-@njit
+@helper
 def load_order(frame, i, rows, cols):
     """Argument i (int32) as a new int64 (rows, cols) array."""
     src = carray(address(buffer(frame, 9, i)[1]), rows * cols, np.int32)
@@ -152,7 +147,7 @@ def load_order(frame, i, rows, cols):
     return out
 
 
-@njit
+@helper
 def store(frame, i, values, negate):
     """Write the float64 ``values`` (negated on request) into result i (float32 or float64)."""
     dtype, data, count, _ = buffer(frame, 14, i)
@@ -170,7 +165,7 @@ def store(frame, i, values, negate):
             dst64[j] = flat[j]
 
 
-@njit
+@_jit._jit  # callable from Python too (the tests compare it with NumPy's sort)
 def sort_rows(values, order_out):
     """Each row sorted, stably, NaN last (all NaN equal) and ``-0.0 == 0.0`` (NumPy's order);
     the argsort also written into ``order_out`` (int32).
@@ -249,7 +244,7 @@ def sort_rows(values, order_out):
     return xs, order
 
 
-@njit
+@helper
 def gather_rows(values, order):
     """The rows sorted by their saved argsort."""
     rows, n = values.shape
