@@ -196,9 +196,14 @@ class InverseRule(Rule):
     #: whether the gradient in the targets is used (soft sort's targets are constants)
     targets_differentiable = True
 
-    def _pullback(self, ctx, u):
+    def _pullback(self, ctx, u, u_owned: bool = False):
+        """``(x_bar, w_bar, alpha_bar)``; with ``u_owned`` (``u`` is softorder's own host
+        array of shape (rows, n)) the CPU kernel writes ``x_bar`` into ``u``: it reads each
+        row of ``u`` before it writes that row of ``x_bar`` (one array of n float64 less).
+        """
         rows, s = ctx.rows, ctx.saved
-        x_bar = ctx.empty(rows.xs.shape)
+        reuse = u_owned and ctx.kernels is core and u.shape == rows.xs.shape
+        x_bar = u if reuse else ctx.empty(rows.xs.shape)
         host = isinstance(rows.xs, np.ndarray)
         # the CPU kernel skips w_bar when it has width 0 (the GPU twin always writes it)
         w_bar = ctx.empty(u.shape if self.targets_differentiable or not host else (rows.rows, 0))
@@ -292,8 +297,10 @@ class SortRule(InverseRule):
 
     def vjp(self, ctx, cotangent):
         rows = ctx.rows
-        u = _signed(ctx, rows.to_core(cotangent, "row", (rows.n,), "cotangent"))
-        x_bar, _, alpha_bar = self._pullback(ctx, u)
+        u, owned = rows.to_core_owned(cotangent, "row", (rows.n,), "cotangent")
+        if rows.sign < 0:
+            u, owned = _signed(ctx, u), True  # a new array
+        x_bar, _, alpha_bar = self._pullback(ctx, u, owned)
         return rows.grad_to_user(x_bar), ctx.alpha_grad(alpha_bar)
 
     def jvp(self, ctx, tangents):

@@ -129,14 +129,22 @@ def invert(r, inv_alpha, E, A, B, w, J):
     tiny or 0, the common case for integer k), the same formulas are evaluated in log space, so
     the target stays exact (the midpoint for ``c = 0``) instead of becoming ``log(0)``.
     """
+    return invert_at(r, inv_alpha, E[J] if 0 < J < r.shape[0] else 0.0, A, B, w, J)
+
+
+@inner_helper
+def invert_at(r, inv_alpha, e, A, B, w, J):
+    """:func:`invert` given the decay ``e = E[J]`` of the target's interval (any value when
+    ``J`` is 0 or n): the solvers that keep no row of decays compute it.
+    """
     n = r.shape[0]
     if J == 0:
         return 0, math.log(2.0 * w / B[0])
     if J == n:
         return n - 1, -math.log(2.0 * (n - w) / A[n - 1])
     c = w - J
-    if E[J] >= SMALL_E:
-        d = math.sqrt(c * c + A[J - 1] * B[J] * E[J])
+    if e >= SMALL_E:
+        d = math.sqrt(c * c + A[J - 1] * B[J] * e)
         if c >= 0.0:
             return J, math.log((c + d) / B[J])
         return J - 1, math.log(A[J - 1] / (d - c))
@@ -160,6 +168,85 @@ def solve_targets(r, inv_alpha, E, A, B, S, w, worder, anchor, t):
         j = worder[q]
         hint = count_at_most(S, w[j], hint)
         anchor[j], t[j] = invert(r, inv_alpha, E, A, B, w[j], hint)
+
+
+@helper
+def prefix_sums_ab(r, inv_alpha, A, B):
+    """:func:`prefix_sums` without a row of decays: ``E`` passes through ``B``'s row, which the
+    backward pass overwrites with ``B`` (each ``E[i + 1]`` is read just before its slot is).
+    """
+    n = r.shape[0]
+    A[0] = 1.0
+    for i in range(1, n):
+        e = math.exp(-gap(r[i], r[i - 1]) * inv_alpha)
+        B[i] = e
+        A[i] = 1.0 + e * A[i - 1]
+    e_next = B[n - 1]
+    B[n - 1] = 1.0
+    for i in range(n - 2, -1, -1):
+        e = B[i]
+        B[i] = 1.0 + e_next * B[i + 1]
+        e_next = e
+
+
+@inner_helper
+def lapsum_at(A, B, i):
+    """``S(r[i])``, as :func:`lapsum_at_points` stores it."""
+    return i + 0.5 + 0.5 * (B[i] - A[i])
+
+
+@inner_helper
+def count_at_most_ab(A, B, w, hint):
+    """:func:`count_at_most` with ``S`` computed where it is read (:func:`lapsum_at`)."""
+    n = A.shape[0]
+    if hint > 0 and lapsum_at(A, B, hint - 1) > w:
+        hi = hint - 1
+        step = 1
+        lo = -1
+        while True:
+            cand = hi - step
+            if cand < 0:
+                break
+            if lapsum_at(A, B, cand) <= w:
+                lo = cand
+                break
+            hi = cand
+            step *= 2
+    else:
+        lo = hint - 1
+        step = 1
+        hi = n
+        while True:
+            cand = lo + step
+            if cand >= n:
+                break
+            if lapsum_at(A, B, cand) > w:
+                hi = cand
+                break
+            lo = cand
+            step *= 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if lapsum_at(A, B, mid) <= w:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+@helper
+def solve_targets_ab(r, inv_alpha, A, B, w, worder, anchor, t):
+    """:func:`solve_targets` from ``A`` and ``B`` alone (:func:`prefix_sums_ab`): two rows of
+    n instead of four; ``S`` and the decay of each target's interval are computed where read,
+    with the same operations, so the targets are the same to the bit.
+    """
+    n = r.shape[0]
+    hint = 0
+    for q in range(w.shape[0]):
+        j = worder[q]
+        hint = count_at_most_ab(A, B, w[j], hint)
+        e = math.exp(-gap(r[hint], r[hint - 1]) * inv_alpha) if 0 < hint < n else 0.0
+        anchor[j], t[j] = invert_at(r, inv_alpha, e, A, B, w[j], hint)
 
 
 @helper

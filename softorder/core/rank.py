@@ -12,12 +12,13 @@ of the 6 that separate prefix sums and kernel sums would need; the passes are fu
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import prange
 
-from softorder.core._jit import helper, kernel
+from softorder.core._jit import helper, inner_helper, kernel
 from softorder.core.laplace import gap
-from softorder.core.lapsum import prefix_sums
 from softorder.core.rows import gather_finite, has_nan, scatter, scatter_finite
 
 FORWARD_WORK = 2
@@ -41,15 +42,38 @@ def rank_forward(xs, order, alpha, out, decay, work):
             out[row, :] = np.nan
             decay[row, :] = np.nan
             continue
-        A = work[row, 0]
-        ranks = work[row, 1]  # B, then the ranks in sorted order
-        prefix_sums(r, 1.0 / alpha[row], decay[row], A, ranks)
-        for i in range(n):
-            ranks[i] = i + 1.0 + 0.5 * (ranks[i] - A[i])
+        # :func:`prefix_sums` with ``A`` kept in the row of the ranks and ``B`` in a register:
+        # the same operations, one row of scratch (the second row of ``work`` is the GPU
+        # twin's and stays untouched here)
+        E = decay[row]
+        ranks = work[row, 0]  # A, then the ranks in sorted order
+        inv_alpha = 1.0 / alpha[row]
+        ranks[0] = 1.0
+        E[0] = 0.0
+        for i in range(1, n):
+            e = math.exp(-gap(r[i], r[i - 1]) * inv_alpha)
+            E[i] = e
+            ranks[i] = 1.0 + e * ranks[i - 1]
+        b = 1.0
+        ranks[n - 1] = n - 1 + 1.0 + 0.5 * (b - ranks[n - 1])
+        for i in range(n - 2, -1, -1):
+            b = 1.0 + E[i + 1] * b
+            ranks[i] = i + 1.0 + 0.5 * (b - ranks[i])
         for i in range(1, n):
             if r[i] == r[i - 1]:
                 ranks[i] = ranks[i - 1]  # equal in exact arithmetic; make it so in floating point
         scatter(order[row], ranks, out[row])
+
+
+@inner_helper
+def _add_compensated(total, compensation, term):
+    """Neumaier's step: ``total + term`` and the running sum of the rounding errors."""
+    new = total + term
+    if abs(total) >= abs(term):
+        compensation += (total - new) + term
+    else:
+        compensation += (term - new) + total
+    return new, compensation
 
 
 @helper
@@ -66,25 +90,36 @@ def _rank_linear(r, order, alpha, E, v, alpha_v, out, work):
     scale = 0.5 * inv_alpha
     vs = work[0]  # v in sorted order, then the result in sorted order
     partial = out  # v_i A_i - sum_{j <= i} v_j e_ij (out is written only by the last scatter)
-    left_moment = work[1]  # Ad_i
+    # Ad_i, kept per element only for a tangent of alpha (the JVP): the VJP needs only
+    # <v, Ad>, summed in the first pass, and its second row of scratch stays untouched
+    per_element = alpha_v != 0.0
+    left_moment = work[1]
     gather_finite(r, order, v, vs)
     a = 1.0
     ad = 0.0
     lv = vs[0]
     partial[0] = vs[0] - lv
-    left_moment[0] = 0.0
+    if per_element:
+        left_moment[0] = 0.0
+    v_ad = 0.0  # <v, Ad>, compensated (Neumaier): the difference of the two sums cancels
+    c_ad = 0.0
     for i in range(1, n):
         e = E[i]
         ad = e * (ad + gap(r[i], r[i - 1]) * inv_alpha * a) if e > 0.0 else 0.0
         a = 1.0 + e * a
         lv = vs[i] + e * lv
         partial[i] = vs[i] * a - lv
-        left_moment[i] = ad
+        if per_element:
+            left_moment[i] = ad
+        else:
+            v_ad, c_ad = _add_compensated(v_ad, c_ad, vs[i] * ad)
     b = 1.0
     bd = 0.0
     rv = 0.0
     v_next = 0.0
     dot = 0.0
+    v_bd = 0.0  # <v, Bd>
+    c_bd = 0.0
     for i in range(n - 1, -1, -1):
         vi = vs[i]
         if i < n - 1:
@@ -93,9 +128,16 @@ def _rank_linear(r, order, alpha, E, v, alpha_v, out, work):
             b = 1.0 + e * b
             rv = e * (v_next + rv)
         v_next = vi
-        d_alpha = -(left_moment[i] - bd) * scale
-        dot += vi * d_alpha
-        vs[i] = (partial[i] + vi * (b - 1.0) - rv) * scale + d_alpha * alpha_v  # v_i is used up
+        result = (partial[i] + vi * (b - 1.0) - rv) * scale  # v_i is used up
+        if per_element:
+            d_alpha = -(left_moment[i] - bd) * scale
+            dot += vi * d_alpha
+            result += d_alpha * alpha_v
+        else:
+            v_bd, c_bd = _add_compensated(v_bd, c_bd, vi * bd)
+        vs[i] = result
+    if not per_element:
+        dot = -((v_ad - v_bd) + (c_ad - c_bd)) * scale
     scatter_finite(r, order, vs, out)
     return dot
 

@@ -21,14 +21,16 @@ from softorder.core.laplace import INF, cdf, hazard, log_cdf, offset_z, rel_weig
 from softorder.core.lapsum import (
     TABLES,
     TABLES_WITH_MOMENTS,
+    prefix_sums_ab,
     row_tables,
-    solve_targets,
+    solve_targets_ab,
     target_sums,
 )
 from softorder.core.rows import gather, gather_finite, has_nan, scatter
 
-#: the tables; the forward then writes each target's row in sorted order into ``E`` (spent once
-#: the targets are solved) and scatters it at once: a random-order write per element inside
+#: the tables (the GPU twin's); the CPU forward fills only ``A`` and ``B``
+#: (:func:`~softorder.core.lapsum.solve_targets_ab`), then writes each target's row in sorted
+#: order into the spent ``A`` and scatters it at once: a random-order write per element inside
 #: the loop was a cache miss each at n = 1e6
 FORWARD_WORK = TABLES
 #: the tables with moments and :func:`gradient_scratch` (the tangent in sorted order goes to
@@ -64,9 +66,11 @@ def topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work):
             offset[row, :] = np.nan
             continue
         inv_alpha = 1.0 / alpha[row]
-        E, A, B, Ad, Bd, S = row_tables(r, inv_alpha, False, work[row])
-        solve_targets(r, inv_alpha, E, A, B, S, w[row], worder[row], anchor[row], offset[row])
-        sorted_out = work[row, 0, :n]  # E: spent once the targets are solved
+        A = work[row, 0, :n]
+        B = work[row, 1, :n]
+        prefix_sums_ab(r, inv_alpha, A, B)
+        solve_targets_ab(r, inv_alpha, A, B, w[row], worder[row], anchor[row], offset[row])
+        sorted_out = A  # spent once the targets are solved
         for j in range(m):
             ra = r[anchor[row, j]]
             t = offset[row, j]
@@ -173,9 +177,11 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
             continue
         a = alpha[row]
         inv_alpha = 1.0 / a
-        e = work[row, 0, :n]  # the last target's e_i, whose omega_i phi is still to add
-        rbar = work[row, 1, :n]
         vs = work[row, 2, :n]  # the cotangent in sorted order
+        # the last target's e_i, whose omega_i phi is still to add; with one target it goes
+        # where v_i was (read first, never again): one row of n untouched
+        e = work[row, 0, :n] if m > 1 else vs
+        rbar = work[row, 1, :n]
         fresh = True  # rbar holds nothing yet
         pg = 0.0  # phi / G of the target in e
         abar = 0.0
@@ -197,6 +203,7 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
             k_bar = 0.0  # times 1 / G
             v_common = 0.0  # log: cotangents of the elements whose kappa_k is `common`
             for i in range(n):
+                vi = vs[i]
                 acc = 0.0 if fresh else rbar[i] + e[i] * pg
                 zi = offset_z(ra, r[i], inv_alpha, t)
                 az = abs(zi)
@@ -208,7 +215,6 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
                 e[i] = ei
                 G += ei
                 Z += zi * ei
-                vi = vs[i]
                 if vi == 0.0:
                     rbar[i] = acc
                     continue  # (kappa may underflow where kappa_k does not: keep going)
