@@ -26,6 +26,11 @@ def float_array(x, name: str) -> tuple[np.ndarray, np.dtype]:
     return arr, out_dtype
 
 
+def index_dtype(n: int) -> np.dtype:
+    """The dtype of the host's sort orders of rows of ``n``: int32 when every index fits."""
+    return np.dtype(np.int32) if n < 2**31 else np.dtype(np.int64)
+
+
 def cast(value, dtype) -> np.ndarray:
     """``value`` as a C-ordered array of ``dtype``; values beyond a narrow dtype's range become
     +-inf there (as the true result would), without a warning.
@@ -66,12 +71,16 @@ class NumpyBackend:
 
     def sort_rows(self, rows2d, order=None):
         """``(xs, order)``: each row sorted ascending (NaN last) and its argsort; with
-        ``order`` (a saved argsort) only the gather.
+        ``order`` (a saved argsort) only the gather. The argsort is int32 for rows shorter
+        than 2**31 (:func:`index_dtype`), so every kernel compiles for one index dtype.
         """
+        index = index_dtype(rows2d.shape[1])
         if order is None:
-            order = np.argsort(rows2d, axis=1)
+            # NumPy's argsort returns int64: the narrowing pass costs less than the 4 bytes
+            # per element it saves for the rest of the call (forward and gradients)
+            order = np.argsort(rows2d, axis=1).astype(index, copy=False)
         else:
-            order = np.ascontiguousarray(order, dtype=np.int64).reshape(rows2d.shape)
+            order = np.ascontiguousarray(order, dtype=index).reshape(rows2d.shape)
         xs = np.empty(rows2d.shape)
         core.take_rows(rows2d, order, xs)  # faster than np.take_along_axis (CHANGELOG)
         return xs, order
