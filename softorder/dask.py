@@ -45,7 +45,7 @@ import dask
 import dask.array as da
 import numpy as np
 
-from softorder._engine.autodiff import _bind, _rule_of
+from softorder._engine.autodiff import bind, rule_of
 from softorder._engine.autodiff import vjp as _vjp
 
 __all__ = ["apply", "vjp"]
@@ -58,8 +58,8 @@ class _Plan:
 
     def __init__(self, op: Callable, x: Any, args: tuple, kwargs: dict):
         self.op = op
-        self.rule = _rule_of(op)  # TypeError for anything but a softorder operation
-        arguments = _bind(op.signature, (x, *args), kwargs)
+        self.rule = rule_of(op)  # TypeError for anything but a softorder operation
+        arguments = bind(op.signature, (x, *args), kwargs)
         parameters = op.signature.parameters.values()
         names = [p.name for p in parameters if p.kind is not p.KEYWORD_ONLY]
         self.input_name = names[0]

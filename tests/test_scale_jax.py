@@ -38,11 +38,11 @@ def _child() -> None:  # runs in the child process
     forward, backward = soj._Forward.__call__, soj._Backward.__call__
 
     def record_forward(self, *arrays):
-        seen.append(("forward", self.call.op, np.shape(arrays[0])[0]))
+        seen.append(("forward", self.call.spec.op, np.shape(arrays[0])[0]))
         return forward(self, *arrays)
 
     def record_backward(self, *arrays):
-        seen.append(("backward", self.call.op, np.shape(arrays[0])[0]))
+        seen.append(("backward", self.call.spec.op, np.shape(arrays[0])[0]))
         return backward(self, *arrays)
 
     soj._Forward.__call__, soj._Backward.__call__ = record_forward, record_backward

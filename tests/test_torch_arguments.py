@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 
 import softorder as so  # noqa: E402
 import softorder.bridges.torch as sot  # noqa: E402
+from softorder._engine.call import CallSpec  # noqa: E402
 
 X = torch.tensor([[0.5, -1.0, 3.0, 2.0, 0.0], [1.0, 2.0, 3.0, 4.0, 5.0]], dtype=torch.float64)
 LABELS = torch.tensor([0, 3])
@@ -69,8 +70,10 @@ def test_non_finite_k_q_and_p_k_are_named(bad):
     "value", [NAN, INF, -INF, -0.0, 0.0, 5e-324, 1.7976931348623157e308, 0.1 + 0.2, 1 / 3]
 )
 def test_call_spec_round_trips_every_float_exactly(value):
-    spec = sot._encode("soft_topk", ("x",), (("k", value), ("alpha", [value, 1.0])))
-    _, names, statics = sot._decode(spec)
+    spec = CallSpec.decode(
+        sot._encode("soft_topk", ("x",), (("k", value), ("alpha", [value, 1.0])))
+    )
+    names, statics = spec.names, dict(spec.statics)
     assert names == ("x",)
     for got in (statics["k"], statics["alpha"][0]):
         assert type(got) is float

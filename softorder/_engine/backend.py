@@ -2,7 +2,8 @@
 
 The rules (:mod:`softorder._engine.rules`) and the shape handling
 (:mod:`softorder._engine.layout`) are written once against one small interface, implemented
-by the backends of :mod:`softorder._engine.backends`: :data:`NUMPY` keeps arrays in host
+by the backends of :mod:`softorder._engine.backends` (the
+:class:`~softorder._engine.backends.protocol.Backend` protocol): :data:`NUMPY` keeps arrays in host
 memory and runs the CPU kernels of :mod:`softorder.core`; device arrays of any framework
 (``__cuda_array_interface__``) go to
 the numba device backend, loaded the first time one is seen; a bridge registers a backend for
@@ -14,6 +15,8 @@ moved with the backend's ``from_host``.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from softorder._engine.backends.numpy_host import (
     NUMPY,
@@ -22,9 +25,11 @@ from softorder._engine.backends.numpy_host import (
     float_array,
     unbroadcast,
 )
+from softorder._engine.backends.protocol import Backend
 
 __all__ = [
     "NUMPY",
+    "Backend",
     "NumpyBackend",
     "backend_of",
     "cast",
@@ -37,7 +42,7 @@ __all__ = [
 _lookups: list = []
 
 
-def register(lookup) -> None:
+def register(lookup: Callable[[Any], Backend | None]) -> None:
     """Consult ``lookup(x) -> backend or None`` (before NumPy) for each input ``x``."""
     if lookup not in _lookups:
         _lookups.insert(0, lookup)
@@ -49,7 +54,7 @@ def unregister(lookup) -> None:
         _lookups.remove(lookup)
 
 
-def backend_of(x):
+def backend_of(x) -> Backend:
     """The backend for an input ``x``: the first registered lookup's answer, or NumPy.
 
     A device array (``__cuda_array_interface__``) loads the numba device backend (and

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from softorder._engine.backend import NUMPY, backend_of
+from softorder._engine.backends.protocol import Backend
 from softorder._engine.checks import check_targets, refuse_masked
 
 #: where the core axes of a result go, by kind: ``row`` (n), ``targets_row`` (m, n),
@@ -80,7 +81,7 @@ class Rows:
     layout: Layout
     dtype: np.dtype
     sign: float
-    backend: object = NUMPY  # where the arrays live (softorder._engine.backend)
+    backend: Backend = NUMPY  # where the arrays live (softorder._engine.backend)
 
     @classmethod
     def from_input(

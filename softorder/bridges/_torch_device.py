@@ -9,7 +9,6 @@ labels, ``p_k``), which the rules check on the host and then copy to the device.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import numpy as np
@@ -31,26 +30,22 @@ def _torch_dtype(dtype) -> torch.dtype:
 class TorchDeviceBackend:
     """Tensors of one device; ``kernels`` are the GPU kernels, launched on its current stream."""
 
+    kernels: _Kernels  # (set per instance)
+
     def __init__(self, device: torch.device):
-        from softorder.core import cuda as gpu  # needs numba-cuda
+        from softorder._engine.backends import numba_cuda  # needs numba-cuda
 
         self.device = device
-        self._gpu = gpu
+        self._numba_cuda = numba_cuda
+        self._gpu = numba_cuda.DEVICE.kernels
         self.kernels = _Kernels(self)
 
     def launching(self):
         """The context of every kernel call: this device's current stream and allocator."""
-        from numba import cuda
-
-        gpu = self._gpu
+        simulated = self._numba_cuda.SIMULATOR
+        handle = None if simulated else torch.cuda.current_stream(self.device).cuda_stream
         allocate = functools.partial(_allocate, self.device)
-        if gpu.SIMULATOR:
-            return gpu.on_stream(0, allocate)
-        stack = contextlib.ExitStack()
-        stack.enter_context(cuda.gpus[self.device.index or 0])
-        handle = torch.cuda.current_stream(self.device).cuda_stream
-        stack.enter_context(gpu.on_stream(cuda.external_stream(handle), allocate))
-        return stack
+        return self._numba_cuda.launching(self.device.index or 0, handle, allocate)
 
     def float_input(self, x, name: str):
         if not isinstance(x, torch.Tensor):

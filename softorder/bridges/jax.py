@@ -89,13 +89,12 @@ Bad input
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import math
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -106,6 +105,7 @@ from softorder import core
 from softorder import operations as _ops
 from softorder._docs import Dialect, documented
 from softorder._engine.backend import float_array
+from softorder._engine.call import Call, CallSpec, compute_dtype
 from softorder._engine.checks import (
     FLOAT_ARGUMENTS,
     as_computed,
@@ -117,7 +117,10 @@ from softorder._engine.checks import (
     placeholder,
     refuse_masked,
 )
-from softorder._engine.layout import Layout, axes_after_leading
+from softorder._engine.layout import Layout
+
+if TYPE_CHECKING:
+    from softorder._engine.backends.numba_cuda import Launch
 
 __all__ = [
     "log_soft_topk",
@@ -151,114 +154,34 @@ _DEVICE_CALLBACKS: str | bool = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
-class _Call:
-    """Everything static about one call: the operation, its static arguments, and how the
-    array arguments line up with the batch axes when ``vmap`` adds leading axes.
-    """
-
-    op: str  # name of the NumPy operation in softorder.operations
-    statics: tuple  # ((name, value), ...): the keyword-only arguments
-    names: tuple  # names of the array arguments, in signature order
-    x_ndim: int  # ndim of the unbatched input
-    inserts: tuple  # per array argument: unit axes to insert after the vmapped axes
-    result: tuple  # (shape, dtype name) of the unbatched result
-    residuals: tuple  # ((name, shape, dtype name, stored dtype name), ...), unbatched
-    differentiable: tuple  # positions of the arguments that get gradients
-
-    @property
-    def rule(self):
-        return getattr(_ops, self.op).rule
-
-    def arguments(self, arrays: tuple, host: bool = True) -> dict:
-        """The rule's arguments from the arrays a callback received (maybe with vmap axes).
-
-        ``host=False`` (the device path): the input is a device array and is passed on as it
-        is (it never gets unit axes); the other arguments are already host arrays.
-        """
-        lead = len(np.shape(arrays[0])) - self.x_ndim
-        arguments = dict(self.statics)
-        for name, arr, insert in zip(self.names, arrays, self.inserts, strict=True):
-            arr = np.asarray(arr) if host else arr
-            if insert:
-                arr = arr.reshape(arr.shape[:lead] + (1,) * insert + arr.shape[lead:])
-            arguments[name] = arr
-        return arguments
-
-    def pack(self, residuals: dict, device=None) -> list:
-        """Residuals as JAX can hold them: 64-bit arrays viewed as pairs of 32-bit words
-        when x64 is off (bit-exact, along the last axis). With ``device`` (a
-        :class:`_Device`) the residuals are device arrays and stay on the device.
-        """
-        out = []
-        for name, _, dtype, stored in self.residuals:
-            if device is None:
-                arr = np.ascontiguousarray(residuals[name], dtype=dtype)
-            else:
-                arr = device.backend.cast(residuals[name], dtype)  # no copy when it is one
-            out.append(arr if stored == dtype else arr.view(stored))
-        return out
-
-    def unpack(self, stored: tuple, device=None) -> dict:
-        """The residuals from what :meth:`pack` stored; with ``device`` (a :class:`_Device`)
-        they are device arrays and stay on the device (no copy).
-        """
-        if device is not None:
-            return {
-                name: arr if stored_dtype == dtype else arr.view(dtype)
-                for (name, _, dtype, stored_dtype), arr in zip(self.residuals, stored, strict=True)
-            }
-        return {
-            name: np.ascontiguousarray(arr).view(dtype)
-            for (name, _, dtype, _), arr in zip(self.residuals, stored, strict=True)
-        }
-
-
-@dataclasses.dataclass(frozen=True)
 class _Forward:
-    call: _Call
+    call: Call  # softorder._engine.call: the spec, the declared shapes, the callbacks' bodies
     keep: bool  # return the residuals too (when a gradient will be asked for)
 
     def __call__(self, *arrays):
-        rule, call = self.call.rule, self.call
-        ctx = rule.prepare(**call.arguments(arrays))
-        out = np.asarray(rule.forward(ctx), dtype=call.result[1])
-        return (out, *call.pack(rule.residuals(ctx))) if self.keep else (out,)
+        return tuple(self.call.forward(arrays, self.keep))
 
-    def on_device(self, device: _Device, buffers: tuple) -> list:
+    def on_device(self, device: Launch, buffers: tuple) -> list:
         """The same on device arrays: the result (and residuals), on the device."""
-        rule, call = self.call.rule, self.call
-        ctx = rule.prepare(**call.arguments(device.arguments(buffers), host=False))
-        out = rule.forward(ctx)
-        return [out, *call.pack(rule.residuals(ctx), device)] if self.keep else [out]
+        return self.call.forward(device.arguments(buffers), self.keep, device.backend)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Backward:
-    call: _Call
+    call: Call
 
     def __call__(self, *flat):
-        rule, call = self.call.rule, self.call
-        count = len(call.names)
-        arrays, stored, cotangent = flat[:count], flat[count:-1], flat[-1]
-        arguments = call.arguments(arrays)
-        ctx = rule.restore(arguments, call.unpack(stored))
-        grads = dict(zip(rule.differentiable, rule.vjp(ctx, np.asarray(cotangent)), strict=True))
-        return tuple(
-            np.asarray(grads[call.names[i]], dtype=arrays[i].dtype).reshape(np.shape(arrays[i]))
-            for i in call.differentiable
-        )
+        count = len(self.call.spec.names)
+        return tuple(self.call.backward(flat[:count], flat[count:-1], flat[-1]))
 
-    def on_device(self, device: _Device, buffers: tuple) -> list:
+    def on_device(self, device: Launch, buffers: tuple) -> list:
         """The same on device arrays: the gradients, on the device (cast and reshaped to
         their arguments' buffers when written).
         """
-        rule, call = self.call.rule, self.call
-        count = len(call.names)
+        count = len(self.call.spec.names)
         arrays = device.arguments(buffers[:count])
         stored = [device.wrap(b) for b in buffers[count:-1]]
-        ctx = rule.restore(call.arguments(arrays, host=False), call.unpack(stored, device))
-        grads = dict(zip(rule.differentiable, rule.vjp(ctx, device.wrap(buffers[-1])), strict=True))
-        return [grads[call.names[i]] for i in call.differentiable]
+        return self.call.backward(arrays, stored, device.wrap(buffers[-1]), host=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -287,7 +210,7 @@ class _InPlace:
             for target, value in zip(out, self.fn(*buffers), strict=True):
                 np.asarray(target)[...] = value
             return
-        with _Device.launching(ctx, buffers[0]) as device:
+        with _launching(ctx, buffers[0]) as device:
             device.write(out, self.fn.on_device(device, buffers))
 
 
@@ -302,60 +225,20 @@ def _simulator() -> bool:
     return bool(numba.config.ENABLE_CUDASIM)
 
 
-@dataclasses.dataclass
-class _Device:
-    """The kernels' side of one buffer callback: numba device arrays viewing XLA's buffers,
-    the stream the kernels launch on (XLA's compute stream; 0 in the simulator), and the numba
-    device backend of the rules (:mod:`softorder._engine.backends.numba_cuda`).
+def _launching(ctx, buffer):
+    """Launch every kernel inside the block on XLA's stream of ``buffer``'s device; yields
+    the :class:`softorder._engine.backends.numba_cuda.Launch` (the buffers as numba device
+    arrays, copies to and from them on that stream).
     """
+    from softorder._engine.backends import numba_cuda
 
-    stream: Any
-    backend: Any  # softorder._engine.backends.numba_cuda.DEVICE
-    wrap: Callable  # a buffer (or device array) as a numba device array, no copy
-
-    @classmethod
-    @contextlib.contextmanager
-    def launching(cls, ctx, buffer):
-        """Launch every kernel inside the block on XLA's stream of ``buffer``'s device."""
-        from numba import cuda
-
-        from softorder._engine.backends import numba_cuda as backend
-        from softorder.core import cuda as gpu
-        from softorder.core.cuda import _launch
-
-        if gpu.SIMULATOR:
-            if not _on_host(buffer):
-                raise RuntimeError(
-                    "NUMBA_ENABLE_CUDASIM=1 runs softorder's GPU kernels in numba's simulator, "
-                    "which cannot read JAX's GPU buffers; unset it to use the GPU"
-                )
-            with gpu.on_stream(0):
-                yield cls(0, backend.DEVICE, _launch.as_device)
-            return
-        with cuda.gpus[buffer.__dlpack_device__()[1]]:
-            stream = cuda.external_stream(ctx.stream)
-            with gpu.on_stream(stream):
-                yield cls(stream, backend.DEVICE, _launch.as_device)
-
-    def arguments(self, buffers: tuple) -> list:
-        """The input as a device array; the small arguments the rules validate (alpha, k, q,
-        labels, p_k, target_ranks) copied to the host, after the stream has computed them.
-        """
-        arrays = [self.wrap(buffers[0])]
-        arrays += [self.wrap(b).copy_to_host(stream=self.stream) for b in buffers[1:]]
-        if self.stream and len(buffers) > 1:
-            self.stream.synchronize()
-        return arrays
-
-    def write(self, out, values: list) -> None:
-        """Copy each value into its output buffer, device to device, on the stream: cast on
-        the device to the buffer's dtype (no copy when it has it) and reshaped to its shape.
-        """
-        for buffer, value in zip(out, values, strict=True):
-            target = self.wrap(buffer)
-            value = self.backend.cast(value, target.dtype)  # C-contiguous, on the device
-            if target.size:
-                target.copy_to_device(value.reshape(tuple(target.shape)), stream=self.stream)
+    if numba_cuda.SIMULATOR and not _on_host(buffer):
+        raise RuntimeError(
+            "NUMBA_ENABLE_CUDASIM=1 runs softorder's GPU kernels in numba's simulator, "
+            "which cannot read JAX's GPU buffers; unset it to use the GPU"
+        )
+    stream = None if numba_cuda.SIMULATOR else ctx.stream  # (no GPU context to read there)
+    return numba_cuda.launching(buffer.__dlpack_device__()[1], stream)
 
 
 def _device_callbacks() -> bool:
@@ -377,7 +260,7 @@ def _cuda_kernels_available() -> bool:
     try:
         from jax.experimental import buffer_callback  # noqa: F401
 
-        import softorder.core.cuda  # noqa: F401
+        from softorder._engine.backends import numba_cuda  # noqa: F401
     except ImportError as error:
         warnings.warn(
             f"softorder's JAX bridge copies GPU arrays to the host ({error}); the GPU kernels "
@@ -444,11 +327,8 @@ def _struct(shape, dtype) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))
 
 
-def _forward(call: _Call, device: bool, arrays: tuple, keep: bool) -> tuple:
-    residuals = [
-        _struct(_stored_shape(shape, dtype, stored), stored)
-        for _, shape, dtype, stored in call.residuals
-    ]
+def _forward(call: Call, device: bool, arrays: tuple, keep: bool) -> tuple:
+    residuals = [_struct(shape, dtype) for shape, dtype in call.stored_shapes()]
     shapes = (_struct(*call.result), *(residuals if keep else ()))
     return _callback(_Forward(call, keep), shapes, arrays, device)
 
@@ -491,16 +371,16 @@ def _vary(values, axes: tuple) -> tuple:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _apply(call: _Call, device: bool, *arrays):
+def _apply(call: Call, device: bool, *arrays):
     return _vary(_forward(call, device, arrays, keep=False), _varying_axes(arrays))[0]
 
 
-def _apply_fwd(call: _Call, device: bool, *arrays):
+def _apply_fwd(call: Call, device: bool, *arrays):
     out, *residuals = _vary(_forward(call, device, arrays, keep=True), _varying_axes(arrays))
     return out, (arrays, tuple(residuals))
 
 
-def _apply_bwd(call: _Call, device: bool, saved, cotangent):
+def _apply_bwd(call: Call, device: bool, saved, cotangent):
     arrays, residuals = saved
     shapes = tuple(_struct(arrays[i].shape, arrays[i].dtype) for i in call.differentiable)
     grads = _callback(_Backward(call), shapes, (*arrays, *residuals, cotangent), device)
@@ -512,16 +392,6 @@ def _apply_bwd(call: _Call, device: bool, saved, cotangent):
 
 
 _apply.defvjp(_apply_fwd, _apply_bwd)
-
-
-def _stored_dtype(dtype) -> np.dtype:
-    dtype = np.dtype(dtype)
-    return dtype if jax.dtypes.canonicalize_dtype(dtype) == dtype else np.dtype(np.uint32)
-
-
-def _stored_shape(shape: tuple, dtype, stored) -> tuple:
-    words = np.dtype(dtype).itemsize // np.dtype(stored).itemsize
-    return tuple(shape[:-1]) + (shape[-1] * words,)
 
 
 # --------------------------------------------------------------------------------------------
@@ -708,9 +578,7 @@ def _compute_dtype(dtype) -> tuple[np.dtype, np.dtype]:
     """(dtype the kernels' results are computed in, dtype returned) for an input dtype."""
     dtype = np.dtype(dtype)
     if jnp.issubdtype(dtype, jnp.floating):
-        if dtype in (np.float32, np.float64):
-            return dtype, dtype
-        return np.dtype(np.float32), dtype  # float16, bfloat16
+        return np.dtype(compute_dtype(dtype.name)), dtype
     float_array(np.empty(0, dtype=dtype), "x")  # TypeError for complex
     default = jax.dtypes.canonicalize_dtype(np.float64)
     return default, default
@@ -723,13 +591,10 @@ def _run(op: Callable, **kwargs: Any) -> jax.Array:
     bound = signature.bind(**kwargs)  # every public function passes every argument
     bound.apply_defaults()
     arguments = dict(bound.arguments)
-    rule = op.rule
     names = tuple(p.name for p in signature.parameters.values() if p.kind is not p.KEYWORD_ONLY)
     statics = {p: arguments[p] for p in signature.parameters if p not in names}
-    is_loss = "reduction" in statics
-    if is_loss:
+    if "reduction" in statics:
         check_reduction(statics["reduction"])
-        statics["reduction"] = "none"  # reduced below, in JAX, per vmapped element
     for flag in ("largest", "descending", "split_top1"):
         if flag in statics:
             statics[flag] = check_flag(statics[flag], flag)
@@ -740,8 +605,6 @@ def _run(op: Callable, **kwargs: Any) -> jax.Array:
     compute, out_dtype = _compute_dtype(x.dtype)
     x = x.astype(compute)
     layout = Layout.of(x.shape, statics.get("axis", -1), input_name)  # axis, scalar, empty
-    if "axis" in statics:
-        statics["axis"] = layout.axis - layout.ndim  # negative: counts from the end under vmap
 
     arrays = {input_name: x}
     for name in names[1:]:
@@ -757,29 +620,15 @@ def _run(op: Callable, **kwargs: Any) -> jax.Array:
     if route is not None:
         return route(x).astype(out_dtype)
 
-    nb = len(layout.batch_shape)
-    inserts = tuple(
-        0 if name == input_name else axes_after_leading(name, arrays[name].ndim, nb)
-        for name in names
-    )
-    described = {**statics, **arrays}
-    result_shape, residuals = rule.describe(described)
-    call = _Call(
-        op=op.__name__,
-        statics=tuple(sorted(statics.items())),
-        names=names,
-        x_ndim=x.ndim,
-        inserts=inserts,
-        result=(tuple(result_shape), np.dtype(compute).name),
-        residuals=tuple(
-            (name, tuple(shape), np.dtype(dtype).name, _stored_dtype(dtype).name)
-            for name, (shape, dtype) in residuals.items()
-        ),
-        differentiable=tuple(names.index(name) for name in rule.differentiable),
-    )
+    # one spec for any number of vmapped axes: the axis counts from the end, a loss is
+    # computed per row and reduced below, in JAX, per vmapped element
+    spec = CallSpec(op.__name__, names, tuple(sorted(statics.items())))
+    spec = spec.vmapped(len(layout.batch_shape))
+    words = jax.dtypes.canonicalize_dtype(np.int64) != np.int64  # no x64: 64-bit as 2 words
+    call = Call.plan(spec, arrays, compute.name, words)
     operands = tuple(arrays[name] for name in names)
     out = _apply(call, _device_callbacks(), *_vary(operands, _varying_axes(operands)))
-    if is_loss and arguments["reduction"] != "none":
+    if arguments.get("reduction", "none") != "none":
         out = jnp.sum(out) if arguments["reduction"] == "sum" else jnp.mean(out)
     return out.astype(out_dtype)
 

@@ -56,7 +56,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import numbers
 import operator
 
 import numpy as np
@@ -66,7 +65,7 @@ from torch import Tensor, nn
 from softorder import core, operations
 from softorder._docs import Dialect, documented
 from softorder._engine.autodiff import Rule
-from softorder._engine.layout import axes_after_leading
+from softorder._engine.call import NARROW_FLOATS, CallSpec, compute_dtype, plain, reduction_scale
 from softorder.bridges import _torch_compat as compat
 
 __all__ = [
@@ -82,51 +81,43 @@ __all__ = [
     "topk_cross_entropy",
 ]
 
-#: the NumPy API's operations, by name: the bridge's functions have the same names
-_OPERATIONS = {name: getattr(operations, name) for name in __all__ if name.islower()}
 # PyTorch's OpenMP threads and numba's spin against each other (numbers in
 # core.set_parallel): next to PyTorch, the kernels run on the calling thread.
 core.set_parallel(False)
 
 #: arguments that choose what is computed; all others are data
 _SETTINGS = ("axis", "largest", "descending", "reduction", "split_top1")
-_COMPUTE_DTYPE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+#: the input argument's name of each operation (``x``, or ``logits``)
+_INPUT_NAMES = {n: getattr(operations, n).rule.input_name for n in __all__ if n.islower()}
+#: the dtype policy of softorder._engine.call: narrow floats are computed in float32
+_COMPUTE_DTYPE = {getattr(torch, n): getattr(torch, compute_dtype(n)) for n in NARROW_FLOATS}
 
 
-# --- what a call is: an operation name, which arguments are tensors, and the static rest ---
-# A call is encoded as one string (custom operators take strings, and torch.compile treats
-# them as constants): JSON of [name, tensor_names, statics]. JSON round-trips every static
-# exactly: floats as their shortest repr, NaN and infinities as NaN/Infinity (a non-finite
-# alpha then reaches the rules' validation, which names the argument), -0.0 as -0.0.
+# --- what a call is: softorder._engine.call.CallSpec (the operation, which arguments are
+# tensors, and the static rest), encoded as one string (custom operators take strings, and
+# torch.compile treats them as constants).
 
 
 @compat.mark_constant  # run, not traced, by torch.compile: a constant
 def _encode(name: str, tensor_names: tuple, statics: tuple) -> str:
-    return json.dumps([name, tensor_names, statics])
+    return CallSpec(name, tensor_names, statics).encode()
 
 
-@functools.lru_cache(maxsize=1024)
-def _decode(spec: str) -> tuple[Rule, tuple, dict]:
-    name, tensor_names, statics = _parts(spec)
-    return _OPERATIONS[name].rule, tensor_names, dict(statics)
+def _arguments(text: str, tensors) -> tuple[CallSpec, dict]:
+    """The spec and the arguments dict for the rule (fake tensors stay for their shapes)."""
+    spec = CallSpec.decode(text)
+    return spec, spec.arguments(_arrays(spec, tensors, fakes=True))
 
 
-def _parts(spec: str) -> tuple[str, tuple, tuple]:
-    """The operation's name, the tensor argument names and the static (name, value) pairs."""
-    name, tensor_names, statics = json.loads(spec)
-    return name, tuple(tensor_names), tuple((key, value) for key, value in statics)
-
-
-def _arguments(spec: str, tensors) -> tuple[Rule, tuple, dict]:
-    """The rule, the tensor argument names and the arguments dict for the rule, with the
-    tensors as they are (real tensors become NumPy views, fake ones stay for their shapes).
+def _arrays(call: CallSpec, tensors, fakes: bool = False) -> list:
+    """What the rules read of each tensor argument (:func:`_as_array`; with ``fakes``, a fake
+    tensor as it is).
     """
-    rule, names, statics = _decode(spec)
-    values = [
-        _as_array(t, on_device=name == rule.input_name) if _is_real(t) else t
-        for name, t in zip(names, tensors, strict=True)
+    input_name = call.rule.input_name
+    return [
+        t if fakes and not _is_real(t) else _as_array(t, on_device=name == input_name)
+        for name, t in zip(call.names, tensors, strict=True)
     ]
-    return rule, names, {**statics, **dict(zip(names, values, strict=True))}
 
 
 def _is_real(t: Tensor) -> bool:
@@ -180,39 +171,30 @@ def _gradient(grad, like: Tensor) -> Tensor:
 
 @compat.custom_op("softorder::forward", "(str spec, Tensor[] tensors) -> Tensor[]")
 def _forward_op(spec: str, tensors: list[Tensor]) -> list[Tensor]:
-    rule, _, arguments = _arguments(spec, tensors)
-    ctx = rule.prepare(**arguments)
-    out = rule.forward(ctx)
-    return [_as_tensor(out), *(_as_tensor(a) for a in rule.residuals(ctx).values())]
+    call, arguments = _arguments(spec, tensors)
+    ctx = call.rule.prepare(**arguments)
+    out = call.rule.forward(ctx)
+    return [_as_tensor(out), *(_as_tensor(a) for a in call.rule.residuals(ctx).values())]
 
 
 @_forward_op.register_fake
 def _(spec, tensors):
-    rule, names, arguments = _arguments(spec, tensors)
-    shape, residuals = rule.describe(arguments)
-    x = tensors[names.index(rule.input_name)]
+    call, arguments = _arguments(spec, tensors)
+    shape, residuals = call.rule.describe(arguments)
+    x = tensors[call.names.index(call.rule.input_name)]
     return [
         x.new_empty(shape),
         *(x.new_empty(s, dtype=_torch_dtype(d)) for s, d in residuals.values()),
     ]
 
 
-def _restore(spec: str, tensors, residuals):
-    """The rule's context for the gradients: rebuilt from the residuals, or, when there are
-    none (the forward pass ran as another call, under ``vmap``), by running the forward again.
-    """
-    rule, names, arguments = _arguments(spec, tensors)
-    if not residuals:
-        ctx = rule.prepare(**arguments)
-        rule.forward(ctx)
-        return rule, names, ctx
-    saved = dict(zip(rule.residual_names, map(_as_array, residuals), strict=True))
-    return rule, names, rule.restore(arguments, saved)
-
-
-def _differentiable(rule: Rule, names: tuple) -> list[str]:
-    """The tensor arguments the operation has gradients for, in signature order."""
-    return [name for name in rule.differentiable if name in names]
+def _restore(spec: str, tensors, residuals) -> tuple[CallSpec, object]:
+    """The spec and the rule's context for the gradients (from the residuals, if any)."""
+    call = CallSpec.decode(spec)
+    saved = residuals and dict(
+        zip(call.rule.residual_names, map(_as_array, residuals), strict=True)
+    )
+    return call, call.restore(_arrays(call, tensors), saved)
 
 
 @compat.custom_op(
@@ -222,17 +204,16 @@ def _differentiable(rule: Rule, names: tuple) -> list[str]:
 def _backward_op(
     spec: str, tensors: list[Tensor], residuals: list[Tensor], cotangent: Tensor
 ) -> list[Tensor]:
-    rule, names, ctx = _restore(spec, tensors, residuals)
-    grads = dict(zip(rule.differentiable, rule.vjp(ctx, _as_array(cotangent)), strict=True))
-    return [
-        _gradient(grads[name], tensors[names.index(name)]) for name in _differentiable(rule, names)
-    ]
+    call, ctx = _restore(spec, tensors, residuals)
+    grads = call.gradients(ctx, _as_array(cotangent))
+    wanted = call.differentiable()
+    return [_gradient(g, tensors[call.names.index(n)]) for n, g in zip(wanted, grads, strict=True)]
 
 
 @_backward_op.register_fake
 def _(spec, tensors, residuals, cotangent):
-    rule, names, _ = _decode(spec)
-    return [torch.empty_like(tensors[names.index(n)]) for n in _differentiable(rule, names)]
+    call = CallSpec.decode(spec)
+    return [torch.empty_like(tensors[call.names.index(n)]) for n in call.differentiable()]
 
 
 @compat.custom_op(
@@ -248,9 +229,9 @@ def _pushforward_op(
     tangents: list[Tensor],
     like: Tensor,
 ) -> Tensor:
-    rule, _, ctx = _restore(spec, tensors, residuals)
+    call, ctx = _restore(spec, tensors, residuals)
     tangent_of = dict(zip(json.loads(tangent_names), map(_as_array, tangents), strict=True))
-    return _as_tensor(rule.jvp(ctx, tangent_of), like.dtype)
+    return _as_tensor(call.rule.jvp(ctx, tangent_of), like.dtype)
 
 
 @_pushforward_op.register_fake
@@ -356,11 +337,11 @@ def _positions(rule: Rule, names: tuple) -> tuple:
     )
 
 
-def _select(rule: Rule, names: tuple, needs_grad, gradients) -> list:
+def _select(call: CallSpec, needs_grad, gradients) -> list:
     """Gradients for the call's tensors: ``gradients()`` lists them for the differentiable
     ones; ``None`` where no gradient is needed or defined (and nothing computed if none is).
     """
-    wanted = _differentiable(rule, names)
+    names, wanted = call.names, call.differentiable()
     out = [None] * len(names)
     if not any(needs_grad[names.index(n)] for n in wanted):
         return out
@@ -391,37 +372,35 @@ def _backward_compiled(ctx, grads):
 
     if grads[0] is None:  # the result was not used
         return None, [None] * len(tensors)
-    rule, names, _ = _decode(ctx.spec)
-    return None, _select(rule, names, needs, gradients)
+    return None, _select(CallSpec.decode(ctx.spec), needs, gradients)
 
 
 _forward_op.register_autograd(_backward_compiled, setup_context=_setup_compiled)
 
 
 class _Call:
-    """One eager call: the rule, the call's constant spec, and (after the forward pass) the
-    rule's context, which holds the residuals; the backward and the forward-mode pass use it
-    directly, without the custom operators' residual round trip.
+    """One eager call: its spec, and (after the forward pass) the rule's context, which holds
+    the residuals; the backward and the forward-mode pass use it directly, without the custom
+    operators' residual round trip.
     """
 
-    __slots__ = ("_spec", "ctx", "name", "names", "rule", "statics")
+    __slots__ = ("_text", "ctx", "names", "rule", "spec")
 
-    def __init__(self, name: str, names: tuple, statics: dict, spec: str | None = None):
-        self.name, self.names, self.statics = name, names, statics
-        self.rule = _OPERATIONS[name].rule
-        self._spec = spec  # encoded when a custom operator needs it (torch.func paths)
+    def __init__(self, spec: CallSpec, text: str | None = None):
+        self.spec, self.names, self.rule = spec, spec.names, spec.rule
+        self._text = text  # encoded when a custom operator needs it (torch.func paths)
         self.ctx = None
 
     @classmethod
-    def of(cls, spec: str) -> _Call:
-        name, names, statics = _parts(spec)
-        return cls(name, names, dict(statics), spec)
+    def of(cls, text: str) -> _Call:
+        return cls(CallSpec.decode(text), text)
 
     @property
-    def spec(self) -> str:
-        if self._spec is None:
-            self._spec = _encode(self.name, self.names, tuple(self.statics.items()))
-        return self._spec
+    def text(self) -> str:
+        """The spec as the custom operators take it."""
+        if self._text is None:
+            self._text = _encode(*self.spec)
+        return self._text
 
     def residual_tensors(self) -> list[Tensor]:
         """The residuals of the forward pass; none when it ran as another call (``vmap``)."""
@@ -430,11 +409,7 @@ class _Call:
         return [_as_tensor(a) for a in self.rule.residuals(self.ctx).values()]
 
     def arguments(self, tensors) -> dict:
-        arguments = dict(self.statics)
-        input_name = self.rule.input_name
-        for name, t in zip(self.names, tensors, strict=True):
-            arguments[name] = _as_array(t, on_device=name == input_name)
-        return arguments
+        return self.spec.arguments(_arrays(self.spec, tensors))
 
 
 def _wrapped(*tensors) -> bool:
@@ -448,34 +423,24 @@ def _wrapped(*tensors) -> bool:
 class _Batched:
     """A call on one more batch dimension (a ``vmap`` level) as one call: the vmapped
     dimension becomes a leading batch dimension of every argument (expanded where it is not
-    batched); per-row arguments get unit dimensions after it, so that they still line up with
-    the input's batch dimensions. A reduced loss is computed per row (``reduction="none"``) and
-    reduced here, per vmapped element.
+    batched); per-row arguments get unit dimensions after it (:meth:`CallSpec.inserts`). A
+    reduced loss is computed per row (:meth:`CallSpec.vmapped`) and reduced here, per vmapped
+    element.
     """
 
-    def __init__(self, size: int, spec: str, tensors, in_dims):
-        name, self.names, statics = _parts(spec)
-        self.rule = _OPERATIONS[name].rule
-        self.size = size
-        index = self.names.index(self.rule.input_name)
-        self.batch_ndim = tensors[index].dim() - (in_dims[index] is not None) - 1
-        self.shapes = {}  # per vmapped element
-        self.inserts = {}
-        for arg, t, d in zip(self.names, tensors, in_dims, strict=True):
-            shape = tuple(t.shape) if d is None else t.shape[:d] + t.shape[d + 1 :]
-            self.shapes[arg] = tuple(shape)
-            self.inserts[arg] = (
-                0
-                if arg == self.rule.input_name
-                else axes_after_leading(arg, len(shape), self.batch_ndim)
-            )
-        statics = dict(statics)
-        if "axis" in statics:  # counted from the end, past the new leading dimension
-            statics["axis"] = statics["axis"] % (self.batch_ndim + 1) - (self.batch_ndim + 1)
-        self.reduction = statics.get("reduction", "none")
-        if self.reduction != "none":
-            statics["reduction"] = "none"
-        self.spec = _encode(name, self.names, tuple(statics.items()))
+    def __init__(self, size: int, text: str, tensors, in_dims):
+        call = CallSpec.decode(text)
+        self.size, self.names, self.reduction = size, call.names, call.reduction
+        index = self.names.index(call.rule.input_name)
+        batch_ndim = tensors[index].dim() - (in_dims[index] is not None) - 1
+        self.shapes = {  # per vmapped element
+            arg: tuple(t.shape) if d is None else tuple(t.shape[:d] + t.shape[d + 1 :])
+            for arg, t, d in zip(self.names, tensors, in_dims, strict=True)
+        }
+        ndims = [len(s) for s in self.shapes.values()]
+        self.inserts = dict(zip(self.names, call.inserts(ndims, batch_ndim), strict=True))
+        self.call = call.vmapped(batch_ndim)
+        self.spec = _encode(*self.call)
         self.tensors = [
             self.move(a, t, d) for a, t, d in zip(self.names, tensors, in_dims, strict=True)
         ]
@@ -505,18 +470,17 @@ class _Batched:
         cotangent = self.leading(cotangent, d)
         if self.reduction == "none":
             return cotangent
-        arguments = {**_decode(self.spec)[2], **dict(zip(self.names, self.tensors, strict=True))}
-        shape = self.rule.describe(arguments)[0]
+        shape = self.call.rule.describe(self.call.arguments(self.tensors))[0]
         if len(shape) <= 1:
             return cotangent.reshape(shape)
-        rows = math.prod(shape[1:])
+        scale = reduction_scale(self.reduction, math.prod(shape[1:]))
         cotangent = cotangent.reshape((self.size,) + (1,) * (len(shape) - 1)).expand(shape)
-        return cotangent / rows if self.reduction == "mean" else cotangent
+        return cotangent * scale if scale != 1.0 else cotangent
 
 
 def _vmapped(info, in_dims, call: _Call, tensors) -> tuple[Tensor, int]:
     """The Function's vmap rule: one call with one more batch dimension."""
-    batched = _Batched(info.batch_size, call.spec, tensors, in_dims)
+    batched = _Batched(info.batch_size, call.text, tensors, in_dims)
     return batched.reduce(_Operation.apply(_Call.of(batched.spec), *batched.tensors)), 0
 
 
@@ -528,7 +492,7 @@ def _(info, in_dims, spec, tensors, residuals, cotangent):
     grads = _backward_op(
         batched.spec, batched.tensors, residuals, batched.cotangent(cotangent, cotangent_dim)
     )
-    wanted = _differentiable(batched.rule, batched.names)
+    wanted = batched.call.differentiable()
     return [batched.unmove(n, g) for n, g in zip(wanted, grads, strict=True)], [0] * len(grads)
 
 
@@ -580,17 +544,19 @@ class _Operation(compat.FastApplyFunction):
             # under torch.func the values reach NumPy only through a custom operator
             def gradients():
                 return _backward_op(
-                    call.spec, _detached(tensors), call.residual_tensors(), cotangent.detach()
+                    call.text, _detached(tensors), call.residual_tensors(), cotangent.detach()
                 )
         else:
 
             def gradients():
-                values = call.rule.vjp(call.ctx, _as_array(cotangent))
-                grads = dict(zip(call.rule.differentiable, values, strict=True))
-                wanted = _differentiable(call.rule, call.names)
-                return [_gradient(grads[n], tensors[call.names.index(n)]) for n in wanted]
+                grads = call.spec.gradients(call.ctx, _as_array(cotangent))
+                wanted = call.spec.differentiable()
+                return [
+                    _gradient(g, tensors[call.names.index(n)])
+                    for n, g in zip(wanted, grads, strict=True)
+                ]
 
-        grads = _select(call.rule, call.names, ctx.needs_input_grad[1:], gradients)
+        grads = _select(call.spec, ctx.needs_input_grad[1:], gradients)
         return None, *_first_order_only(grads, (*tensors, cotangent))
 
     @staticmethod
@@ -604,7 +570,7 @@ class _Operation(compat.FastApplyFunction):
         saved = ctx.saved_tensors
         if _wrapped(*(t for _, t in given), *saved):
             out = _pushforward_op(
-                call.spec,
+                call.text,
                 _detached(saved),
                 call.residual_tensors(),
                 json.dumps([name for name, _ in given]),
@@ -678,7 +644,7 @@ def _run(name: str, arguments: dict) -> Tensor:
     (The name, not the function: dynamo in torch 2.15 reads a wrapped function's
     ``__name__`` as its code's name.)
     """
-    input_name = _OPERATIONS[name].rule.input_name
+    input_name = _INPUT_NAMES[name]
     x = _check_input(arguments[input_name], input_name)
     compiling = torch.compiler.is_compiling()
     if compiling:
@@ -702,12 +668,13 @@ def _run(name: str, arguments: dict) -> Tensor:
             tensor_names.append(arg)
             tensors.append(value)
         else:
-            statics[arg] = _static(value, arg)
+            statics[arg] = plain(value, arg)
     if compiling:
         spec = _encode(name, tuple(tensor_names), tuple(statics.items()))
         out = _forward_op(spec, tensors)[0]
     else:
-        out = _Operation.apply(_Call(name, tuple(tensor_names), statics), *tensors)
+        spec = CallSpec(name, tuple(tensor_names), tuple(statics.items()))
+        out = _Operation.apply(_Call(spec), *tensors)
     return out.to(dtype) if out.dtype != dtype else out
 
 
@@ -721,29 +688,6 @@ def _plain_settings_when_compiling(arguments: dict) -> None:
                 f"softorder under torch.compile: {arg} must be a Python int or bool, not a "
                 f"NumPy value (e.g. {arg}=int(value) or bool(value))"
             )
-
-
-_PLAIN = (bool, int, float, str, type(None))  # (a tuple: dynamo in torch 2.5 cannot trace a set)
-
-
-def _static(value, name: str):
-    """A non-tensor argument as a literal (it becomes part of the call's constant spec).
-
-    Plain Python only, so that ``torch.compile`` folds it to a constant.
-    """
-    if type(value) in _PLAIN:
-        return value
-    if isinstance(value, (bool, str, type(None))):
-        return value
-    if isinstance(value, np.bool_):
-        return bool(value)
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    if isinstance(value, (list, tuple)):
-        return [_static(v, name) for v in value]
-    raise TypeError(f"{name} must be a real number, a sequence of them or a tensor; got {value!r}")
 
 
 _TORCH = Dialect(

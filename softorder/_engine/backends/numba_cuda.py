@@ -23,6 +23,7 @@ otherwise). :func:`softorder._engine.backend.backend_of` imports this module and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 
@@ -362,3 +363,64 @@ def lookup(x):
     if torch is not None and isinstance(x, torch.Tensor):
         return None
     return DEVICE if is_device_array(x) else None
+
+
+# --- a framework's device buffers and stream: what a bridge's device callbacks run in -------
+
+#: numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) stands in for a GPU
+SIMULATOR = _launch.SIMULATOR
+
+
+@dataclasses.dataclass
+class Launch:
+    """The kernels' side of a framework's device buffers (anything with
+    ``__cuda_array_interface__``) in one callback: the stream the kernels launch on (the
+    framework's own, from :func:`launching`; 0 in the simulator) and the backend of the rules.
+    """
+
+    stream: object
+    backend: NumbaDeviceBackend = DEVICE
+
+    @staticmethod
+    def wrap(buffer) -> DeviceArray:
+        """A device buffer as a numba device array (no copy)."""
+        return _launch.as_device(buffer)
+
+    def arguments(self, buffers) -> list:
+        """The input as a device array; the small arguments the rules validate on the host
+        (alpha, k, q, labels, p_k, target_ranks) copied there, once the stream computed them.
+        """
+        arrays = [self.wrap(buffers[0])]
+        arrays += [self.wrap(b).copy_to_host(stream=self.stream) for b in buffers[1:]]
+        if self.stream and len(buffers) > 1:
+            self.stream.synchronize()
+        return arrays
+
+    def write(self, out, values) -> None:
+        """Copy each value into its output buffer, device to device, on the stream: cast to
+        the buffer's dtype (no copy when it has it) and reshaped to its shape.
+        """
+        for buffer, value in zip(out, values, strict=True):
+            target = self.wrap(buffer)
+            value = self.backend.cast(value, target.dtype)  # C-contiguous, on the device
+            if target.size:
+                target.copy_to_device(value.reshape(tuple(target.shape)), stream=self.stream)
+
+
+@contextlib.contextmanager
+def launching(device: int, stream_handle, allocate=None):
+    """Launch every kernel inside the block on GPU ``device`` and on the framework's stream
+    ``stream_handle`` (a ``cudaStream_t`` as an int: XLA's compute stream, PyTorch's current
+    stream), taking temporaries from ``allocate(shape, dtype)`` when given; yields the
+    :class:`Launch`. In numba's simulator the kernels run on stream 0.
+    """
+    from softorder.core import cuda as gpu
+
+    if SIMULATOR:
+        with gpu.on_stream(0, allocate):
+            yield Launch(0)
+        return
+    with cuda.gpus[device]:
+        stream = cuda.external_stream(stream_handle)
+        with gpu.on_stream(stream, allocate):
+            yield Launch(stream)

@@ -1,0 +1,281 @@
+"""One call of an operation as the bridges pass it around: the call spec, the dtype policy,
+``vmap`` axis insertion, loss reduction under ``vmap``, residual packing and the callbacks'
+bodies, written once for every framework.
+
+A bridge splits a call into its *arrays* (the framework's tensors: the input, ``alpha``, ``k``,
+...) and its *statics* (plain Python values that choose what is computed: ``axis``, flags,
+``reduction``; and, in PyTorch, numbers given as numbers). :class:`CallSpec` holds the
+statics and the operation's name; it is hashable (JAX's ``nondiff_argnums``) and encodes to
+a string (PyTorch's custom operators, which ``torch.compile`` treats as constants).
+:class:`Call` adds what a bridge must declare before the data exists (the result's and
+residuals' shapes and dtypes) and runs the rule on the arrays a callback receives.
+
+Under ``vmap`` a bridge makes one call with the vmapped axes in front of every argument
+(:meth:`CallSpec.vmapped`, :meth:`CallSpec.inserts`); a loss is then computed per row
+(``reduction="none"``) and reduced by the bridge per vmapped element.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import numbers
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from softorder._engine.autodiff import Rule, rule_named
+from softorder._engine.layout import axes_after_leading
+
+#: the floating dtypes narrower than float32 that the frameworks have
+NARROW_FLOATS = ("float16", "bfloat16")
+
+
+def compute_dtype(name: str) -> str:
+    """The dtype a bridge computes a floating input of dtype ``name`` in: float32 and float64
+    in themselves, narrower floats (float16, bfloat16, ...) in float32, the result cast back
+    to the input's dtype. The kernels always run in float64; this is the dtype of the values
+    they are given and give back.
+
+    Examples
+    --------
+    >>> compute_dtype("bfloat16"), compute_dtype("float64")
+    ('float32', 'float64')
+    """
+    return name if name in ("float32", "float64") else "float32"
+
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def plain(value, name: str):
+    """A static argument as a plain Python value (bool, int, float, str, None, or a list of
+    them), so that a call spec holds only literals; ``TypeError`` naming ``name`` otherwise.
+
+    Examples
+    --------
+    >>> plain(np.float32(0.5), "alpha"), plain((1, np.int64(2)), "k")
+    (0.5, [1, 2])
+    """
+    if type(value) in _PLAIN:
+        return value
+    if isinstance(value, (bool, str, type(None))):
+        return value
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, (list, tuple)):
+        return [plain(v, name) for v in value]
+    raise TypeError(f"{name} must be a real number, a sequence of them or a tensor; got {value!r}")
+
+
+class CallSpec(NamedTuple):
+    """What is static about one call: the operation, the names of its array arguments (in
+    signature order) and its static arguments as ``((name, value), ...)``.
+
+    Examples
+    --------
+    >>> spec = CallSpec("soft_rank", ("x",), (("axis", -1), ("descending", False)))
+    >>> CallSpec.decode(spec.encode()) == spec
+    True
+    >>> spec.vmapped(1).statics  # one more leading axis: the axis counts from the end
+    (('axis', -1), ('descending', False))
+    """
+
+    op: str  # the operation's name in the NumPy API
+    names: tuple  # the array arguments
+    statics: tuple  # ((name, value), ...)
+
+    @property
+    def rule(self) -> Rule:
+        return rule_named(self.op)
+
+    def encode(self) -> str:
+        """The spec as one string: JSON round-trips every static exactly (floats as their
+        shortest repr, NaN and infinities as NaN/Infinity, -0.0 as -0.0).
+        """
+        return json.dumps([self.op, self.names, self.statics])
+
+    @staticmethod
+    @functools.lru_cache(maxsize=1024)
+    def decode(text: str) -> CallSpec:
+        """The spec :meth:`encode` gave ``text`` for."""
+        op, names, statics = json.loads(text)
+        return CallSpec(op, tuple(names), tuple((key, value) for key, value in statics))
+
+    def arguments(self, arrays) -> dict:
+        """The rule's arguments: the statics and ``arrays`` (one per name)."""
+        arguments = dict(self.statics)
+        arguments.update(zip(self.names, arrays, strict=True))
+        return arguments
+
+    def differentiable(self) -> list[str]:
+        """The array arguments the operation has gradients for, in the rule's order."""
+        return [name for name in self.rule.differentiable if name in self.names]
+
+    @property
+    def reduction(self) -> str:
+        """The loss reduction (``"none"`` for an operation that is not a loss)."""
+        return dict(self.statics).get("reduction", "none")
+
+    def vmapped(self, batch_ndim: int) -> CallSpec:
+        """The spec of the call that takes the arrays with one or more leading (vmapped) axes
+        in front: the axis counted from the end (the input has ``batch_ndim + 1`` axes per
+        vmapped element) and a loss computed per row (the bridge reduces per element).
+        """
+        statics = dict(self.statics)
+        if "axis" in statics:
+            statics["axis"] = statics["axis"] % (batch_ndim + 1) - (batch_ndim + 1)
+        if "reduction" in statics:
+            statics["reduction"] = "none"
+        return self._replace(statics=tuple(statics.items()))
+
+    def inserts(self, ndims, batch_ndim: int) -> tuple:
+        """Per array argument of ``ndims`` axes (per vmapped element): the unit axes to insert
+        after the vmapped axes so that it still lines up with the input's ``batch_ndim``
+        batch axes (:func:`~softorder._engine.layout.axes_after_leading`).
+        """
+        input_name = self.rule.input_name
+        return tuple(
+            0 if name == input_name else axes_after_leading(name, ndim, batch_ndim)
+            for name, ndim in zip(self.names, ndims, strict=True)
+        )
+
+    def run(self, arrays) -> tuple[Any, Any]:
+        """The forward pass over ``arrays``: the rule's context and the result."""
+        rule = self.rule
+        ctx = rule.prepare(**self.arguments(arrays))
+        return ctx, rule.forward(ctx)
+
+    def restore(self, arrays, residuals: dict | None) -> Any:
+        """The rule's context for the gradients: rebuilt from the residuals, or, when there are
+        none (the forward pass ran as another call, e.g. under ``vmap``), computed again.
+        """
+        if not residuals:
+            return self.run(arrays)[0]
+        return self.rule.restore(self.arguments(arrays), residuals)
+
+    def gradients(self, ctx, cotangent) -> list:
+        """The gradients of :meth:`differentiable`'s arguments, in that order."""
+        rule = self.rule
+        grads = dict(zip(rule.differentiable, rule.vjp(ctx, cotangent), strict=True))
+        return [grads[name] for name in self.differentiable()]
+
+
+def reduction_scale(reduction: str, rows: int) -> float:
+    """The cotangent of each row's loss per unit cotangent of the reduced loss."""
+    return 1.0 / max(rows, 1) if reduction == "mean" else 1.0
+
+
+class Call(NamedTuple):
+    """A call as a bridge declares it before any data exists (JAX's callbacks need result
+    shapes up front), and the callbacks' bodies on the arrays they receive, which may carry
+    leading vmapped axes (``vmap_method="broadcast_all"``).
+    """
+
+    spec: CallSpec
+    x_ndim: int  # axes of the input (without vmapped axes)
+    inserts: tuple  # per array argument: unit axes to insert after the vmapped axes
+    result: tuple  # (shape, dtype name) of the result (without vmapped axes)
+    residuals: tuple  # ((name, shape, dtype name, stored dtype name), ...)
+    differentiable: tuple  # positions of the array arguments that get gradients
+
+    @classmethod
+    def plan(cls, spec: CallSpec, arrays: dict, compute: str, words: bool = False) -> Call:
+        """The call of ``spec`` on ``arrays`` (anything with ``shape``, by name), computing in
+        ``compute``; with ``words`` 64-bit residuals are stored as pairs of uint32 words (a
+        framework without 64-bit arrays: JAX without x64).
+        """
+        rule = spec.rule
+        shapes = [tuple(arrays[name].shape) for name in spec.names]
+        x_ndim = len(arrays[rule.input_name].shape)
+        batch_ndim = x_ndim - 1
+        described = {**dict(spec.statics), **arrays}
+        result_shape, residuals = rule.describe(described)
+
+        def stored(dtype) -> str:
+            return "uint32" if words and np.dtype(dtype).itemsize == 8 else np.dtype(dtype).name
+
+        return cls(
+            spec=spec,
+            x_ndim=x_ndim,
+            inserts=spec.inserts([len(s) for s in shapes], batch_ndim),
+            result=(tuple(result_shape), np.dtype(compute).name),
+            residuals=tuple(
+                (name, tuple(shape), np.dtype(dtype).name, stored(dtype))
+                for name, (shape, dtype) in residuals.items()
+            ),
+            differentiable=tuple(spec.names.index(name) for name in rule.differentiable),
+        )
+
+    def stored_shapes(self) -> list[tuple]:
+        """``(shape, stored dtype name)`` of each residual as :meth:`pack` stores it."""
+        out = []
+        for _, shape, dtype, stored in self.residuals:
+            words = np.dtype(dtype).itemsize // np.dtype(stored).itemsize
+            out.append((tuple(shape[:-1]) + (shape[-1] * words,), stored))
+        return out
+
+    def arguments(self, arrays, host: bool = True) -> list:
+        """The arrays a callback received, with the unit axes of :attr:`inserts` after the
+        leading (vmapped) axes. ``host=False`` (the device path): the input is a device array
+        and passes as it is (it never gets unit axes); the others are host arrays.
+        """
+        lead = len(np.shape(arrays[0])) - self.x_ndim
+        out = []
+        for arr, insert in zip(arrays, self.inserts, strict=True):
+            arr = np.asarray(arr) if host else arr
+            if insert:
+                arr = arr.reshape(arr.shape[:lead] + (1,) * insert + arr.shape[lead:])
+            out.append(arr)
+        return out
+
+    def pack(self, residuals: dict, backend=None) -> list:
+        """Residuals as the framework can hold them (see :meth:`plan`'s ``words``: a bit-exact
+        view along the last axis). With ``backend`` (a device backend) they stay on the device.
+        """
+        out = []
+        for name, _, dtype, stored in self.residuals:
+            if backend is None:
+                arr = np.ascontiguousarray(residuals[name], dtype=dtype)
+            else:
+                arr = backend.cast(residuals[name], np.dtype(dtype))  # no copy when it is one
+            out.append(arr if stored == dtype else arr.view(stored))
+        return out
+
+    def unpack(self, stored: tuple, host: bool = True) -> dict:
+        """The residuals from what :meth:`pack` stored (device arrays stay where they are)."""
+        out = {}
+        for (name, _, dtype, stored_dtype), arr in zip(self.residuals, stored, strict=True):
+            if host:
+                out[name] = np.ascontiguousarray(arr).view(dtype)
+            else:
+                out[name] = arr if stored_dtype == dtype else arr.view(dtype)
+        return out
+
+    def forward(self, arrays, keep: bool, backend=None) -> list:
+        """The result (in the compute dtype on the host), and the packed residuals when
+        ``keep``. With ``backend`` the input is a device array and so are the results.
+        """
+        ctx, out = self.spec.run(self.arguments(arrays, host=backend is None))
+        out = out if backend is not None else np.asarray(out, dtype=self.result[1])
+        if not keep:
+            return [out]
+        return [out, *self.pack(self.spec.rule.residuals(ctx), backend)]
+
+    def backward(self, arrays, stored, cotangent, host: bool = True) -> list:
+        """The gradients of the :attr:`differentiable` arguments: on the host in their
+        arguments' dtypes and shapes; on the device (``host=False``) as the rule gives them.
+        """
+        residuals = self.unpack(stored, host)
+        ctx = self.spec.restore(self.arguments(arrays, host), residuals)
+        grads = self.spec.gradients(ctx, np.asarray(cotangent) if host else cotangent)
+        if not host:
+            return grads
+        return [
+            np.asarray(grad, dtype=arrays[i].dtype).reshape(np.shape(arrays[i]))
+            for i, grad in zip(self.differentiable, grads, strict=True)
+        ]
