@@ -555,8 +555,11 @@ def inverse_kernel(xs, alpha, w, worder, out, anchor, offset, work):
             offset[row, :] = np.nan
             continue
         a = alpha[row]
-        E, A, B, Ad, Bd, S = row_tables(r, 1.0 / a, False, work[row])
-        solve_targets(r, 1.0 / a, E, A, B, S, w[row], worder[row], anchor[row], offset[row])
+        # A and B alone (2 of the 4 rows of ``work``; the GPU twin fills all 4)
+        A = work[row, 0, :n]
+        B = work[row, 1, :n]
+        prefix_sums_ab(r, 1.0 / a, A, B)
+        solve_targets_ab(r, 1.0 / a, A, B, w[row], worder[row], anchor[row], offset[row])
         for j in range(w.shape[1]):
             out[row, j] = target_position(r, a, anchor[row, j], offset[row, j])
 
