@@ -13,6 +13,7 @@ from softorder import baselines as bl
 torch.set_default_dtype(torch.float32)
 F64 = torch.float64
 PERM = bl.PERMUTATION_METHODS
+OT = ("sinkhorn", "soft_topk_ot", "sorted_soft_topk_ot")  # iterated to a tolerance
 # Temperatures at which each method is within 1e-3 of the hard result on inputs one unit apart,
 # and the options it needs to get there (Sinkhorn converges slowly at small temperatures; SOFT's
 # epsilon is on the cost normalised by its maximum, 49 for 0..7).
@@ -21,6 +22,7 @@ SHARP = {
     "softsort": (0.02, {}),
     "sinkhorn": (0.1, {"n_iter": 5000, "tol": 1e-4}),
     "soft_topk_ot": (0.002, {"tol": 1e-6}),
+    "sorted_soft_topk_ot": (5e-4, {"tol": 1e-6}),
     "odd_even_network": (0.02, {}),
     "bitonic_network": (0.02, {}),
 }
@@ -199,6 +201,72 @@ def test_sinkhorn_sort_tends_to_the_linear_programme():
 # --- convergence ---------------------------------------------------------------------------
 
 
+def sorted_soft_reference(x, k, eps, plan_of):
+    """Sorted SOFT top-k from the definition (appendix B): anchors 0..k, masses 1/n and
+    (n - k)/n, cost normalised by its maximum; ``plan_of(cost, mu, nu)`` solves the transport."""
+    n = len(x)
+    cost = (x[:, None] - torch.arange(k + 1, dtype=x.dtype)) ** 2
+    cost = cost / cost.max()
+    mu = torch.full((n,), 1 / n, dtype=x.dtype)
+    nu = torch.tensor([1 / n] * k + [(n - k) / n], dtype=x.dtype)
+    return n * plan_of(cost, mu, nu).T
+
+
+@pytest.mark.parametrize("largest", [True, False])
+def test_sorted_soft_topk_is_the_k_plus_one_anchor_plan(largest):
+    x = torch.randn(7, dtype=F64, generator=torch.Generator().manual_seed(40))
+    z = -x if largest else x
+    for k, eps in ((1, 0.2), (3, 0.05), (6, 0.1)):
+        plan = sorted_soft_reference(
+            z, k, eps, lambda c, m, v, eps=eps: naive_log_ot_plan(c, m, v, eps, 20000)
+        )
+        a = bl.sorted_soft_topk_ot(x, k, eps, largest=largest, tol=1e-12)
+        torch.testing.assert_close(a, plan[:k])
+        log_a = bl.log_sorted_soft_topk_ot(x, k, eps, largest=largest, tol=1e-12)
+        torch.testing.assert_close(log_a.exp(), a)
+        torch.testing.assert_close(a.sum(-1), torch.ones(k, dtype=F64))  # rows exact
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_sorted_soft_topk_tends_to_the_linear_programme(k):
+    """epsilon -> 0: scipy's optimal plan, which ranks the top k (largest first)."""
+    x = torch.tensor([0.3, 2.0, -1.0, 1.1, 0.9, -0.4], dtype=F64)
+    exact = sorted_soft_reference(-x, k, 0.0, lambda c, m, v: lp_plan(c, m, v))[:k]
+    torch.testing.assert_close(exact, hard_permutation(x, True)[:k])
+    a = bl.sorted_soft_topk_ot(x, k, 1e-4, tol=1e-10)  # gaps of 0.2 on a cost scale of 25
+    torch.testing.assert_close(a, exact, atol=1e-6, rtol=0)
+
+
+def test_sorted_soft_topk_in_the_entry_point():
+    """Memberships are cumulative sums of its rank rows; the full matrix takes k = n - 1."""
+    x = torch.randn(2, 6, dtype=F64, generator=torch.Generator().manual_seed(41))
+    rows = bl.sorted_soft_topk_ot(x, 3, 0.1, tol=1e-12)
+    m = bl.topk_memberships(x, 3, "sorted_soft_topk_ot", 0.1, tol=1e-12)
+    torch.testing.assert_close(m, rows.cumsum(-2))
+    p = bl.relaxed_permutation(x, "sorted_soft_topk_ot", 0.1, descending=True, tol=1e-12)
+    torch.testing.assert_close(p[..., :5, :], bl.sorted_soft_topk_ot(x, 5, 0.1, tol=1e-12))
+    torch.testing.assert_close(p.sum(-1), torch.ones(2, 6, dtype=F64))
+    torch.testing.assert_close(p.sum(-2), torch.ones(2, 6, dtype=F64))
+    ascending = bl.relaxed_permutation(x, "sorted_soft_topk_ot", 0.1, tol=1e-12)
+    torch.testing.assert_close(
+        ascending,
+        bl.relaxed_permutation(-x, "sorted_soft_topk_ot", 0.1, descending=True, tol=1e-12),
+    )
+
+
+def test_gradcheck_sorted_soft_topk():
+    x = torch.randn(2, 6, dtype=F64, generator=torch.Generator().manual_seed(42))
+    x.requires_grad_(True)
+    eps = torch.tensor(0.3, dtype=F64, requires_grad=True)
+    for grad in ("implicit", "unrolled"):
+        assert torch.autograd.gradcheck(
+            lambda x, eps, grad=grad: bl.log_sorted_soft_topk_ot(
+                x, 3, eps, tol=1e-12, n_iter=20000, grad=grad
+            ),
+            (x, eps),
+        )
+
+
 def test_iterations_stop_at_the_tolerance():
     x = torch.randn(3, 8, dtype=F64, generator=torch.Generator().manual_seed(22))
     for tol in (1e-3, 1e-9):
@@ -224,7 +292,7 @@ def test_reaching_the_cap_warns():
         bl.soft_topk_ot(x, 2, 1e-3, n_iter=10)
 
 
-@pytest.mark.parametrize("method", ["sinkhorn", "soft_topk_ot"])
+@pytest.mark.parametrize("method", OT)
 def test_rows_stop_on_their_own(method):
     """Each row meets tol on its own, so batching moves a result by less than tol."""
     x = torch.randn(4, 7, dtype=F64, generator=torch.Generator().manual_seed(23))
@@ -235,7 +303,7 @@ def test_rows_stop_on_their_own(method):
         torch.testing.assert_close(m[i], alone, rtol=0, atol=1e-7)
 
 
-@pytest.mark.parametrize("method", ["sinkhorn", "soft_topk_ot"])
+@pytest.mark.parametrize("method", OT)
 def test_newton_steps_reach_sinkhorns_fixed_point(method):
     """The implicit path (Sinkhorn, then Newton steps) and plain Sinkhorn agree at tol."""
     x = torch.randn(3, 6, dtype=F64, generator=torch.Generator().manual_seed(24))
@@ -291,7 +359,7 @@ def test_epsilon_scaling_counts_its_rungs_against_the_cap():
         bl.sinkhorn_sort(x, 0.003, n_iter=15)
 
 
-@pytest.mark.parametrize("method", ["sinkhorn", "soft_topk_ot"])
+@pytest.mark.parametrize("method", OT)
 def test_implicit_gradient_is_the_limit_of_the_unrolled_one(method):
     """Appendix H of the SOFT paper: the unrolled gradient tends to the implicit one."""
     x = torch.randn(2, 6, dtype=F64, generator=torch.Generator().manual_seed(25))
@@ -410,8 +478,9 @@ def test_batches_equal_rows_alone(method):
             torch.testing.assert_close(m[i, j], bl.topk_memberships(x[i, j], 3, method, 0.7))
 
 
-@pytest.mark.parametrize("method", PERM)
+@pytest.mark.parametrize("method", [m for m in PERM if m != "sorted_soft_topk_ot"])
 def test_top_rows_alone_equal_the_full_matrix(method):
+    """Not sorted SOFT top-k: its first rows solve their own transport problem (test below)."""
     x = torch.randn(2, 7, dtype=F64, generator=torch.Generator().manual_seed(12))
     full = bl.relaxed_permutation(x, method, 0.6, descending=True)
     top = bl.relaxed_permutation(x, method, 0.6, descending=True, rows=3)
@@ -433,7 +502,7 @@ def test_gradcheck_memberships(method):
     x = torch.randn(2, 5, dtype=F64, generator=torch.Generator().manual_seed(13))
     x.requires_grad_(True)
     tau = torch.tensor(0.8, dtype=F64, requires_grad=True)
-    options = {"tol": 1e-12} if method in ("sinkhorn", "soft_topk_ot") else {}
+    options = {"tol": 1e-12} if method in OT else {}
     assert torch.autograd.gradcheck(
         lambda x, tau: bl.topk_memberships(x, 3, method, tau, **options), (x, tau)
     )
@@ -443,7 +512,7 @@ def test_gradcheck_memberships(method):
 def test_gradcheck_permutation(method):
     x = torch.randn(2, 5, dtype=F64, generator=torch.Generator().manual_seed(14))
     x.requires_grad_(True)
-    options = {"tol": 1e-12} if method == "sinkhorn" else {}
+    options = {"tol": 1e-12} if method in OT else {}
     assert torch.autograd.gradcheck(
         lambda x: bl.relaxed_permutation(x, method, 0.6, **options), (x,)
     )
@@ -455,7 +524,7 @@ def test_gradcheck_topk_cross_entropy(method, split_top1):
     logits = torch.randn(3, 6, dtype=F64, generator=torch.Generator().manual_seed(15))
     logits.requires_grad_(True)
     labels = torch.tensor([0, 3, 5])
-    options = {"tol": 1e-12} if method in ("sinkhorn", "soft_topk_ot") else {}
+    options = {"tol": 1e-12} if method in OT else {}
     assert torch.autograd.gradcheck(
         lambda z: bl.topk_cross_entropy(
             z,

@@ -6,7 +6,8 @@ a ``temperature`` (the paper's own parameter, in the units of the scores):
 * :func:`neuralsort` (Grover et al., 2019) and :func:`softsort` (Prillo & Eisenschlos, 2020):
   row-softmax relaxed permutation matrices (row stochastic).
 * :func:`sinkhorn_sort` (Cuturi et al., 2019): entropic optimal transport onto sorted anchors.
-* :func:`soft_topk_ot` (Xie et al., 2020): SOFT top-k, entropic OT onto two anchors.
+* :func:`soft_topk_ot` (Xie et al., 2020): SOFT top-k, entropic OT onto two anchors, and
+  :func:`sorted_soft_topk_ot` (its appendix B): the top k each at its rank, onto k + 1 anchors.
 * :func:`sorting_network` (Petersen et al., 2021): odd-even and bitonic differentiable
   sorting networks with logistic comparators (doubly stochastic).
 
@@ -16,8 +17,9 @@ loss, eqs. 2 and 4 of Petersen et al., 2022) and :func:`permutation_cross_entrop
 
 >>> import torch
 >>> from softorder import baselines
->>> baselines.METHODS
-('neuralsort', 'softsort', 'sinkhorn', 'soft_topk_ot', 'odd_even_network', 'bitonic_network')
+>>> baselines.METHODS  # doctest: +NORMALIZE_WHITESPACE
+('neuralsort', 'softsort', 'sinkhorn', 'soft_topk_ot', 'sorted_soft_topk_ot',
+ 'odd_even_network', 'bitonic_network')
 >>> x = torch.tensor([2.0, -1.0, 0.5, 3.0])
 >>> baselines.topk_memberships(x, 2, "bitonic_network", 0.01).round(decimals=3)
 tensor([[0., 0., 0., 1.],
@@ -38,8 +40,10 @@ from softorder.baselines.networks import sorting_network
 from softorder.baselines.sinkhorn import (
     log_sinkhorn_sort,
     log_soft_topk_ot,
+    log_sorted_soft_topk_ot,
     sinkhorn_sort,
     soft_topk_ot,
+    sorted_soft_topk_ot,
 )
 from softorder.baselines.softmax_sorts import log_neuralsort, log_softsort, neuralsort, softsort
 
@@ -51,12 +55,14 @@ __all__ = [
     "log_neuralsort",
     "log_sinkhorn_sort",
     "log_soft_topk_ot",
+    "log_sorted_soft_topk_ot",
     "log_softsort",
     "neuralsort",
     "permutation_cross_entropy",
     "relaxed_permutation",
     "sinkhorn_sort",
     "soft_topk_ot",
+    "sorted_soft_topk_ot",
     "softsort",
     "sorting_network",
     "topk_cross_entropy",

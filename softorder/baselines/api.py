@@ -14,7 +14,12 @@ import torch
 
 from softorder.baselines._common import Temperature, check_scores, check_temperature
 from softorder.baselines.networks import sorting_network
-from softorder.baselines.sinkhorn import log_sinkhorn_sort, log_soft_topk_ot
+from softorder.baselines.sinkhorn import (
+    log_sinkhorn_sort,
+    log_soft_topk_ot,
+    log_sorted_soft_topk_ot,
+    sorted_soft_topk_all_anchors,
+)
 from softorder.baselines.softmax_sorts import log_neuralsort, log_softsort
 
 #: The baseline methods, by name: every one gives top-k memberships; all but
@@ -24,6 +29,7 @@ METHODS = (
     "softsort",
     "sinkhorn",
     "soft_topk_ot",
+    "sorted_soft_topk_ot",
     "odd_even_network",
     "bitonic_network",
 )
@@ -70,6 +76,15 @@ def _permutation(
     if method == "sinkhorn":
         log_p = log_sinkhorn_sort(x, temperature, descending=descending, **options)
         return (log_p if rows is None else log_p[..., :rows, :]), None
+    if method == "sorted_soft_topk_ot":
+        # The paper's operator for the first ``rows`` ranks (its own OT problem, not rows of
+        # the full one); k = n - 1 gives the full matrix, the last anchor's column the last row.
+        n = check_scores(x)
+        if rows is None or rows >= n:
+            return sorted_soft_topk_all_anchors(
+                x, n - 1, temperature, largest=descending, **options
+            ), None
+        return log_sorted_soft_topk_ot(x, rows, temperature, largest=descending, **options), None
     if method == "lapsum":
         p = _bridge().soft_permutation(x, temperature, descending=descending, **options)
         return None, (p if rows is None else p[..., :rows, :])

@@ -402,8 +402,11 @@ def iterations_to_converge(
     n_iter: int = 100_000,
     newton: bool = True,
     anneal: bool = True,
+    ranked: bool = False,
 ) -> tuple[int, float]:
     """Iterations Sinkhorn sort (``k=None``) or SOFT top-k (``k``) takes on ``x`` to reach ``tol``.
+
+    With ``k`` and ``ranked``, sorted SOFT top-k's problem instead (``k`` an int).
 
     Returns ``(iterations, marginal error reached)``: with ``newton`` and ``anneal`` as the
     default (implicit) path runs (epsilon scaling, Sinkhorn and Newton steps,
@@ -427,6 +430,9 @@ def iterations_to_converge(
     with torch.no_grad():
         if k is None:
             problem = _sort_problem(x, temperature)
+        elif ranked:
+            _check_sorted_k(k, x.shape[-1])
+            problem = _sorted_soft_problem(-x, k, temperature)
         else:
             problem = _soft_problem(x, _k_tensor(k, x), temperature)
         problem = tuple(t.to(torch.float64) for t in problem)
@@ -668,5 +674,178 @@ def soft_topk_ot(
     (tensor([0.7140, 0.0820, 0.3210, 0.8840], dtype=torch.float64), 2.0)
     """
     return log_soft_topk_ot(
+        x, k, temperature, largest=largest, n_iter=n_iter, tol=tol, grad=grad
+    ).exp()
+
+
+def sorted_soft_topk_log_kernel(x: torch.Tensor, k: int, temperature: Temperature) -> torch.Tensor:
+    """Sorted SOFT's ``-C / (max C) / epsilon`` for the anchors ``0, ..., k``: ``(..., n, k + 1)``.
+
+    Normalised per row, with the normaliser differentiated, as :func:`soft_topk_log_kernel`.
+    """
+    anchors = torch.arange(k + 1, dtype=x.dtype, device=x.device)
+    cost = (x.unsqueeze(-1) - anchors) ** 2
+    cost = cost / cost.amax(dim=(-2, -1), keepdim=True)
+    return -cost / temperature
+
+
+def _sorted_soft_problem(x: torch.Tensor, k: int, temperature: Temperature) -> tuple:
+    """Sorted SOFT top-k's ``(log kernel, log mu, log nu)`` (smallest first)."""
+    n = x.shape[-1]
+    log_mu = torch.full_like(x, -math.log(n))
+    log_nu = torch.full((*x.shape[:-1], k + 1), -math.log(n), dtype=x.dtype, device=x.device)
+    log_nu[..., k] = math.log((n - k) / n)
+    return sorted_soft_topk_log_kernel(x, k, temperature), log_mu, log_nu
+
+
+def _check_sorted_k(k: int, n: int) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k < n:
+        raise ValueError(f"k must be an int in [1, n) = [1, {n}), got {k!r}")
+
+
+def log_sorted_soft_topk_ot(
+    x: torch.Tensor,
+    k: int,
+    temperature: Temperature = 1.0,
+    *,
+    largest: bool = True,
+    n_iter: int = DEFAULT_N_ITER,
+    tol: float = DEFAULT_TOL,
+    grad: str = "implicit",
+) -> torch.Tensor:
+    """Logarithm of :func:`sorted_soft_topk_ot`, from the log-domain iterations (no underflow).
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Scores of shape ``(..., n)``, selected along the last axis.
+    k : int
+        Number of ranks, ``1 <= k < n``.
+    temperature : float or 0-d torch.Tensor
+        The entropic regularisation ``epsilon > 0`` (on the normalised cost).
+    largest : bool
+        Rank 0 is the largest score (else the smallest).
+    n_iter : int
+        Cap on the iterations (epsilon scaling's included).
+    tol : float
+        Stop when the marginal error (module docstring) is at most ``tol``.
+    grad : {"implicit", "unrolled"}
+        Backward pass (module docstring).
+
+    Returns
+    -------
+    torch.Tensor
+        Log memberships of shape ``(..., k, n)``: row ``r`` is each element's log share of
+        rank ``r``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from softorder.baselines import log_sorted_soft_topk_ot
+    >>> x = torch.tensor([0.0, 3.0, 1.0], dtype=torch.float64)
+    >>> log_sorted_soft_topk_ot(x, 1, 0.05).exp().round(decimals=3)
+    tensor([[0.0060, 0.9210, 0.0730]], dtype=torch.float64)
+    """
+    return sorted_soft_topk_all_anchors(
+        x, k, temperature, largest=largest, n_iter=n_iter, tol=tol, grad=grad
+    )[..., :k, :]
+
+
+def sorted_soft_topk_all_anchors(
+    x: torch.Tensor,
+    k: int,
+    temperature: Temperature = 1.0,
+    *,
+    largest: bool = True,
+    n_iter: int = DEFAULT_N_ITER,
+    tol: float = DEFAULT_TOL,
+    grad: str = "implicit",
+) -> torch.Tensor:
+    """:func:`log_sorted_soft_topk_ot` with the last anchor's row too: ``(..., k + 1, n)``.
+
+    Row ``k`` is ``log(n Gamma[:, k])``, the log share of the ``n - k`` elements after the
+    top k (for ``k = n - 1``, the last rank: the rows are then a full relaxed permutation).
+    """
+    n = check_scores(x)
+    _check_sorted_k(k, n)
+    check_temperature(temperature)
+    _check_convergence_options(n_iter, tol, grad)
+    wide = torch.float64  # as for SOFT top-k: masses that sum to 1 exactly
+    problem = _sorted_soft_problem((-x if largest else x).to(wide), k, _widen(temperature, wide))
+    log_plan = _log_plan(*problem, n_iter, tol, grad, "sorted_soft_topk_ot", anneal=True)
+    return (log_plan + math.log(n)).transpose(-1, -2).to(x.dtype)
+
+
+def sorted_soft_topk_ot(
+    x: torch.Tensor,
+    k: int,
+    temperature: Temperature = 1.0,
+    *,
+    largest: bool = True,
+    n_iter: int = DEFAULT_N_ITER,
+    tol: float = DEFAULT_TOL,
+    grad: str = "implicit",
+) -> torch.Tensor:
+    """Sorted SOFT top-k: the top k, each at its rank, by entropic OT (Xie et al. 2020, app. B).
+
+    Transports the scores (mass 1/n each) onto the anchors ``0, 1, ..., k`` with masses
+    ``1/n`` for the first k and ``(n - k) / n`` for the last, cost ``C_ij = (x_i - j)^2 / max C``
+    (normalised per row as :func:`soft_topk_ot`'s), entropy ``epsilon``. The optimal plan
+    sends the smallest score to anchor 0, the next to 1, ..., and the other ``n - k`` to ``k``;
+    ``A[r, i] = n Gamma[i, r]`` for ``r < k`` is the soft membership of element ``i`` in rank
+    ``r``, so ``A`` is a relaxed version of the first k rows of the permutation matrix (each row
+    sums to 1 exactly, each column to at most 1 within ``tol``), and ``A.cumsum(-2)[k - 1]``
+    relaxes top-k membership. The paper's form ranks the smallest first; ``largest=True``
+    applies it to ``-x``. With ``k = n - 1`` the last anchor takes one element too: ``A`` and
+    that last row are a full relaxed permutation (Sinkhorn sort with the normalised cost).
+    Solved like Sinkhorn sort (epsilon scaling, then Sinkhorn and Newton steps to ``tol``); the
+    default implicit backward solves one ``(k + 1) x (k + 1)`` system (the paper's appendix H,
+    time O(n k^2 + k^3)).
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Scores of shape ``(..., n)``, selected along the last axis; leading axes are batch axes.
+    k : int
+        Number of ranks, ``1 <= k < n``.
+    temperature : float or 0-d torch.Tensor
+        The entropic regularisation ``epsilon > 0`` on the normalised cost (the paper's scale).
+        A tensor may require grad.
+    largest : bool
+        Rank 0 is the largest score (else the smallest).
+    n_iter : int
+        Cap on the iterations (epsilon scaling's included); reaching it warns.
+    tol : float
+        Stop when the marginal error (module docstring) is at most ``tol``.
+    grad : {"implicit", "unrolled"}
+        Implicit differentiation of the converged plan, or autograd through the iterations.
+
+    Returns
+    -------
+    torch.Tensor
+        Memberships of shape ``(..., k, n)``: row ``r`` holds each element's share of rank
+        ``r`` (0 = the largest when ``largest``).
+
+    Raises
+    ------
+    TypeError
+        ``x`` is not a floating tensor.
+    ValueError
+        Fewer than 2 elements, ``k`` not an int in ``[1, n)``, a temperature that is not
+        positive, ``n_iter < 1``, a negative ``tol`` or an unknown ``grad``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from softorder.baselines import sorted_soft_topk_ot
+    >>> x = torch.tensor([2.0, -1.0, 0.5, 3.0], dtype=torch.float64)
+    >>> sorted_soft_topk_ot(x, 2, 0.01).round(decimals=3)  # rank 0: 3.0, rank 1: 2.0
+    tensor([[0.0180, 0.0000, 0.0000, 0.9820],
+            [0.9800, 0.0000, 0.0020, 0.0180]], dtype=torch.float64)
+    >>> a = sorted_soft_topk_ot(x, 2, 0.1)
+    >>> a.sum(-1).round(decimals=12), a.sum(-2).max() <= 1 + 1e-5
+    (tensor([1., 1.], dtype=torch.float64), tensor(True))
+    """
+    return log_sorted_soft_topk_ot(
         x, k, temperature, largest=largest, n_iter=n_iter, tol=tol, grad=grad
     ).exp()
