@@ -1,4 +1,5 @@
-"""Shape handling and validation, written once for every operation and every bridge.
+"""Shape handling, written once for every operation and every bridge (the validation of the
+other arguments: :mod:`softorder._engine.checks`).
 
 An operation acts along one axis of ``x``; every other axis is a batch axis. :class:`Rows`
 moves that axis last, flattens the batch to ``(rows, n)``, converts to float64, sorts each row

@@ -64,7 +64,7 @@ from torch import Tensor, nn
 
 from softorder import core, operations
 from softorder._docs import Dialect, documented
-from softorder._engine.autodiff import Rule
+from softorder._engine.autodiff import Rule, rule_named
 from softorder._engine.call import NARROW_FLOATS, CallSpec, compute_dtype, plain, reduction_scale
 from softorder.bridges import _torch_compat as compat
 
@@ -384,22 +384,29 @@ class _Call:
     operators' residual round trip.
     """
 
-    __slots__ = ("_text", "ctx", "names", "rule", "spec")
+    __slots__ = ("_text", "ctx", "name", "names", "rule", "statics")
 
-    def __init__(self, spec: CallSpec, text: str | None = None):
-        self.spec, self.names, self.rule = spec, spec.names, spec.rule
+    def __init__(self, name: str, names: tuple, statics: dict, text: str | None = None):
+        # the spec's parts, not a CallSpec: the eager floor pays for no more than it reads
+        self.name, self.names, self.statics = name, names, statics
+        self.rule = rule_named(name)
         self._text = text  # encoded when a custom operator needs it (torch.func paths)
         self.ctx = None
 
     @classmethod
     def of(cls, text: str) -> _Call:
-        return cls(CallSpec.decode(text), text)
+        spec = CallSpec.decode(text)
+        return cls(spec.op, spec.names, dict(spec.statics), text)
+
+    @property
+    def spec(self) -> CallSpec:
+        return CallSpec(self.name, self.names, tuple(self.statics.items()))
 
     @property
     def text(self) -> str:
         """The spec as the custom operators take it."""
         if self._text is None:
-            self._text = _encode(*self.spec)
+            self._text = _encode(self.name, self.names, tuple(self.statics.items()))
         return self._text
 
     def residual_tensors(self) -> list[Tensor]:
@@ -409,7 +416,12 @@ class _Call:
         return [_as_tensor(a) for a in self.rule.residuals(self.ctx).values()]
 
     def arguments(self, tensors) -> dict:
-        return self.spec.arguments(_arrays(self.spec, tensors))
+        """:meth:`CallSpec.arguments` of :func:`_arrays`, written out: the per-call floor."""
+        arguments = dict(self.statics)
+        input_name = self.rule.input_name
+        for name, t in zip(self.names, tensors, strict=True):
+            arguments[name] = _as_array(t, on_device=name == input_name)
+        return arguments
 
 
 def _wrapped(*tensors) -> bool:
@@ -549,14 +561,15 @@ class _Operation(compat.FastApplyFunction):
         else:
 
             def gradients():
-                grads = call.spec.gradients(call.ctx, _as_array(cotangent))
-                wanted = call.spec.differentiable()
+                grads = spec.gradients(call.ctx, _as_array(cotangent))
+                wanted = spec.differentiable()
                 return [
                     _gradient(g, tensors[call.names.index(n)])
                     for n, g in zip(wanted, grads, strict=True)
                 ]
 
-        grads = _select(call.spec, ctx.needs_input_grad[1:], gradients)
+        spec = call.spec
+        grads = _select(spec, ctx.needs_input_grad[1:], gradients)
         return None, *_first_order_only(grads, (*tensors, cotangent))
 
     @staticmethod
@@ -673,8 +686,7 @@ def _run(name: str, arguments: dict) -> Tensor:
         spec = _encode(name, tuple(tensor_names), tuple(statics.items()))
         out = _forward_op(spec, tensors)[0]
     else:
-        spec = CallSpec(name, tuple(tensor_names), tuple(statics.items()))
-        out = _Operation.apply(_Call(spec), *tensors)
+        out = _Operation.apply(_Call(name, tuple(tensor_names), statics), *tensors)
     return out.to(dtype) if out.dtype != dtype else out
 
 

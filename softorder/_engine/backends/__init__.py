@@ -1,5 +1,8 @@
 """The backends of the rules: where a call's arrays live and which kernels run on them.
 
+* :mod:`~softorder._engine.backends.protocol`: :class:`Backend`, the interface every backend
+  implements (what the rules call).
+
 * :mod:`~softorder._engine.backends.numpy_host`: host arrays and the CPU kernels of
   :mod:`softorder.core` (the NumPy API, the JAX bridge on the CPU, CPU tensors), and the host
   helpers every backend shares.
