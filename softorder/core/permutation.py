@@ -10,6 +10,7 @@ Gradients chain through ``F`` directly and through the boundaries with
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -39,44 +40,6 @@ BOUNDARY_WORK = 2 + max(PULLBACK_WORK, PUSHFORWARD_WORK)
 LOSS_BOUNDARY_WORK = 3
 
 
-@helper
-def _boundaries(r, inv_alpha, tables, w, worder, anchor, offset):
-    """Solve ``S(b_k) = k`` for k = 1..n-1 (``w = 1..n-1``, ``worder = 0..n-2``: a ladder, which
-    :func:`~softorder.core.lapsum.solve_ladder` inverts without reading them).
-    """
-    E, A, B, Ad, Bd, S = tables
-    # (no values wanted: alpha is not read)
-    solve_ladder(r, 1.0, inv_alpha, E, A, B, 1.0, anchor, offset, S[:0])
-
-
-@helper
-def _gradient_buffers(r, inv_alpha, work, twork):
-    """Tables with moments, and zeroed ``beta`` (cotangent on the boundaries) and ``rbar``."""
-    tables = row_tables(r, inv_alpha, True, work)
-    beta = twork[0]
-    beta[:] = 0.0
-    rbar = work[TABLES_WITH_MOMENTS]
-    rbar[:] = 0.0
-    return tables, beta, rbar
-
-
-@helper
-def _finish_gradient(r, order, a, tables, anchor, offset, work, beta, rbar, twork, x_bar):
-    """Chain ``beta`` through the boundaries into ``rbar``, write ``x_bar`` (original order) and
-    return the boundaries' part of ``alpha_bar``.
-    """
-    m = anchor.shape[0]
-    n = r.shape[0]
-    # S (row 3) is spent; the last row is the pullback's own
-    inj_up = work[3, :n]
-    inj_down = work[TABLES_WITH_MOMENTS + 1, :n]
-    alpha_part = inverse_pullback(
-        r, a, tables, anchor, offset, beta, rbar, twork[1, :m], inj_up, inj_down, False, False
-    )
-    scatter_finite(r, order, rbar, x_bar)
-    return alpha_part
-
-
 @inner_helper
 def _boundary_z(r, inv_alpha, anchor, offset, k, ri):
     """``(b_k - r_i) / alpha`` for boundary ``k`` in 0..n (``b_0 = -inf``, ``b_n = +inf``)."""
@@ -91,7 +54,7 @@ def _boundary_z(r, inv_alpha, anchor, offset, k, ri):
 def _values_by_rank(r, order, target, out):
     """``out[t_i - 1] = r_i``: each sorted element's value at its target rank; returns whether
     the target ranks are a permutation (each rank once; the kernels also take repeated ranks,
-    which then go the general way, :func:`_loss_row` and :func:`_loss_row_vjp`).
+    which then go the general way: :func:`_then_repeated_ranks`).
 
     The loss reads two boundaries per element at its target rank, a random position. With
     the element's value moved to its rank first (a tight loop of independent random writes),
@@ -223,8 +186,10 @@ def permutation_forward(xs, order, alpha, w, worder, out, anchor, offset, work):
             offset[row, :] = np.nan
             continue
         inv_alpha = 1.0 / alpha[row]
-        tables = row_tables(r, inv_alpha, False, work[row])
-        _boundaries(r, inv_alpha, tables, w, worder, anchor[row], offset[row])
+        E, A, B, Ad, Bd, S = row_tables(r, inv_alpha, False, work[row])
+        # b_k = S^-1(k) for k = 1..n-1: a ladder, which solve_ladder inverts without reading w
+        # or worder (no values wanted: alpha is not read)
+        solve_ladder(r, 1.0, inv_alpha, E, A, B, 1.0, anchor[row], offset[row], S[:0])
         for i in range(n):
             col = order[row, i]
             lo = -INF
@@ -240,6 +205,7 @@ def permutation_vjp(xs, order, alpha, anchor, offset, worder, V, x_bar, alpha_ba
     size of ``V``; the chain through the boundaries is O(n).
     """
     rows, n = xs.shape
+    m = anchor.shape[1]
     for row in prange(rows):
         r = xs[row]
         if has_nan(r):
@@ -248,7 +214,11 @@ def permutation_vjp(xs, order, alpha, anchor, offset, worder, V, x_bar, alpha_ba
             continue
         a = alpha[row]
         inv_alpha = 1.0 / a
-        tables, beta, rbar = _gradient_buffers(r, inv_alpha, work[row], twork[row])
+        tables = row_tables(r, inv_alpha, True, work[row])
+        beta = twork[row, 0]  # the cotangent on the boundaries
+        beta[:] = 0.0
+        rbar = work[row, TABLES_WITH_MOMENTS]
+        rbar[:] = 0.0
         abar = 0.0
         for i in range(n):
             if abs(r[i]) == INF:
@@ -262,25 +232,69 @@ def permutation_vjp(xs, order, alpha, anchor, offset, worder, V, x_bar, alpha_ba
                 beta[k - 1] += gamma
                 rbar[i] -= gamma
                 abar -= gamma * z
-        alpha_bar[row] = abar + _finish_gradient(
+        # beta through the boundaries into rbar; the pullback's injections go in S's row
+        # (spent) and the last row of work
+        alpha_bar[row] = abar + inverse_pullback(
             r,
-            order[row],
             a,
             tables,
             anchor[row],
             offset[row],
-            work[row],
             beta,
             rbar,
-            twork[row],
-            x_bar[row],
+            twork[row, 1, :m],
+            work[row, 3, :n],
+            work[row, TABLES_WITH_MOMENTS + 1, :n],
+            False,
+            False,
         )
+        scatter_finite(r, order[row], rbar, x_bar[row])
 
 
+def _then_repeated_ranks(repeated):
+    """A loss kernel that leaves the rows whose target ranks repeat to the kernel ``repeated``.
+
+    The API takes only permutations (it refuses repeated ranks); the kernels take any ranks.
+    The permutation kernel writes NaN in the other rows and returns their count; ``repeated``
+    then overwrites those rows. In a kernel of its own, the element-by-element path is
+    compiled the first time a call needs it, not on every first call. ``serial`` and
+    ``parallel`` are the permutation kernel's.
+    """
+
+    def wrap(permutations):
+        @functools.wraps(permutations)
+        def run(xs, *args):
+            if permutations(xs, *args):
+                repeated(xs, *args)
+
+        run.serial = permutations.serial
+        run.parallel = permutations.parallel
+        run.repeated = repeated
+        return run
+
+    return wrap
+
+
+@kernel
+def _loss_forward_repeated(xs, order, alpha, target, w, worder, out, anchor, offset, work):
+    """:func:`permutation_loss_forward` of the rows whose target ranks repeat, element by
+    element (their boundaries are solved already).
+    """
+    rows, n = xs.shape
+    for row in prange(rows):
+        r = xs[row]
+        if has_nan(r) or _values_by_rank(r, order[row], target[row], work[row, 0]):
+            continue
+        inv_alpha = 1.0 / alpha[row]
+        out[row] = _loss_row(r, inv_alpha, order[row], target[row], anchor[row], offset[row])
+
+
+@_then_repeated_ranks(_loss_forward_repeated)
 @kernel
 def permutation_loss_forward(xs, order, alpha, target, w, worder, out, anchor, offset, work):
     """``out[row] = -sum_i log P[target_i - 1, i]`` for 1-based target ranks (rows, n)."""
     rows, n = xs.shape
+    repeated = 0
     for row in prange(rows):
         r = xs[row]
         if has_nan(r):
@@ -289,12 +303,13 @@ def permutation_loss_forward(xs, order, alpha, target, w, worder, out, anchor, o
             offset[row, :] = np.nan
             continue
         inv_alpha = 1.0 / alpha[row]
-        tables = row_tables(r, inv_alpha, False, work[row])
-        _boundaries(r, inv_alpha, tables, w, worder, anchor[row], offset[row])
+        E, A, B, Ad, Bd, S = row_tables(r, inv_alpha, False, work[row])
+        solve_ladder(r, 1.0, inv_alpha, E, A, B, 1.0, anchor[row], offset[row], S[:0])
         # the tables are spent once the boundaries are solved
         terms = work[row, 0]
         if not _values_by_rank(r, order[row], target[row], terms):
-            out[row] = _loss_row(r, inv_alpha, order[row], target[row], anchor[row], offset[row])
+            out[row] = np.nan
+            repeated += 1
             continue
         an = anchor[row]
         off = offset[row]
@@ -309,14 +324,58 @@ def permutation_loss_forward(xs, order, alpha, target, w, worder, out, anchor, o
         for i in range(n):  # summed in the order of the elements, as before
             loss -= terms[tg[od[i]] - 1]
         out[row] = loss
+    return repeated
 
 
+@kernel
+def _loss_vjp_repeated(
+    xs, order, alpha, target, anchor, offset, worder, cot, x_bar, alpha_bar, work, twork
+):
+    """:func:`permutation_loss_vjp` of the rows whose target ranks repeat, element by element."""
+    rows, n = xs.shape
+    m = anchor.shape[1]
+    for row in prange(rows):
+        r = xs[row]
+        if has_nan(r) or _values_by_rank(r, order[row], target[row], work[row, 3]):
+            continue
+        a = alpha[row]
+        inv_alpha = 1.0 / a
+        tables = row_tables(r, inv_alpha, True, work[row])
+        beta = twork[row, 0]
+        beta[:] = 0.0
+        rbar = work[row, TABLES_WITH_MOMENTS]
+        rbar[:] = 0.0
+        abar = _loss_row_vjp(
+            r, inv_alpha, order[row], target[row], anchor[row], offset[row], cot[row], beta, rbar
+        )
+        # beta through the boundaries into rbar; the pullback's injections go in S's row
+        # (spent) and the last row of work
+        alpha_bar[row] = abar + inverse_pullback(
+            r,
+            a,
+            tables,
+            anchor[row],
+            offset[row],
+            beta,
+            rbar,
+            twork[row, 1, :m],
+            work[row, 3, :n],
+            work[row, TABLES_WITH_MOMENTS + 1, :n],
+            False,
+            False,
+        )
+        scatter_finite(r, order[row], rbar, x_bar[row])
+
+
+@_then_repeated_ranks(_loss_vjp_repeated)
 @kernel
 def permutation_loss_vjp(
     xs, order, alpha, target, anchor, offset, worder, cot, x_bar, alpha_bar, work, twork
 ):
     """Cotangent ``cot`` (rows,) on the loss -> ``x_bar`` (rows, n), ``alpha_bar`` (rows,). O(n)."""
     rows, n = xs.shape
+    m = anchor.shape[1]
+    repeated = 0
     for row in prange(rows):
         r = xs[row]
         if has_nan(r):
@@ -325,42 +384,50 @@ def permutation_loss_vjp(
             continue
         a = alpha[row]
         inv_alpha = 1.0 / a
-        tables, beta, rbar = _gradient_buffers(r, inv_alpha, work[row], twork[row])
-        # free until _finish_gradient: S (row 3: only the forward's solve reads it) and rows
-        # 1, 2 of twork (the pullback is not asked for w_bar, which it would write in row 1)
+        tables = row_tables(r, inv_alpha, True, work[row])
+        # free until the pullback: S (row 3: only the forward's solve reads it) and rows 1, 2
+        # of twork (the pullback is not asked for w_bar, which it would write in row 1)
         byrank = work[row, 3]
-        c = cot[row]
         if not _values_by_rank(r, order[row], target[row], byrank):
-            abar = _loss_row_vjp(
-                r, inv_alpha, order[row], target[row], anchor[row], offset[row], c, beta, rbar
-            )
-        else:
-            abar = _loss_by_rank_vjp(
-                r,
-                inv_alpha,
-                order[row],
-                target[row],
-                anchor[row],
-                offset[row],
-                c,
-                byrank,
-                twork[row],
-                beta,
-                rbar,
-            )
-        alpha_bar[row] = abar + _finish_gradient(
+            x_bar[row, :] = np.nan
+            alpha_bar[row] = np.nan
+            repeated += 1
+            continue
+        beta = twork[row, 0]
+        beta[:] = 0.0
+        rbar = work[row, TABLES_WITH_MOMENTS]
+        rbar[:] = 0.0
+        abar = _loss_by_rank_vjp(
             r,
+            inv_alpha,
             order[row],
+            target[row],
+            anchor[row],
+            offset[row],
+            cot[row],
+            byrank,
+            twork[row],
+            beta,
+            rbar,
+        )
+        # beta through the boundaries into rbar; the pullback's injections go in S's row
+        # (spent) and the last row of work
+        alpha_bar[row] = abar + inverse_pullback(
+            r,
             a,
             tables,
             anchor[row],
             offset[row],
-            work[row],
             beta,
             rbar,
-            twork[row],
-            x_bar[row],
+            twork[row, 1, :m],
+            work[row, 3, :n],
+            work[row, TABLES_WITH_MOMENTS + 1, :n],
+            False,
+            False,
         )
+        scatter_finite(r, order[row], rbar, x_bar[row])
+    return repeated
 
 
 @kernel
