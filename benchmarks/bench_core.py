@@ -5,8 +5,8 @@ Run from the repository root::
     python benchmarks/bench_core.py
 
 Options: ``--repeats R`` (default 5), ``--max-n N`` (default 1e6; e.g. ``--max-n 1e4`` for a
-quick run), ``--no-memory`` (skip the memory table), ``--threads T`` (default 1: the targets
-are single-threaded).
+quick run), ``--no-memory`` (skip the memory table), ``--memory-only`` (only the memory table),
+``--threads T`` (default 1: the targets are single-threaded).
 
 Time: forward + VJP (``softorder.vjp(op, x, ...)`` then ``pullback(cotangent)``) of every
 operation of the targets table on one float64 row of seeded standard normal data
@@ -161,6 +161,21 @@ def memory_ratios(n):
     return out
 
 
+def print_times(sizes_txt, argsort_ms, ratios, misses):
+    """The time table; misses of the target go to ``misses``."""
+    print("fwd+VJP time / np.argsort time (np.argsort ms in the header)\n")
+    print("| operation | " + " | ".join(f"{s} ({argsort_ms[s]:.2f} ms)" for s in sizes_txt) + " |")
+    print("|---|" + "---:|" * len(sizes_txt))
+    for label, _, _ in OPERATIONS:
+        cells = []
+        for s in sizes_txt:
+            r = ratios[label, s]
+            cells.append(f"{r:.2f}")
+            if r > TARGET_RATIO:
+                misses.append(f"{label} at {s}: {r:.2f}")
+        print(f"| {label} | " + " | ".join(cells) + " |")
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="best of R repeats (default 5)")
@@ -171,6 +186,9 @@ def parse_args(argv):
         help="largest row length, among 1e4, 1e5, 1e6 (default 1e6)",
     )
     parser.add_argument("--no-memory", action="store_true", help="skip the memory table")
+    parser.add_argument(
+        "--memory-only", action="store_true", help="only the memory table (no timing)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="numba threads (default 1)")
     parser.add_argument(
         "--clock",
@@ -183,6 +201,8 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if args.memory_only and args.no_memory:
+        parser.error("--memory-only and --no-memory exclude each other")
     return args
 
 
@@ -214,6 +234,8 @@ def main(argv=None):
     cases = [(f"{n:.0e}", rng.standard_normal(n), repeats_for(n, args.repeats)) for n in sizes]
     batch = rng.standard_normal(BATCH_SHAPE).astype(np.float32)
     cases.append(("256 x 1000", batch, args.repeats))
+    if args.memory_only:
+        cases = []
     ratios = {}  # (label, size) -> ratio
     argsort_ms = {}
     for size, x, repeats in cases:
@@ -224,20 +246,11 @@ def main(argv=None):
             ratios[label, size] = t / times[0]
 
     sizes_txt = [size for size, _, _ in cases]
-    print("fwd+VJP time / np.argsort time (np.argsort ms in the header)\n")
-    print("| operation | " + " | ".join(f"{s} ({argsort_ms[s]:.2f} ms)" for s in sizes_txt) + " |")
-    print("|---|" + "---:|" * len(sizes_txt))
     misses = []
-    for label, _, _ in OPERATIONS:
-        cells = []
-        for s in sizes_txt:
-            r = ratios[label, s]
-            cells.append(f"{r:.2f}")
-            if r > TARGET_RATIO:
-                misses.append(f"{label} at {s}: {r:.2f}")
-        print(f"| {label} | " + " | ".join(cells) + " |")
-
-    if not args.no_memory and sys.platform.startswith("linux") and args.max_n >= MEMORY_N:
+    if cases:
+        print_times(sizes_txt, argsort_ms, ratios, misses)
+    memory = args.memory_only or not args.no_memory
+    if memory and sys.platform.startswith("linux") and args.max_n >= MEMORY_N:
         print(f"\nExtra peak memory of fwd+VJP / input bytes, n = {MEMORY_N:.0e} (subprocesses)\n")
         mem = memory_ratios(MEMORY_N)
         print("| operation | float32 | float64 |")

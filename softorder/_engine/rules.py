@@ -580,7 +580,8 @@ class LossRule(OrderRule):
                 f"got shape {tuple(arr.shape)}"
             )
         scale = 1.0 / max(rows.rows, 1) if reduction == "mean" else 1.0
-        return ctx.backend.broadcast_f64(ctx.backend.scale(arr, scale), (rows.rows,))
+        # widened first: a float32 cotangent scaled in float32 was rounded once more
+        return ctx.backend.scale(ctx.backend.broadcast_f64(arr, (rows.rows,)), scale)
 
     def _row_gradients(self, ctx, cot):  # pragma: no cover - interface
         raise NotImplementedError

@@ -312,12 +312,29 @@ def target_sums(r, inv_alpha, A, B, Ad, Bd, anchor, t):
     ``db/dw = 2 alpha exp(shift) / G``. ``G == 0`` only for a target at infinite distance.
     """
     n = r.shape[0]
-    if t <= 0.0:
-        R = anchor
-        L = anchor - 1
-    else:
-        L = anchor
-        R = anchor + 1
+    L = anchor - 1 if t <= 0.0 else anchor
+    R = L + 1
+    return target_sums_at(
+        r,
+        inv_alpha,
+        anchor,
+        t,
+        A[L] if L >= 0 else 0.0,
+        Ad[L] if L >= 0 else 0.0,
+        B[R] if R < n else 0.0,
+        Bd[R] if R < n else 0.0,
+    )
+
+
+@inner_helper
+def target_sums_at(r, inv_alpha, anchor, t, a_left, ad_left, b_right, bd_right):
+    """:func:`target_sums` from the tables' values at the target's two neighbouring points
+    ``L`` (below) and ``L + 1``: ``A[L], Ad[L], B[L + 1], Bd[L + 1]`` (any values for a
+    missing neighbour), e.g. from :func:`neighbour_sums`.
+    """
+    n = r.shape[0]
+    L = anchor - 1 if t <= 0.0 else anchor
+    R = L + 1
     zl = offset_z(r[anchor], r[L], inv_alpha, t) if L >= 0 else INF
     zr = offset_z(r[anchor], r[R], inv_alpha, t) if R < n else -INF
     shift = min(zl, -zr)
@@ -327,13 +344,57 @@ def target_sums(r, inv_alpha, A, B, Ad, Bd, anchor, t):
     Z = 0.0
     el = rel_weight(zl, shift)
     if el > 0.0:
-        G += A[L] * el
-        Z += (zl * A[L] + Ad[L]) * el
+        G += a_left * el
+        Z += (zl * a_left + ad_left) * el
     er = rel_weight(zr, shift)
     if er > 0.0:
-        G += B[R] * er
-        Z += (zr * B[R] - Bd[R]) * er
+        G += b_right * er
+        Z += (zr * b_right - bd_right) * er
     return shift, G, Z
+
+
+@helper
+def neighbour_sums(r, inv_alpha, E, L, sums):
+    """Fill ``E`` and, for each target ``j`` with left neighbour ``L[j]`` (-1 for none) and right
+    neighbour ``L[j] + 1`` (n for none), ``sums[:, j] = (A[L], Ad[L], B[L + 1], Bd[L + 1])``:
+    the recurrences of :func:`~softorder.core.lapsum.row_tables` with moments, kept in
+    registers and read at the targets' points (the same values to the bit). Entries of a
+    missing neighbour are left as they are.
+    """
+    n = r.shape[0]
+    m = L.shape[0]
+    by_left = np.argsort(L)
+    E[0] = 0.0
+    a = 1.0
+    ad = 0.0
+    p = 0
+    for i in range(n):
+        if i > 0:
+            d = gap(r[i], r[i - 1])
+            e = math.exp(-d * inv_alpha)
+            E[i] = e
+            ad = e * (ad + d * inv_alpha * a) if e > 0.0 else 0.0
+            a = 1.0 + e * a
+        while p < m and L[by_left[p]] <= i:
+            j = by_left[p]
+            if L[j] == i:
+                sums[0, j] = a
+                sums[1, j] = ad
+            p += 1
+    b = 1.0
+    bd = 0.0
+    p = m - 1
+    for i in range(n - 1, -1, -1):
+        if i < n - 1:
+            e = E[i + 1]
+            bd = e * (bd + gap(r[i + 1], r[i]) * inv_alpha * b) if e > 0.0 else 0.0
+            b = 1.0 + e * b
+        while p >= 0 and L[by_left[p]] + 1 >= i:
+            j = by_left[p]
+            if L[j] + 1 == i:
+                sums[2, j] = b
+                sums[3, j] = bd
+            p -= 1
 
 
 @kernel

@@ -18,11 +18,12 @@ from numba import prange
 
 from softorder.core._jit import helper, kernel
 from softorder.core.kernel_sums import carry_injections, inject_exact
-from softorder.core.laplace import INF, gap, offset_z, rel_weight
+from softorder.core.laplace import INF, offset_z, rel_weight
 from softorder.core.lapsum import (
     TABLES_WITH_MOMENTS,
     inverse_pullback,
     inverse_pushforward,
+    neighbour_sums,
     row_tables,
 )
 from softorder.core.rows import gather_finite, has_nan, scatter_finite
@@ -33,7 +34,8 @@ VJP_WORK = TABLES_WITH_MOMENTS + 1
 #: the tables and the tangent (the CPU kernel keeps it in the row of ``S``: one row untouched)
 JVP_WORK = TABLES_WITH_MOMENTS + 1
 #: With at most n / FEW_TARGETS targets per row (soft quantile) the VJP keeps no tables: it
-#: reads them at two points per target only (:func:`neighbour_sums`), and fills 3 rows of its
+#: reads them at two points per target only
+#: (:func:`~softorder.core.lapsum.neighbour_sums`), and fills 3 rows of its
 #: ``work`` instead of 7 (at n = 1e6, 32 MB less).
 FEW_TARGETS = 8
 
@@ -125,55 +127,12 @@ def inverse_jvp(
 
 
 @helper
-def neighbour_sums(r, inv_alpha, E, L, sums):
-    """Fill ``E`` and, for each target ``j`` with left neighbour ``L[j]`` (-1 for none) and right
-    neighbour ``L[j] + 1`` (n for none), ``sums[:, j] = (A[L], Ad[L], B[L + 1], Bd[L + 1])``:
-    the recurrences of :func:`~softorder.core.lapsum.row_tables` with moments, kept in
-    registers and read at the targets' points (the same values to the bit). Entries of a
-    missing neighbour are left as they are.
-    """
-    n = r.shape[0]
-    m = L.shape[0]
-    by_left = np.argsort(L)
-    E[0] = 0.0
-    a = 1.0
-    ad = 0.0
-    p = 0
-    for i in range(n):
-        if i > 0:
-            d = gap(r[i], r[i - 1])
-            e = math.exp(-d * inv_alpha)
-            E[i] = e
-            ad = e * (ad + d * inv_alpha * a) if e > 0.0 else 0.0
-            a = 1.0 + e * a
-        while p < m and L[by_left[p]] <= i:
-            j = by_left[p]
-            if L[j] == i:
-                sums[0, j] = a
-                sums[1, j] = ad
-            p += 1
-    b = 1.0
-    bd = 0.0
-    p = m - 1
-    for i in range(n - 1, -1, -1):
-        if i < n - 1:
-            e = E[i + 1]
-            bd = e * (bd + gap(r[i + 1], r[i]) * inv_alpha * b) if e > 0.0 else 0.0
-            b = 1.0 + e * b
-        while p >= 0 and L[by_left[p]] + 1 >= i:
-            j = by_left[p]
-            if L[j] + 1 == i:
-                sums[2, j] = b
-                sums[3, j] = bd
-            p -= 1
-
-
-@helper
 def pullback_few(r, alpha, anchor, offset, u, rbar, wbar, E, inj_up, want_wbar):
     """:func:`~softorder.core.lapsum.inverse_pullback` into a fresh ``rbar`` for a few targets,
     without tables: their sums at each target's two neighbours come from
-    :func:`neighbour_sums` (``E`` is filled there), and the arithmetic per target is
-    ``inverse_pullback``'s, in the same order, so the results are the same to the bit.
+    :func:`~softorder.core.lapsum.neighbour_sums` (``E`` is filled there), and the arithmetic
+    per target is ``inverse_pullback``'s, in the same order, so the results are the same to
+    the bit.
     ``rbar`` doubles as the downward injections.
     """
     n = r.shape[0]

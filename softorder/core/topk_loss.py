@@ -25,10 +25,11 @@ from softorder.core.laplace import INF, hazard, log_cdf, offset_z
 from softorder.core.lapsum import (
     TABLES,
     TABLES_WITH_MOMENTS,
-    row_tables,
-    solve_targets,
+    neighbour_sums,
+    prefix_sums_ab,
+    solve_targets_ab,
     target_position,
-    target_sums,
+    target_sums_at,
 )
 from softorder.core.rows import has_nan, scatter_finite
 
@@ -146,9 +147,11 @@ def topk_loss_forward(xs, order, alpha, labels, log_pk, split, pk1, out, anchor,
             offset[row, :] = np.nan
             continue
         inv_alpha = 1.0 / alpha[row]
-        E, A, B, Ad, Bd, S = row_tables(r, inv_alpha, False, work[row])
+        A = work[row, 0]  # A and B alone (the GPU twin fills all 4 rows)
+        B = work[row, 1]
+        prefix_sums_ab(r, inv_alpha, A, B)
         w = np.arange(1.0, K + 1.0)
-        solve_targets(r, inv_alpha, E, A, B, S, w, np.arange(K), anchor[row], offset[row])
+        solve_targets_ab(r, inv_alpha, A, B, w, np.arange(K), anchor[row], offset[row])
         iy = _label_position(order[row], labels[row])
         terms = np.empty(K)
         top, total, has_mass = _mixture_terms(
@@ -176,8 +179,15 @@ def topk_loss_vjp(
             continue
         a = alpha[row]
         inv_alpha = 1.0 / a
-        E, A, B, Ad, Bd, S = row_tables(r, inv_alpha, True, work[row])
-        rbar = work[row, TABLES_WITH_MOMENTS]
+        # no tables: only E and the sums at each target's two neighbours (2 of the rows of
+        # ``work`` are filled; the GPU twin fills them all)
+        E = work[row, 0]
+        left = np.empty(K, np.int64)
+        for j in range(K):
+            left[j] = anchor[row, j] - 1 if offset[row, j] <= 0.0 else anchor[row, j]
+        sums = np.zeros((4, K))
+        neighbour_sums(r, inv_alpha, E, left, sums)
+        rbar = work[row, 1]
         rbar[:] = 0.0
         iy = _label_position(order[row], labels[row])
         terms = np.empty(K)
@@ -199,7 +209,16 @@ def topk_loss_vjp(
                 pos[j] = target_position(r, a, anchor[row, j], offset[row, j])
                 if terms[j] == -INF:
                     continue
-                sh, G, Z = target_sums(r, inv_alpha, A, B, Ad, Bd, anchor[row, j], offset[row, j])
+                sh, G, Z = target_sums_at(
+                    r,
+                    inv_alpha,
+                    anchor[row, j],
+                    offset[row, j],
+                    sums[0, j],
+                    sums[1, j],
+                    sums[2, j],
+                    sums[3, j],
+                )
                 zy = offset_z(r[anchor[row, j]], r[iy], inv_alpha, offset[row, j])
                 if G == 0.0 or abs(zy) == INF or abs(pos[j]) == INF:
                     continue
