@@ -197,3 +197,52 @@ def test_rank_alpha_gradient_matches_extended_precision():
         reference = float((v.astype(L) * d_rank).sum())
         scale = float((np.abs(v) * np.abs(d_rank)).sum())
         assert abs(float(alpha_bar) - reference) <= 1e-15 * scale
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "infinities", "spread", "nan"])
+def test_ascending_targets_vjp_equals_tables_path_bitwise(kind):
+    """Soft sort's targets (left points ascend: :func:`softorder.core.sort.pullback_ascending`)
+    against the same targets after one with a zero cotangent at the top of the row, which
+    breaks the ascent and takes the tables path: the same bits.
+    """
+    rng = np.random.default_rng(["normal", "ties", "infinities", "spread", "nan"].index(kind))
+    x = _inputs("normal" if kind == "nan" else kind, rng).astype(np.float64)
+    if kind == "nan":
+        x[2, 0] = np.nan
+    xs, order = _sorted_rows(x)
+    rows, n = xs.shape
+    alpha = np.array([0.02, 0.3, 4.0])
+    ladder = np.tile(np.arange(n) + 0.5, (rows, 1))
+    results = []
+    for targets in (ladder, np.concatenate([np.full((rows, 1), n - 0.25), ladder], axis=1)):
+        k = targets.shape[1]
+        out = np.empty((rows, k))
+        anchor = np.empty((rows, k), np.int64)
+        offset = np.empty((rows, k))
+        work = core.workspace(rows, 4, n)
+        core.inverse_kernel(
+            xs, alpha, targets, np.argsort(targets, axis=1), out, anchor, offset, work
+        )
+        u = np.zeros((rows, k))
+        u[:, k - n :] = rng.standard_normal((rows, n)) if not results else results[0][3]
+        x_bar = np.empty((rows, n))
+        alpha_bar = np.empty(rows)
+        core.inverse_vjp(
+            xs,
+            order,
+            alpha,
+            anchor,
+            offset,
+            np.empty((rows, 0), np.int64),
+            u,
+            x_bar,
+            np.empty((rows, 0)),
+            alpha_bar,
+            core.workspace(rows, core.sort.VJP_WORK, n),
+            core.workspace(rows, 0, k),
+        )
+        ascending = [core.sort.lefts_ascend.py_func(anchor[i], offset[i]) for i in range(rows)]
+        results.append((x_bar, alpha_bar, ascending, u[:, k - n :]))
+    assert all(results[0][2]) and not any(results[1][2][i] for i in (0, 1))
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_array_equal(results[0][1], results[1][1])
