@@ -36,8 +36,8 @@ FORWARD_WORK = TABLES
 #: the tables with moments and :func:`gradient_scratch` (the tangent in sorted order goes to
 #: the spent ``E``)
 GRADIENT_WORK = TABLES_WITH_MOMENTS + 5
-#: the relative weights of a target, the gradient and the cotangent in sorted order (the VJP
-#: needs no tables)
+#: the relative weights of a target, a row the CPU VJP leaves untouched (it keeps the gradient
+#: in the row of ``x_bar``) and the cotangent in sorted order (the VJP needs no tables)
 VJP_WORK = 3
 #: the GPU twin's VJP (:func:`softorder.core.cuda.topk.topk_vjp`): the tables with moments and
 #: the gradient
@@ -179,9 +179,12 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
         inv_alpha = 1.0 / a
         vs = work[row, 2, :n]  # the cotangent in sorted order
         # the last target's e_i, whose omega_i phi is still to add; with one target it goes
-        # where v_i was (read first, never again): one row of n untouched
+        # where v_i was (read first, never again)
         e = work[row, 0, :n] if m > 1 else vs
-        rbar = work[row, 1, :n]
+        # the gradient in sorted order goes to the row of x_bar, which the cotangent (when it
+        # is that row: the rules pass one target's own cotangent copy) has left once
+        # gathered; summed with the last target's terms into vs, it is scattered at the end
+        rbar = x_bar[row]
         fresh = True  # rbar holds nothing yet
         pg = 0.0  # phi / G of the target in e
         abar = 0.0
@@ -243,10 +246,14 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
             w_bar[row, j] = k_bar
             abar += phi * (Z * inv_g) - phi_z
         alpha_bar[row] = abar
+        if fresh:
+            x_bar[row, :] = 0.0
+            continue
+        for i in range(n):
+            vs[i] = rbar[i] + e[i] * pg
         xb = x_bar[row]
         for i in range(n):
-            # (no cotangent reaches an infinite entry)
-            xb[o[i]] = 0.0 if fresh or abs(r[i]) == INF else rbar[i] + e[i] * pg
+            xb[o[i]] = 0.0 if abs(r[i]) == INF else vs[i]  # (no cotangent reaches +-inf)
 
 
 @kernel
