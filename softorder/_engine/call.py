@@ -219,19 +219,20 @@ class Call(NamedTuple):
             out.append((tuple(shape[:-1]) + (shape[-1] * words,), stored))
         return out
 
-    def arguments(self, arrays, host: bool = True) -> list:
-        """The arrays a callback received, with the unit axes of :attr:`inserts` after the
-        leading (vmapped) axes. ``host=False`` (the device path): the input is a device array
-        and passes as it is (it never gets unit axes); the others are host arrays.
+    def arguments(self, arrays, host: bool = True) -> dict:
+        """The rule's arguments from the arrays a callback received: the unit axes of
+        :attr:`inserts` after the leading (vmapped) axes. ``host=False`` (the device path):
+        the input is a device array and passes as it is (it never gets unit axes); the others
+        are host arrays.
         """
         lead = len(np.shape(arrays[0])) - self.x_ndim
-        out = []
-        for arr, insert in zip(arrays, self.inserts, strict=True):
+        arguments = dict(self.spec.statics)
+        for name, arr, insert in zip(self.spec.names, arrays, self.inserts, strict=True):
             arr = np.asarray(arr) if host else arr
             if insert:
                 arr = arr.reshape(arr.shape[:lead] + (1,) * insert + arr.shape[lead:])
-            out.append(arr)
-        return out
+            arguments[name] = arr
+        return arguments
 
     def pack(self, residuals: dict, backend=None) -> list:
         """Residuals as the framework can hold them (see :meth:`plan`'s ``words``: a bit-exact
@@ -260,21 +261,24 @@ class Call(NamedTuple):
         """The result (in the compute dtype on the host), and the packed residuals when
         ``keep``. With ``backend`` the input is a device array and so are the results.
         """
-        ctx, out = self.spec.run(self.arguments(arrays, host=backend is None))
+        rule = self.spec.rule
+        ctx = rule.prepare(**self.arguments(arrays, host=backend is None))
+        out = rule.forward(ctx)
         out = out if backend is not None else np.asarray(out, dtype=self.result[1])
         if not keep:
             return [out]
-        return [out, *self.pack(self.spec.rule.residuals(ctx), backend)]
+        return [out, *self.pack(rule.residuals(ctx), backend)]
 
     def backward(self, arrays, stored, cotangent, host: bool = True) -> list:
         """The gradients of the :attr:`differentiable` arguments: on the host in their
         arguments' dtypes and shapes; on the device (``host=False``) as the rule gives them.
         """
-        residuals = self.unpack(stored, host)
-        ctx = self.spec.restore(self.arguments(arrays, host), residuals)
-        grads = self.spec.gradients(ctx, np.asarray(cotangent) if host else cotangent)
+        rule = self.spec.rule
+        ctx = rule.restore(self.arguments(arrays, host), self.unpack(stored, host))
+        # in the order of rule.differentiable, which is the order of self.differentiable
+        grads = rule.vjp(ctx, np.asarray(cotangent) if host else cotangent)
         if not host:
-            return grads
+            return list(grads)
         return [
             np.asarray(grad, dtype=arrays[i].dtype).reshape(np.shape(arrays[i]))
             for i, grad in zip(self.differentiable, grads, strict=True)
