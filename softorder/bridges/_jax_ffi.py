@@ -12,7 +12,8 @@ Each handler is one C function of XLA's typed FFI (``api_version=1``,
 ``jax.ffi.include_dir()``), written with numba; it never fails (it returns NULL), since
 everything was validated when the call was traced. It sorts the rows itself
 (:func:`sort_rows`: XLA's sort took 120 us for one row of 1e3, this one 12 us) and calls the
-same serial kernels as the NumPy API on the same float64 rows, so its results are bitwise
+same serial kernels as the NumPy API on the same float64 rows and int32 orders (the very same
+compilations, through their addresses: :func:`_native`), so its results are bitwise
 those of the NumPy API when the rows have no ties (with ties, only the order of equal
 elements can differ: this sort is stable, NumPy's is not, and a gradient then sums in
 another order). The handlers are compiled on first use and cached on disk next to the
@@ -37,19 +38,18 @@ import ctypes
 import logging
 import threading
 
+import llvmlite.binding
 import numpy as np
 from numba import carray, types
+from numba.core import cgutils, errors
 from numba.core.ccallback import CFunc
 from numba.extending import intrinsic
 
 from softorder.core import _jit, rank, topk
 from softorder.core._jit import _cache_classes, cache_dir, helper
 
-rank_forward, rank_vjp = rank.rank_forward.serial, rank.rank_vjp.serial
-topk_forward, topk_vjp = topk.topk_forward.serial, topk.topk_vjp.serial
 rank_forward_work, rank_linear_work = rank.FORWARD_WORK, rank.LINEAR_WORK
 topk_forward_work, topk_gradient_work = topk.FORWARD_WORK, topk.GRADIENT_WORK
-
 
 #: XLA_FFI_DataType codes of the buffers the handlers read and write
 F32, F64 = 11, 12
@@ -74,6 +74,77 @@ def address(typingctx, value):
         return builder.inttoptr(args[0], context.get_value_type(types.voidptr))
 
     return sig, codegen
+
+
+_F1, _F2, _F3 = (types.Array(types.float64, d, "C") for d in (1, 2, 3))
+_I2, _L2 = types.Array(types.int32, 2, "C"), types.Array(types.int64, 2, "C")
+
+#: The compiled functions the handlers call, by symbol: (module, name, argument types), the
+#: types the NumPy API's calls give the kernels (int32 orders), so both share one compilation.
+NATIVE = {
+    "softorder_ffi_rank_forward": (rank, "rank_forward", (_F2, _I2, _F1, _F2, _F2, _F3)),
+    "softorder_ffi_rank_vjp": (rank, "rank_vjp", (_F2, _I2, _F1, _F2, _F2, _F2, _F1, _F3)),
+    "softorder_ffi_topk_forward": (
+        topk,
+        "topk_forward",
+        (_F2, _I2, _F1, _F2, _L2, types.boolean, _F3, _L2, _F2, _F3),
+    ),
+    "softorder_ffi_topk_vjp": (
+        topk,
+        "topk_vjp",
+        (_F2, _I2, _F1, _L2, _F2, types.boolean, _F3, _F2, _F2, _F1, _F3),
+    ),
+    "softorder_ffi_sort_rows": (None, "sort_rows", (_F2, _F2, _I2)),
+}
+
+
+def _native(symbol: str):
+    """Call the compiled function ``NATIVE[symbol]`` through the symbol that :func:`_link`
+    registers, with numba's calling convention: its code is not linked into the handler.
+
+    A handler that calls a kernel as numba usually does links the kernel's code in and LLVM
+    optimises and compiles it once more: cold, that tripled the handlers' compile. Through the
+    symbol, a handler's compile is its own code, and the kernels are the very compilations the
+    NumPy API uses (disk cache included).
+    """
+    arg_types = NATIVE[symbol][2]
+
+    @intrinsic
+    def call(typingctx, *args):
+        if tuple(args) != arg_types:
+            raise errors.TypingError(f"softorder: {symbol} takes {arg_types}; got {args}")
+
+        def codegen(context, builder, signature, llargs):
+            fnty = context.call_conv.get_function_type(types.none, arg_types)
+            fn = cgutils.get_or_insert_function(builder.module, fnty, symbol)
+            values = cgutils.unpack_tuple(builder, llargs[0], len(arg_types))
+            context.call_conv.call_function(builder, fn, types.none, arg_types, values)
+            return context.get_dummy_value()
+
+        return types.none(types.StarArgTuple.from_types(args)), codegen
+
+    return call
+
+
+_linked: set = set()
+
+
+def _link(symbols) -> None:
+    """Compile (or load from the disk cache) the functions behind ``symbols`` and register
+    their addresses for the handlers' calls; before a handler is compiled or loaded.
+    """
+    for symbol in symbols:
+        if symbol in _linked:
+            continue
+        module, name, arg_types = NATIVE[symbol]
+        dispatcher = getattr(module, name).serial if module is not None else globals()[name]
+        dispatcher.compile(arg_types)
+        compiled = dispatcher.overloads[arg_types]
+        address = compiled.library.get_pointer_to_function(compiled.fndesc.llvm_func_name)
+        if not address:
+            raise RuntimeError(f"softorder: no compiled code for {symbol}")
+        llvmlite.binding.add_symbol(symbol, address)
+        _linked.add(symbol)
 
 
 @helper
@@ -137,14 +208,10 @@ def load(frame, i, rows, cols, negate):
 
 
 @helper
-def load_order(frame, i, rows, cols):
-    """Argument i (int32) as a new int64 (rows, cols) array."""
-    src = carray(address(buffer(frame, 9, i)[1]), rows * cols, np.int32)
-    out = np.empty((rows, cols), np.int64)
-    flat = out.reshape(rows * cols)
-    for j in range(rows * cols):
-        flat[j] = src[j]
-    return out
+def flags(frame, i):
+    """Argument i: the int32 flags ``(negate, log)`` as booleans."""
+    words = carray(address(buffer(frame, 9, i)[1]), 2, np.int32)
+    return words[0] != 0, words[1] != 0
 
 
 @helper
@@ -166,9 +233,9 @@ def store(frame, i, values, negate):
 
 
 @_jit._jit  # callable from Python too (the tests compare it with NumPy's sort)
-def sort_rows(values, order_out):
-    """Each row sorted, stably, NaN last (all NaN equal) and ``-0.0 == 0.0`` (NumPy's order);
-    the argsort also written into ``order_out`` (int32).
+def sort_rows(values, xs, order):
+    """Each row of ``values`` sorted into ``xs``, stably, NaN last (all NaN equal) and
+    ``-0.0 == 0.0`` (NumPy's order); the argsort into ``order`` (int32).
 
     An LSD radix sort on the bytes of integer keys: a float's bits as a signed integer, with
     the magnitude bits of negative values flipped. Passes where every key has the same byte
@@ -177,16 +244,12 @@ def sort_rows(values, order_out):
     the branch predictor having seen the same data before.
     """
     rows, n = values.shape
-    xs = np.empty((rows, n))
-    order = np.empty((rows, n), np.int64)
-    keys = np.empty(n, np.int64)
+    scratch = np.empty((4, n), np.int64)  # one allocation (each kind compiles once more)
+    o, keys, keys2, order2 = scratch[0], scratch[1], scratch[2], scratch[3]
     bits = keys.view(np.float64)
-    keys2 = np.empty(n, np.int64)
-    order2 = np.empty(n, np.int64)
     counts = np.empty((8, 256), np.int64)
     for r in range(rows):
         row = values[r]
-        o = order[r]
         for i in range(n):
             v = row[i]
             bits[i] = 0.0 if v == 0.0 else v
@@ -239,9 +302,8 @@ def sort_rows(values, order_out):
                 for i in range(n):
                     o[i] = order2[i]
         for i in range(n):
-            order_out[r, i] = o[i]
+            order[r, i] = o[i]
             xs[r, i] = row[o[i]]
-    return xs, order
 
 
 @helper
@@ -255,6 +317,13 @@ def gather_rows(values, order):
     return xs
 
 
+_rank_forward = _native("softorder_ffi_rank_forward")
+_rank_vjp = _native("softorder_ffi_rank_vjp")
+_topk_forward = _native("softorder_ffi_topk_forward")
+_topk_vjp = _native("softorder_ffi_topk_vjp")
+_sort_rows = _native("softorder_ffi_sort_rows")
+
+
 def rank_handler(frame_address):
     """Forward: x, alpha, flags -> ranks, order (int32), decays (float64 as uint32 words).
     Backward: x, alpha, flags, order, decays, cotangent -> gradient of x.
@@ -262,29 +331,29 @@ def rank_handler(frame_address):
     frame, run = begin(frame_address)
     if not run:
         return 0
-    flags = load_order(frame, 2, 1, 2)
-    negate = flags[0, 0] != 0
+    negate, _ = flags(frame, 2)
     _, _, count, n = buffer(frame, 9, 0)
     rows = count // n
     values = load(frame, 0, rows, n, negate)
     alpha = load(frame, 1, rows, 1, False).reshape(rows)
     if frame[7] > 3:  # the backward pass: more arguments
-        order = load_order(frame, 3, rows, n)
+        order = carray(address(buffer(frame, 9, 3)[1]), (rows, n), np.int32)
         xs = gather_rows(values, order)
         decay = carray(address(buffer(frame, 9, 4)[1]), (rows, n), np.float64)
         v = load(frame, 5, rows, n, False)
         x_bar = np.empty((rows, n))
         alpha_bar = np.empty(rows)
         work = np.empty((rows, rank_linear_work, n))
-        rank_vjp(xs, order, alpha, decay, v, x_bar, alpha_bar, work)
+        _rank_vjp(xs, order, alpha, decay, v, x_bar, alpha_bar, work)
         store(frame, 0, x_bar, negate)
         return 0
-    order32 = carray(address(buffer(frame, 14, 1)[1]), (rows, n), np.int32)
-    xs, order = sort_rows(values, order32)
+    order = carray(address(buffer(frame, 14, 1)[1]), (rows, n), np.int32)
+    xs = np.empty((rows, n))
+    _sort_rows(values, xs, order)
     decay = carray(address(buffer(frame, 14, 2)[1]), (rows, n), np.float64)
     out = np.empty((rows, n))
     work = np.empty((rows, rank_forward_work, n))
-    rank_forward(xs, order, alpha, out, decay, work)
+    _rank_forward(xs, order, alpha, out, decay, work)
     store(frame, 0, out, False)
     return 0
 
@@ -297,14 +366,13 @@ def topk_handler(frame_address):
     frame, run = begin(frame_address)
     if not run:
         return 0
-    flags = load_order(frame, 2, 1, 2)
-    negate, log = flags[0, 0] != 0, flags[0, 1] != 0
+    negate, log = flags(frame, 2)
     _, _, count, n = buffer(frame, 9, 0)
     rows = count // n
     values = load(frame, 0, rows, n, negate)
     alpha = load(frame, 1, rows, 1, False).reshape(rows)
     if frame[7] > 4:  # the backward pass: more arguments
-        order = load_order(frame, 3, rows, n)
+        order = carray(address(buffer(frame, 9, 3)[1]), (rows, n), np.int32)
         xs = gather_rows(values, order)
         anchor = carray(address(buffer(frame, 9, 4)[1]), (rows, 1), np.int64)
         offset = carray(address(buffer(frame, 9, 5)[1]), (rows, 1), np.float64)
@@ -313,29 +381,38 @@ def topk_handler(frame_address):
         w_bar = np.empty((rows, 1))
         alpha_bar = np.empty(rows)
         work = np.empty((rows, topk_gradient_work, n))
-        topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, work)
+        _topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, work)
         store(frame, 0, x_bar, negate)
         return 0
-    order32 = carray(address(buffer(frame, 14, 1)[1]), (rows, n), np.int32)
-    xs, order = sort_rows(values, order32)
+    order = carray(address(buffer(frame, 14, 1)[1]), (rows, n), np.int32)
+    xs = np.empty((rows, n))
+    _sort_rows(values, xs, order)
     w = load(frame, 3, rows, 1, False)
-    worder = np.zeros((rows, 1), np.int64)
+    worder = np.empty((rows, 1), np.int64)
+    for r in range(rows):
+        worder[r, 0] = 0
     anchor = carray(address(buffer(frame, 14, 2)[1]), (rows, 1), np.int64)
     offset = carray(address(buffer(frame, 14, 3)[1]), (rows, 1), np.float64)
-    out = np.empty((rows, 1, n))
+    out = np.empty((rows, n))
     work = np.empty((rows, topk_forward_work, n))
-    topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work)
-    store(frame, 0, out, False)
+    _topk_forward(xs, order, alpha, w, worder, log, out.reshape(rows, 1, n), anchor, offset, work)
+    store(frame, 0, out, False)  # (rows, n) values: one compilation of store
     return 0
 
 
 #: one C function per operation: its forward and backward passes (told apart by their
 #: number of arguments), so that one compilation serves both
 _HANDLERS = {"rank": rank_handler, "topk": topk_handler}
+#: the compiled functions each handler calls (:func:`_link`)
+_CALLS = {
+    "rank": ("softorder_ffi_rank_forward", "softorder_ffi_rank_vjp", "softorder_ffi_sort_rows"),
+    "topk": ("softorder_ffi_topk_forward", "softorder_ffi_topk_vjp", "softorder_ffi_sort_rows"),
+}
 
 
 def _compile(name: str):
     """The numba C function of handler ``name``, loaded from the disk cache or compiled."""
+    _link(_CALLS[name])
     fn = _HANDLERS[name]
     handler = CFunc(
         fn,
