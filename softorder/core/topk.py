@@ -28,10 +28,10 @@ from softorder.core.lapsum import (
 )
 from softorder.core.rows import gather, gather_finite, has_nan, scatter
 
-#: the tables (the GPU twin's); the CPU forward fills only ``A`` and ``B``
-#: (:func:`~softorder.core.lapsum.solve_targets_ab`), then writes each target's row in sorted
-#: order into the spent ``A`` and scatters it at once: a random-order write per element inside
-#: the loop was a cache miss each at n = 1e6
+#: the tables (the GPU twin's); the CPU forward fills only ``A`` (in the first row of its
+#: output) and ``B`` (:func:`~softorder.core.lapsum.solve_targets_ab`), then writes each
+#: target's row in sorted order into the spent ``B`` and scatters it at once: a random-order
+#: write per element inside the loop was a cache miss each at n = 1e6
 FORWARD_WORK = TABLES
 #: the tables with moments and :func:`gradient_scratch` (the tangent in sorted order goes to
 #: the spent ``E``)
@@ -66,11 +66,11 @@ def topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work):
             offset[row, :] = np.nan
             continue
         inv_alpha = 1.0 / alpha[row]
-        A = work[row, 0, :n]
-        B = work[row, 1, :n]
+        A = out[row, 0]  # written by the first scatter, once the targets are solved
+        B = work[row, 0, :n]
         prefix_sums_ab(r, inv_alpha, A, B)
         solve_targets_ab(r, inv_alpha, A, B, w[row], worder[row], anchor[row], offset[row])
-        sorted_out = A  # spent once the targets are solved
+        sorted_out = B  # spent once the targets are solved
         for j in range(m):
             ra = r[anchor[row, j]]
             t = offset[row, j]
