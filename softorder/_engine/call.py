@@ -269,6 +269,18 @@ class Call(NamedTuple):
             return [out]
         return [out, *self.pack(rule.residuals(ctx), backend)]
 
+    def backward_flat(self, flat, launch=None) -> list:
+        """:meth:`backward` of a callback that receives the arrays, then the stored
+        residuals, then the cotangent; with ``launch`` (a device backend's
+        :class:`~softorder._engine.backends.numba_cuda.Launch`) they are device buffers.
+        """
+        count = len(self.spec.names)
+        if launch is None:
+            return self.backward(flat[:count], flat[count:-1], flat[-1])
+        arrays = launch.arguments(flat[:count])
+        stored = [launch.wrap(b) for b in flat[count:-1]]
+        return self.backward(arrays, stored, launch.wrap(flat[-1]), host=False)
+
     def backward(self, arrays, stored, cotangent, host: bool = True) -> list:
         """The gradients of the :attr:`differentiable` arguments: on the host in their
         arguments' dtypes and shapes; on the device (``host=False``) as the rule gives them.

@@ -171,17 +171,13 @@ class _Backward:
     call: Call
 
     def __call__(self, *flat):
-        count = len(self.call.spec.names)
-        return tuple(self.call.backward(flat[:count], flat[count:-1], flat[-1]))
+        return tuple(self.call.backward_flat(flat))
 
     def on_device(self, device: Launch, buffers: tuple) -> list:
         """The same on device arrays: the gradients, on the device (cast and reshaped to
         their arguments' buffers when written).
         """
-        count = len(self.call.spec.names)
-        arrays = device.arguments(buffers[:count])
-        stored = [device.wrap(b) for b in buffers[count:-1]]
-        return self.call.backward(arrays, stored, device.wrap(buffers[-1]), host=False)
+        return self.call.backward_flat(buffers, device)
 
 
 # --------------------------------------------------------------------------------------------
