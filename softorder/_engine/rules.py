@@ -12,6 +12,7 @@ import numpy as np
 
 from softorder import core
 from softorder._engine.autodiff import Rule
+from softorder._engine.backends.protocol import Backend
 from softorder._engine.checks import (
     alpha_batch_shape,
     check_alpha,
@@ -43,7 +44,7 @@ class Context:
         return cls(rows, rows.backend.from_host(per_row), alpha_shape)
 
     @property
-    def backend(self):
+    def backend(self) -> Backend:
         return self.rows.backend
 
     @property
