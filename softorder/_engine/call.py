@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import numbers
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -121,6 +122,21 @@ class CallSpec(NamedTuple):
         """The loss reduction (``"none"`` for an operation that is not a loss)."""
         return dict(self.statics).get("reduction", "none")
 
+    def select(self, needs_grad, gradients: Callable[[], list]) -> list:
+        """One gradient per array argument: ``gradients()`` lists those of
+        :meth:`differentiable`'s arguments; ``None`` where ``needs_grad`` (one flag per array
+        argument) says no gradient is needed, or none is defined. ``gradients`` is not called
+        when no gradient is needed.
+        """
+        names, wanted = self.names, self.differentiable()
+        out = [None] * len(names)
+        if not any(needs_grad[names.index(n)] for n in wanted):
+            return out
+        for name, grad in zip(wanted, gradients(), strict=True):
+            i = names.index(name)
+            out[i] = grad if needs_grad[i] else None
+        return out
+
     def vmapped(self, batch_ndim: int) -> CallSpec:
         """The spec of the call that takes the arrays with one or more leading (vmapped) axes
         in front: the axis counted from the end (the input has ``batch_ndim + 1`` axes per
@@ -163,6 +179,18 @@ class CallSpec(NamedTuple):
         rule = self.rule
         grads = dict(zip(rule.differentiable, rule.vjp(ctx, cotangent), strict=True))
         return [grads[name] for name in self.differentiable()]
+
+
+@functools.lru_cache(maxsize=256)
+def gradient_positions(rule: Rule, names: tuple) -> tuple:
+    """``(i, j)`` for each array argument ``names[i]`` that is ``rule.differentiable[j]``: where
+    each gradient of ``rule.vjp`` goes among a call's array arguments.
+    """
+    return tuple(
+        (i, rule.differentiable.index(name))
+        for i, name in enumerate(names)
+        if name in rule.differentiable
+    )
 
 
 def reduction_scale(reduction: str, rows: int) -> float:

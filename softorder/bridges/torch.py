@@ -53,7 +53,6 @@ How it plugs into PyTorch:
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import operator
@@ -64,8 +63,15 @@ from torch import Tensor, nn
 
 from softorder import core, operations
 from softorder._docs import Dialect, documented
-from softorder._engine.autodiff import Rule, rule_named
-from softorder._engine.call import NARROW_FLOATS, CallSpec, compute_dtype, plain, reduction_scale
+from softorder._engine.autodiff import rule_named
+from softorder._engine.call import (
+    NARROW_FLOATS,
+    CallSpec,
+    compute_dtype,
+    gradient_positions,
+    plain,
+    reduction_scale,
+)
 from softorder.bridges import _torch_compat as compat
 
 __all__ = [
@@ -327,30 +333,6 @@ def _has_tangent(t: Tensor) -> bool:
     return torch.autograd.forward_ad.unpack_dual(t).tangent is not None
 
 
-@functools.lru_cache(maxsize=256)
-def _positions(rule: Rule, names: tuple) -> tuple:
-    """``(i, j)`` for each tensor argument ``names[i]`` that is ``rule.differentiable[j]``."""
-    return tuple(
-        (i, rule.differentiable.index(name))
-        for i, name in enumerate(names)
-        if name in rule.differentiable
-    )
-
-
-def _select(call: CallSpec, needs_grad, gradients) -> list:
-    """Gradients for the call's tensors: ``gradients()`` lists them for the differentiable
-    ones; ``None`` where no gradient is needed or defined (and nothing computed if none is).
-    """
-    names, wanted = call.names, call.differentiable()
-    out = [None] * len(names)
-    if not any(needs_grad[names.index(n)] for n in wanted):
-        return out
-    for name, grad in zip(wanted, gradients(), strict=True):
-        i = names.index(name)
-        out[i] = grad if needs_grad[i] else None
-    return out
-
-
 # --- autograd: the compiled path (custom operator autograd) and the eager path (Function) ---
 
 
@@ -372,7 +354,7 @@ def _backward_compiled(ctx, grads):
 
     if grads[0] is None:  # the result was not used
         return None, [None] * len(tensors)
-    return None, _select(CallSpec.decode(ctx.spec), needs, gradients)
+    return None, CallSpec.decode(ctx.spec).select(needs, gradients)
 
 
 _forward_op.register_autograd(_backward_compiled, setup_context=_setup_compiled)
@@ -546,7 +528,7 @@ class _Operation(compat.FastApplyFunction):
             needs = ctx.needs_input_grad
             out = [None] * len(needs)
             values = None
-            for i, position in _positions(call.rule, call.names):
+            for i, position in gradient_positions(call.rule, call.names):
                 if needs[i + 1]:
                     if values is None:
                         values = call.rule.vjp(call.ctx, _as_array(cotangent))
@@ -569,7 +551,7 @@ class _Operation(compat.FastApplyFunction):
                 ]
 
         spec = call.spec
-        grads = _select(spec, ctx.needs_input_grad[1:], gradients)
+        grads = spec.select(ctx.needs_input_grad[1:], gradients)
         return None, *_first_order_only(grads, (*tensors, cotangent))
 
     @staticmethod
