@@ -4,8 +4,10 @@ with the protocol's parameters: checked by inspecting the classes (no GPU needed
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
+import pathlib
 
 import pytest
 
@@ -63,3 +65,25 @@ def test_backend_implements_member(cls, member):
     for p, q in zip(wanted, got, strict=False):
         assert (p.default is p.empty) == (q.default is q.empty), (cls, member, p.name)
     assert all(q.default is not q.empty for q in got[len(wanted) :]), (cls, member)
+
+
+def _backend_calls(path) -> set[str]:
+    """Names read off anything called ``backend`` (``ctx.backend.scale``, ``backend.cast``)."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            owner = node.value
+            name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+            if name == "backend":
+                found.add(node.attr)
+    return found
+
+
+def test_the_engine_calls_on_a_backend_only_what_the_protocol_declares():
+    engine = pathlib.Path(protocol.__file__).resolve().parent.parent
+    used = set()
+    for module in ("rules.py", "layout.py", "call.py", "autodiff.py"):
+        used |= _backend_calls(engine / module)
+    assert {"from_host", "sort_rows", "scale"} <= used  # the scan sees the rules' calls
+    assert used <= set(MEMBERS), f"not in the Backend protocol: {sorted(used - set(MEMBERS))}"
