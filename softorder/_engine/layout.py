@@ -95,7 +95,7 @@ class Rows:
         backend = backend_of(x)
         arr, dtype = backend.float_input(x, name)
         layout = Layout.of(arr.shape, axis, name)
-        # (np.moveaxis costs 2 us even when there is nothing to move)
+        # (np.moveaxis is not free even when there is nothing to move)
         moved = arr if layout.axis == layout.ndim - 1 else backend.moveaxis(arr, layout.axis, -1)
         rows2d = backend.contiguous_f64(moved, negate).reshape(-1, layout.n)  # never written
         xs, order = backend.sort_rows(rows2d, order)
@@ -176,7 +176,7 @@ class Targets:
 
     @classmethod
     def parse(cls, value, rows: Rows, name: str, high: float, high_text: str) -> Targets:
-        if type(value) in (int, float) and 0 < value < high:  # one valid scalar: 6 us less
+        if type(value) in (int, float) and 0 < value < high:  # one valid scalar: the fast path
             backend = rows.backend
             values = backend.from_host(np.full((rows.rows, 1), float(value)))
             return cls(values, backend.from_host(np.zeros((rows.rows, 1), np.int64)), False, ())
