@@ -3,8 +3,9 @@
 * float32 inputs: values and gradients within 2 ulp of the float64 computation on the same
   values, rounded to float32 (today they are that computation rounded: 0 ulp).
 * The kernels' light paths against their general ones, bitwise: the VJP of a few inverse
-  targets without tables (:func:`softorder.core.sort.pullback_few`) against the tables path,
-  the targets solved from ``A`` and ``B`` alone against a full soft sort's ladder.
+  targets (sums at their points only, :func:`softorder.core.lapsum.neighbour_sums`) against
+  the VJP of many, targets out of order against the same in order, the targets solved from
+  ``A`` and ``B`` alone against soft sort's ladder.
 * Soft rank's ``alpha`` gradient, whose VJP sums ``<v, Ad>`` and ``<v, Bd>`` apart
   (compensated), against an extended-precision sum.
 """
@@ -101,9 +102,9 @@ def _sorted_rows(x):
 
 
 @pytest.mark.parametrize("kind", ["normal", "ties", "infinities", "spread", "nan"])
-def test_few_target_vjp_equals_tables_path_bitwise(kind):
+def test_few_target_vjp_equals_many_target_path_bitwise(kind):
     """The first m targets with the caller's cotangent, then enough targets with a zero
-    cotangent (they add nothing) to take the tables path: the same bits.
+    cotangent (they add nothing) to take the path of many targets: the same bits.
     """
     rng = np.random.default_rng(["normal", "ties", "infinities", "spread", "nan"].index(kind))
     n, m = 400, 5
@@ -116,6 +117,7 @@ def test_few_target_vjp_equals_tables_path_bitwise(kind):
     alpha = np.array([0.05, 0.4, 2.0])
     w = rng.uniform(0.0, n, (rows, m))
     w[:, 0] = 17.0  # an integer target
+    w.sort(axis=1)  # the general path takes the targets in ascending order
     pad = np.tile(np.linspace(0.5, n - 0.5, n), (rows, 1))
     results = []
     for targets in (w, np.concatenate([w, pad], axis=1)):
@@ -200,10 +202,11 @@ def test_rank_alpha_gradient_matches_extended_precision():
 
 
 @pytest.mark.parametrize("kind", ["normal", "ties", "infinities", "spread", "nan"])
-def test_ascending_targets_vjp_equals_tables_path_bitwise(kind):
-    """Soft sort's targets (left points ascend: :func:`softorder.core.sort.pullback_ascending`)
-    against the same targets after one with a zero cotangent at the top of the row, which
-    breaks the ascent and takes the tables path: the same bits.
+def test_targets_out_of_order_vjp_equals_in_order_bitwise(kind):
+    """Soft sort's targets (their left points ascend as they come) against the same targets
+    after one with a zero cotangent at the top of the row, which breaks the ascent: the
+    kernel then takes them in a sorted order of its own (:func:`softorder.core.sort.
+    ascending_visit`), and gives the same bits.
     """
     rng = np.random.default_rng(["normal", "ties", "infinities", "spread", "nan"].index(kind))
     x = _inputs("normal" if kind == "nan" else kind, rng).astype(np.float64)
@@ -241,8 +244,12 @@ def test_ascending_targets_vjp_equals_tables_path_bitwise(kind):
             core.workspace(rows, core.sort.VJP_WORK, n),
             core.workspace(rows, 0, k),
         )
-        ascending = [core.sort.lefts_ascend.py_func(anchor[i], offset[i]) for i in range(rows)]
-        results.append((x_bar, alpha_bar, ascending, u[:, k - n :]))
-    assert all(results[0][2]) and not any(results[1][2][i] for i in (0, 1))
+        as_they_come = np.empty(0, np.int64)
+        resorted = [
+            core.sort.ascending_visit.py_func(anchor[i], offset[i], as_they_come).size > 0
+            for i in range(rows)
+        ]
+        results.append((x_bar, alpha_bar, resorted, u[:, k - n :]))
+    assert not any(results[0][2]) and all(results[1][2][i] for i in (0, 1))
     np.testing.assert_array_equal(results[0][0], results[1][0])
     np.testing.assert_array_equal(results[0][1], results[1][1])

@@ -354,16 +354,31 @@ def target_sums_at(r, inv_alpha, anchor, t, a_left, ad_left, b_right, bd_right):
 
 
 @helper
-def neighbour_sums(r, inv_alpha, E, L, sums):
-    """Fill ``E`` and, for each target ``j`` with left neighbour ``L[j]`` (-1 for none) and right
-    neighbour ``L[j] + 1`` (n for none), ``sums[:, j] = (A[L], Ad[L], B[L + 1], Bd[L + 1])``:
-    the recurrences of :func:`~softorder.core.lapsum.row_tables` with moments, kept in
-    registers and read at the targets' points (the same values to the bit). Entries of a
-    missing neighbour are left as they are.
+def neighbour_sums(r, inv_alpha, E, anchor, offset, sums):
+    """Fill ``E`` and, for each target ``j`` (``anchor``, ``offset``) with left point ``L``
+    (``anchor - 1`` for ``offset <= 0``, else ``anchor``; -1 for none) and right point
+    ``L + 1`` (n for none), ``sums[:, j] = (L, A[L], Ad[L], B[L + 1], Bd[L + 1])``: the
+    recurrences of :func:`row_tables` with moments, kept in registers and read at the
+    targets' points (the same values to the bit; 0 for a missing point). For a few targets:
+    they are sorted by insertion, O(m + inversions).
     """
     n = r.shape[0]
-    m = L.shape[0]
-    by_left = np.argsort(L)
+    m = anchor.shape[0]
+    L = sums[0]
+    for j in range(m):
+        L[j] = anchor[j] - 1 if offset[j] <= 0.0 else anchor[j]
+        sums[1, j] = 0.0
+        sums[2, j] = 0.0
+        sums[3, j] = 0.0
+        sums[4, j] = 0.0
+    # (np.argsort compiled a sort of its own into every kernel that calls this)
+    by_left = np.empty(m, np.int64)
+    for j in range(m):
+        k = j
+        while k > 0 and L[by_left[k - 1]] > L[j]:
+            by_left[k] = by_left[k - 1]
+            k -= 1
+        by_left[k] = j
     E[0] = 0.0
     a = 1.0
     ad = 0.0
@@ -378,8 +393,8 @@ def neighbour_sums(r, inv_alpha, E, L, sums):
         while p < m and L[by_left[p]] <= i:
             j = by_left[p]
             if L[j] == i:
-                sums[0, j] = a
-                sums[1, j] = ad
+                sums[1, j] = a
+                sums[2, j] = ad
             p += 1
     b = 1.0
     bd = 0.0
@@ -392,8 +407,8 @@ def neighbour_sums(r, inv_alpha, E, L, sums):
         while p >= 0 and L[by_left[p]] + 1 >= i:
             j = by_left[p]
             if L[j] + 1 == i:
-                sums[2, j] = b
-                sums[3, j] = bd
+                sums[3, j] = b
+                sums[4, j] = bd
             p -= 1
 
 

@@ -21,7 +21,6 @@ from softorder.core.kernel_sums import carry_injections, inject_exact
 from softorder.core.laplace import INF, gap, offset_z, rel_weight
 from softorder.core.lapsum import (
     TABLES_WITH_MOMENTS,
-    inverse_pullback,
     inverse_pushforward,
     neighbour_sums,
     row_tables,
@@ -36,9 +35,12 @@ JVP_WORK = TABLES_WITH_MOMENTS + 1
 #: With at most n / FEW_TARGETS targets per row (soft quantile) the VJP keeps no tables: it
 #: reads them at two points per target only
 #: (:func:`~softorder.core.lapsum.neighbour_sums`), and fills 2 rows of its
-#: ``work`` instead of 7 (at n = 1e6, 40 MB less). More targets whose left points ascend
-#: (soft sort's) take :func:`pullback_ascending`: 5 rows.
+#: ``work`` instead of 7 (at n = 1e6, 40 MB less); more targets carry ``A`` and ``Ad``
+#: along, taken in ascending order: 5 rows (:func:`pullback_rows`).
 FEW_TARGETS = 8
+#: and at most this many (:func:`~softorder.core.lapsum.neighbour_sums` sorts them by
+#: insertion)
+MAX_FEW_TARGETS = 64
 
 
 @kernel
@@ -46,10 +48,19 @@ def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha
     """Cotangent ``u`` (rows, m) on the targets -> ``x_bar`` (rows, n; original element order),
     ``w_bar`` (rows, m) and ``alpha_bar`` (rows,). Scratch: ``work`` (rows, VJP_WORK, n),
     ``twork`` (rows, PULLBACK_WORK, m; only the GPU twin uses it). A ``w_bar`` of width 0 asks
-    for no ``w_bar`` (soft sort discards it; it costs an ``exp`` per target).
+    for no ``w_bar`` (soft sort discards it; it costs an ``exp`` per target). ``x_bar`` may be
+    ``u`` itself (soft sort): each row of ``u`` is read before that row of ``x_bar`` is written.
+
+    ``worder`` (rows, m), the targets' ascending order, or width 0 when they come ascending
+    (soft sort). The tables the pullback reads are kept in one of two ways
+    (:func:`pullback_rows`): per target for a few targets, else ``E``, ``B``, ``Bd`` stored and
+    ``A``, ``Ad`` carried along the targets in ascending order (5 rows of n; the full tables
+    were 7).
     """
     rows, n = xs.shape
-    want_wbar = w_bar.shape[1] == anchor.shape[1]
+    m = anchor.shape[1]
+    want_wbar = w_bar.shape[1] == m
+    few = m * FEW_TARGETS <= n and m <= MAX_FEW_TARGETS
     for row in prange(rows):
         r = xs[row]
         if has_nan(r):
@@ -58,58 +69,37 @@ def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha
             alpha_bar[row] = np.nan
             continue
         a = alpha[row]
-        if anchor.shape[1] * FEW_TARGETS <= n:
-            # the upward injections go to the row of x_bar, written only after them (x_bar is
-            # never u here: u has fewer columns)
-            rbar = work[row, 1, :n]
-            alpha_bar[row] = pullback_few(
-                r,
-                a,
-                anchor[row],
-                offset[row],
-                u[row],
-                rbar,
-                w_bar[row],
-                work[row, 0, :n],
-                x_bar[row],
-                want_wbar,
-            )
-            scatter_finite(r, order[row], rbar, x_bar[row])
-            continue
-        if lefts_ascend(anchor[row], offset[row]):
-            rbar = work[row, 3, :n]
-            alpha_bar[row] = pullback_ascending(
-                r,
-                a,
-                anchor[row],
-                offset[row],
-                u[row],
-                rbar,
-                w_bar[row],
-                work[row, 0, :n],
-                work[row, 1, :n],
-                work[row, 2, :n],
-                work[row, 4, :n],
-                want_wbar,
-            )
-            scatter_finite(r, order[row], rbar, x_bar[row])
-            continue
-        tables = row_tables(r, 1.0 / a, True, work[row])
-        rbar = work[row, 3, :n]  # S: the gradients do not read it
-        rbar[:] = 0.0
-        alpha_bar[row] = inverse_pullback(
+        inv_alpha = 1.0 / a
+        w = work[row]
+        none = w[0, :0]
+        if few:
+            # sums at each target's two points (L, A, Ad, B, Bd); the upward injections in the
+            # row of x_bar, written only after them (x_bar is never u here: fewer columns)
+            sums = np.empty((5, m))
+            neighbour_sums(r, inv_alpha, w[0, :n], anchor[row], offset[row], sums)
+            E, rbar, inj_up, B, Bd = w[0, :n], w[1, :n], x_bar[row], none, none
+            visit = worder[row, :0]
+        else:
+            sums = np.empty((5, 0))
+            E, B, Bd, rbar, inj_up = w[0, :n], w[1, :n], w[2, :n], w[3, :n], w[4, :n]
+            right_tables(r, inv_alpha, E, B, Bd)
+            visit = ascending_visit(anchor[row], offset[row], worder[row])
+        alpha_bar[row] = pullback_rows(
             r,
             a,
-            tables,
             anchor[row],
             offset[row],
             u[row],
             rbar,
             w_bar[row],
-            work[row, TABLES_WITH_MOMENTS, :n],
-            rbar,
             want_wbar,
-            True,
+            E,
+            inj_up,
+            few,
+            sums,
+            B,
+            Bd,
+            visit,
         )
         scatter_finite(r, order[row], rbar, x_bar[row])
 
@@ -148,41 +138,110 @@ def inverse_jvp(
 
 
 @helper
-def pullback_few(r, alpha, anchor, offset, u, rbar, wbar, E, inj_up, want_wbar):
-    """:func:`~softorder.core.lapsum.inverse_pullback` into a fresh ``rbar`` for a few targets,
-    without tables: their sums at each target's two neighbours come from
-    :func:`~softorder.core.lapsum.neighbour_sums` (``E`` is filled there), and the arithmetic
-    per target is ``inverse_pullback``'s, in the same order, so the results are the same to
-    the bit.
-    ``rbar`` doubles as the downward injections.
+def ascending_visit(anchor, offset, worder):
+    """An order of the targets in which their left points (``anchor - 1`` for ``offset <=
+    0``, else ``anchor``) never decrease: ``worder`` (width 0: the targets as they come) when
+    they already do, the usual case (soft sort's targets, or any sorted by value), else a
+    new one sorted by insertion from it (stable, O(m + inversions)).
+    """
+    m = anchor.shape[0]
+    given = worder.shape[0] == m
+    previous = -1
+    ascending = True
+    for q in range(m):
+        j = worder[q] if given else q
+        left = anchor[j] - 1 if offset[j] <= 0.0 else anchor[j]
+        if left < previous:
+            ascending = False
+            break
+        previous = left
+    if ascending:
+        return worder
+    visit = np.empty(m, np.int64)
+    for q in range(m):
+        j = worder[q] if given else q
+        left = anchor[j] - 1 if offset[j] <= 0.0 else anchor[j]
+        k = q
+        while k > 0:
+            i = visit[k - 1]
+            if (anchor[i] - 1 if offset[i] <= 0.0 else anchor[i]) <= left:
+                break
+            visit[k] = i
+            k -= 1
+        visit[k] = j
+    return visit
+
+
+@helper
+def right_tables(r, inv_alpha, E, B, Bd):
+    """``E``, ``B`` and ``Bd`` of :func:`~softorder.core.lapsum.row_tables` (the same
+    operations), without ``A``, ``Ad`` and ``S``.
+    """
+    n = r.shape[0]
+    E[0] = 0.0
+    for i in range(1, n):
+        E[i] = math.exp(-gap(r[i], r[i - 1]) * inv_alpha)
+    B[n - 1] = 1.0
+    Bd[n - 1] = 0.0
+    for i in range(n - 2, -1, -1):
+        e = E[i + 1]
+        B[i] = 1.0 + e * B[i + 1]
+        Bd[i] = e * (Bd[i + 1] + gap(r[i + 1], r[i]) * inv_alpha * B[i + 1]) if e > 0.0 else 0.0
+
+
+@helper
+def pullback_rows(
+    r, alpha, anchor, offset, u, rbar, wbar, want_wbar, E, inj_up, few, sums, B, Bd, visit
+):
+    """:func:`~softorder.core.lapsum.inverse_pullback` into a fresh ``rbar`` (which doubles as
+    the downward injections), reading the tables at each target's left point ``L`` and right
+    point ``R`` from ``sums[1:, j] = (A[L], Ad[L], B[R], Bd[R])`` when ``few``
+    (:func:`~softorder.core.lapsum.neighbour_sums`), else from the stored ``B``, ``Bd`` and
+    ``A``, ``Ad`` carried forward along the targets in the order ``visit`` (width 0: as they
+    come), in which their left points ascend (:func:`ascending_visit`). The arithmetic per
+    target is ``inverse_pullback``'s, so the results are its own to the bit for targets taken
+    in the same order (a copy of its loop: passing the arrays to a per-target helper cost 3x
+    the arithmetic there).
     """
     n = r.shape[0]
     m = anchor.shape[0]
     inv_alpha = 1.0 / alpha
-    left = np.empty(m, np.int64)
-    for j in range(m):
-        left[j] = anchor[j] - 1 if offset[j] <= 0.0 else anchor[j]
-    sums = np.zeros((4, m))
-    neighbour_sums(r, inv_alpha, E, left, sums)
     inj_up[:] = 0.0
     rbar[:] = 0.0
+    at = 0  # A and Ad at point `at` (not few)
+    a_at = 1.0
+    ad_at = 0.0
     alpha_bar = 0.0
-    for j in range(m):
+    in_order = visit.shape[0] == 0
+    if want_wbar:
+        wbar[:] = 0.0
+    for q in range(m):
+        j = q if in_order else visit[q]
         an = anchor[j]
         t = offset[j]
         uj = u[j]
-        if want_wbar:
-            wbar[j] = 0.0
+        L = an - 1 if t <= 0.0 else an
+        R = L + 1
+        if not few:
+            while at < L:
+                at += 1
+                e = E[at]
+                ad_at = e * (ad_at + gap(r[at], r[at - 1]) * inv_alpha * a_at) if e > 0.0 else 0.0
+                a_at = 1.0 + e * a_at
         ra = r[an]
         position = ra if t == 0.0 or abs(ra) == INF else ra + alpha * t  # target_position
         if uj == 0.0 or abs(position) == INF:
             continue
-        L = left[j]
-        R = L + 1
-        a_l = sums[0, j]
-        ad_l = sums[1, j]
-        b_r = sums[2, j]
-        bd_r = sums[3, j]
+        if few:
+            a_l = sums[1, j]
+            ad_l = sums[2, j]
+            b_r = sums[3, j]
+            bd_r = sums[4, j]
+        else:
+            a_l = a_at
+            ad_l = ad_at
+            b_r = B[R] if R < n else 0.0
+            bd_r = Bd[R] if R < n else 0.0
         if L >= 0 and R < n:  # inverse_pullback's usual target
             zl = offset_z(ra, r[L], inv_alpha, t)
             zr = offset_z(ra, r[R], inv_alpha, t)
@@ -215,114 +274,6 @@ def pullback_few(r, alpha, anchor, offset, u, rbar, wbar, E, inj_up, want_wbar):
         if er > 0.0:
             G += b_r * er
             Z += (zr * b_r - bd_r) * er
-        if G == 0.0:
-            continue
-        cj = uj / G
-        if (L < 0 or zl > 0.0) and (R >= n or zr <= 0.0):
-            if R < n:
-                inj_up[R] += cj * er
-            if L >= 0:
-                rbar[L] += cj * el
-        else:  # ties or rounding: find those two points
-            inject_exact(r, inv_alpha, ra, t, sh, cj, R, inj_up, rbar)
-        if want_wbar:
-            wbar[j] = uj * 2.0 * alpha * math.exp(sh) / G
-        alpha_bar += uj * Z / G
-    carry_injections(E, inj_up, rbar, rbar, True)
-    return alpha_bar
-
-
-@helper
-def lefts_ascend(anchor, offset):
-    """Whether the targets' left points (``anchor - 1`` for ``offset <= 0``, else ``anchor``)
-    never decrease in the order the targets come: soft sort's ascending targets.
-    """
-    previous = -1
-    for j in range(anchor.shape[0]):
-        left = anchor[j] - 1 if offset[j] <= 0.0 else anchor[j]
-        if left < previous:
-            return False
-        previous = left
-    return True
-
-
-@helper
-def pullback_ascending(r, alpha, anchor, offset, u, rbar, wbar, E, B, Bd, inj_up, want_wbar):
-    """:func:`~softorder.core.lapsum.inverse_pullback` into a fresh ``rbar`` for targets whose
-    left points ascend (:func:`lefts_ascend`): ``E``, ``B`` and ``Bd`` are stored (the
-    recurrences of :func:`~softorder.core.lapsum.row_tables`), ``A`` and ``Ad`` are carried
-    forward to each target's left point as the targets come, so 5 rows of n instead of 7.
-    The arithmetic per target is ``inverse_pullback``'s, in the same order (a copy of its
-    loop: passing the arrays to a per-target helper cost 3x the arithmetic there), so the
-    results are the same to the bit. ``rbar`` doubles as the downward injections.
-    """
-    n = r.shape[0]
-    m = anchor.shape[0]
-    inv_alpha = 1.0 / alpha
-    E[0] = 0.0
-    for i in range(1, n):
-        E[i] = math.exp(-gap(r[i], r[i - 1]) * inv_alpha)
-    B[n - 1] = 1.0
-    Bd[n - 1] = 0.0
-    for i in range(n - 2, -1, -1):
-        e = E[i + 1]
-        B[i] = 1.0 + e * B[i + 1]
-        Bd[i] = e * (Bd[i + 1] + gap(r[i + 1], r[i]) * inv_alpha * B[i + 1]) if e > 0.0 else 0.0
-    inj_up[:] = 0.0
-    rbar[:] = 0.0
-    at = 0  # A and Ad at point `at`
-    a_at = 1.0
-    ad_at = 0.0
-    alpha_bar = 0.0
-    for j in range(m):
-        an = anchor[j]
-        t = offset[j]
-        uj = u[j]
-        if want_wbar:
-            wbar[j] = 0.0
-        L = an - 1 if t <= 0.0 else an
-        R = L + 1
-        while at < L:
-            at += 1
-            e = E[at]
-            ad_at = e * (ad_at + gap(r[at], r[at - 1]) * inv_alpha * a_at) if e > 0.0 else 0.0
-            a_at = 1.0 + e * a_at
-        ra = r[an]
-        position = ra if t == 0.0 or abs(ra) == INF else ra + alpha * t  # target_position
-        if uj == 0.0 or abs(position) == INF:
-            continue
-        if L >= 0 and R < n:  # inverse_pullback's usual target
-            zl = offset_z(ra, r[L], inv_alpha, t)
-            zr = offset_z(ra, r[R], inv_alpha, t)
-            if zl > 0.0 and zl != INF and zr <= 0.0 and zr != -INF:
-                e = math.exp(-abs(zl + zr))
-                left_nearer = zl <= -zr
-                el = 1.0 if left_nearer else e
-                er = e if left_nearer else 1.0
-                G = a_at * el + B[R] * er
-                Z = (zl * a_at + ad_at) * el + (zr * B[R] - Bd[R]) * er
-                cj = uj / G
-                inj_up[R] += cj * er
-                rbar[L] += cj * el
-                if want_wbar:
-                    wbar[j] = uj * 2.0 * alpha * math.exp(min(zl, -zr)) / G
-                alpha_bar += uj * Z / G
-                continue
-        zl = offset_z(ra, r[L], inv_alpha, t) if L >= 0 else INF
-        zr = offset_z(ra, r[R], inv_alpha, t) if R < n else -INF
-        sh = min(zl, -zr)
-        if sh == INF:
-            continue
-        G = 0.0
-        Z = 0.0
-        el = rel_weight(zl, sh)
-        if el > 0.0:
-            G += a_at * el
-            Z += (zl * a_at + ad_at) * el
-        er = rel_weight(zr, sh)
-        if er > 0.0:
-            G += B[R] * er
-            Z += (zr * B[R] - Bd[R]) * er
         if G == 0.0:
             continue
         cj = uj / G

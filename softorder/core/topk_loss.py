@@ -182,11 +182,8 @@ def topk_loss_vjp(
         # no tables: only E and the sums at each target's two neighbours (2 of the rows of
         # ``work`` are filled; the GPU twin fills them all)
         E = work[row, 0]
-        left = np.empty(K, np.int64)
-        for j in range(K):
-            left[j] = anchor[row, j] - 1 if offset[row, j] <= 0.0 else anchor[row, j]
-        sums = np.zeros((4, K))
-        neighbour_sums(r, inv_alpha, E, left, sums)
+        sums = np.empty((5, K))
+        neighbour_sums(r, inv_alpha, E, anchor[row], offset[row], sums)
         rbar = work[row, 1]
         rbar[:] = 0.0
         iy = _label_position(order[row], labels[row])
@@ -214,10 +211,10 @@ def topk_loss_vjp(
                     inv_alpha,
                     anchor[row, j],
                     offset[row, j],
-                    sums[0, j],
                     sums[1, j],
                     sums[2, j],
                     sums[3, j],
+                    sums[4, j],
                 )
                 zy = offset_z(r[anchor[row, j]], r[iy], inv_alpha, offset[row, j])
                 if G == 0.0 or abs(zy) == INF or abs(pos[j]) == INF:
