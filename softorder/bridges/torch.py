@@ -142,6 +142,8 @@ def _as_array(t: Tensor, on_device: bool = True):
     that reach backward/jvp are wrapped once per transform level; a copy through a custom
     operator gives the plain values.
     """
+    if t.is_cpu and not compat.is_wrapped(t):  # the common case, kept lean
+        return t.numpy(force=True)  # (a view: for a CPU float tensor, detach().numpy())
     if compat.is_wrapped(t):
         t = _plain_copy(t)  # the dispatcher unwraps every level on the way in
     if t.device.type not in _ON_DEVICE:  # CPU tensors (and the meta device's own error)
@@ -151,11 +153,13 @@ def _as_array(t: Tensor, on_device: bool = True):
 
 
 def _as_tensor(arr, dtype: torch.dtype | None = None) -> Tensor:
-    if isinstance(arr, Tensor):  # computed on the device
+    if type(arr) is np.ndarray and arr.flags.c_contiguous:  # the common case, kept lean
+        out = torch.from_numpy(arr)
+    elif isinstance(arr, Tensor):  # computed on the device
         return arr if dtype is None or arr.dtype == dtype else arr.to(dtype)
-    if type(arr) is not np.ndarray:
+    else:
         arr = np.asarray(arr)  # (not ascontiguousarray: it makes 0-d results 1-d)
-    out = torch.from_numpy(arr if arr.flags.c_contiguous else arr.copy())
+        out = torch.from_numpy(arr if arr.flags.c_contiguous else arr.copy())
     return out if dtype is None or out.dtype == dtype else out.to(dtype)
 
 
@@ -167,7 +171,7 @@ def _torch_dtype(dtype) -> torch.dtype:
 def _gradient(grad, like: Tensor) -> Tensor:
     """A gradient from the rules as a tensor of its argument's dtype and device."""
     out = _as_tensor(grad, like.dtype)
-    if out.is_cpu and like.is_cpu or out.device == like.device:
+    if like.is_cpu and out.is_cpu or out.device == like.device:
         return out
     return out.to(like.device)
 
@@ -399,10 +403,10 @@ class _Call:
 
     def arguments(self, tensors) -> dict:
         """:meth:`CallSpec.arguments` of :func:`_arrays`, written out: the per-call floor."""
-        arguments = dict(self.statics)
+        arguments = self.statics.copy()
         input_name = self.rule.input_name
         for name, t in zip(self.names, tensors, strict=True):
-            arguments[name] = _as_array(t, on_device=name == input_name)
+            arguments[name] = _as_array(t, name == input_name)
         return arguments
 
 
@@ -506,14 +510,15 @@ class _Operation(compat.FastApplyFunction):
 
     @staticmethod
     def forward(call: _Call, *tensors: Tensor) -> Tensor:
-        call.ctx = call.rule.prepare(**call.arguments(tensors))
-        return _as_tensor(call.rule.forward(call.ctx))
+        rule = call.rule
+        call.ctx = ctx = rule.prepare(**call.arguments(tensors))
+        return _as_tensor(rule.forward(ctx))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        ctx.call = inputs[0]
-        ctx.save_for_backward(*inputs[1:])
-        ctx.save_for_forward(*inputs[1:])
+        ctx.call, *tensors = inputs
+        ctx.save_for_backward(*tensors)
+        ctx.save_for_forward(*tensors)
         ctx.dtype = output.dtype  # for tangents
 
     @staticmethod
@@ -615,6 +620,8 @@ def _check_dim(x: Tensor, dim) -> int:
     """``dim`` as a Python int (anything :func:`operator.index` takes, as NumPy does, but not a
     bool), checked as PyTorch checks it (``IndexError``), of a non-empty dimension.
     """
+    if type(dim) is int and -x.dim() <= dim < x.dim() and x.shape[dim]:  # the common case
+        return dim
     if isinstance(dim, (bool, np.bool_)):
         raise TypeError(f"dim must be an integer; got {dim!r}")
     try:
@@ -646,16 +653,13 @@ def _run(name: str, arguments: dict) -> Tensor:
         _plain_settings_when_compiling(arguments)
     if "dim" in arguments:
         arguments["axis"] = _check_dim(x, arguments.pop("dim"))
-    dtype = x.dtype
     tensor_names, tensors, statics = [], [], {}
     for arg, value in arguments.items():
-        if compiling and isinstance(value, (np.ndarray, np.generic)) and value.ndim == 0:
-            value = torch.as_tensor(value)  # dynamo traces NumPy scalars as arrays
-        if compiling and arg not in _SETTINGS and isinstance(value, (float, int)):
-            # torch.compile may turn a number that changes between calls into a symbol,
-            # which cannot be part of the constant spec: pass it as a tensor instead.
-            value = torch.tensor(value, dtype=torch.float64)
-        if isinstance(value, Tensor):
+        if compiling:
+            value = _traceable(arg, value)
+        if type(value) in _PLAIN_TYPES:  # the common case, kept lean
+            statics[arg] = value
+        elif isinstance(value, Tensor):
             if not value.is_cpu:
                 _backend_for(value.device)
             if value.dtype in _COMPUTE_DTYPE:
@@ -669,7 +673,24 @@ def _run(name: str, arguments: dict) -> Tensor:
         out = _forward_op(spec, tensors)[0]
     else:
         out = _Operation.apply(_Call(name, tuple(tensor_names), statics), *tensors)
-    return out.to(dtype) if out.dtype != dtype else out
+    return out if out.dtype == x.dtype else out.to(x.dtype)
+
+
+#: the types :func:`plain` passes as they are
+_PLAIN_TYPES = (bool, int, float, str, type(None))
+
+
+def _traceable(arg: str, value):
+    """An argument as torch.compile can pass it: NumPy scalars and numbers that are data
+    (not settings) as tensors.
+    """
+    if isinstance(value, (np.ndarray, np.generic)) and value.ndim == 0:
+        return torch.as_tensor(value)  # dynamo traces NumPy scalars as arrays
+    if arg not in _SETTINGS and isinstance(value, (float, int)):
+        # torch.compile may turn a number that changes between calls into a symbol,
+        # which cannot be part of the constant spec: pass it as a tensor instead.
+        return torch.tensor(value, dtype=torch.float64)
+    return value
 
 
 def _plain_settings_when_compiling(arguments: dict) -> None:
@@ -678,10 +699,21 @@ def _plain_settings_when_compiling(arguments: dict) -> None:
     """
     for arg in ("dim", *_SETTINGS):
         if isinstance(arguments.get(arg), (np.ndarray, np.generic)):
-            raise TypeError(
+            _refuse(
                 f"softorder under torch.compile: {arg} must be a Python int or bool, not a "
                 f"NumPy value (e.g. {arg}=int(value) or bool(value))"
             )
+
+
+@compat.mark_constant  # run, not traced, by torch.compile
+def _refuse(message: str) -> None:
+    """Raise ``TypeError(message)`` from traced code so that torch.compile shows the message:
+    dynamo runs this function instead of tracing it, and reports what it raised with its text
+    (``InternalTorchDynamoError: TypeError: ...``), while a ``raise`` in traced code becomes
+    "Observed exception", whose text omits the message (torch 2.6) or keeps it only in a
+    debug section (torch 2.13).
+    """
+    raise TypeError(message)
 
 
 _TORCH = Dialect(
