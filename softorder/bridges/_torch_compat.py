@@ -142,6 +142,11 @@ class FastApplyFunction(torch.autograd.Function):
     transforms, or when a private API is missing, it is ``Function.apply`` unchanged.
     """
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # the C implementation bound to the subclass, looked up once (a super() per call costs)
+        cls._c_apply = super(torch.autograd.Function, cls).apply
+
     @classmethod
     def apply(cls, *args):
         if transforms_active():
@@ -153,7 +158,7 @@ class FastApplyFunction(torch.autograd.Function):
                     return super().apply(*args)
                 args = unwrapped
                 break
-        return super(torch.autograd.Function, cls).apply(*args)
+        return cls._c_apply(*args)
 
 
 # --- public APIs used in one form that every declared torch accepts ---------------------------

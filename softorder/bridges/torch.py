@@ -95,6 +95,8 @@ core.set_parallel(False)
 _SETTINGS = ("axis", "largest", "descending", "reduction", "split_top1")
 #: the input argument's name of each operation (``x``, or ``logits``)
 _INPUT_NAMES = {n: getattr(operations, n).rule.input_name for n in __all__ if n.islower()}
+#: the rule of each operation
+_RULES = {n: rule_named(n) for n in _INPUT_NAMES}
 #: the dtype policy of softorder._engine.call: narrow floats are computed in float32
 _COMPUTE_DTYPE = {getattr(torch, n): getattr(torch, compute_dtype(n)) for n in NARROW_FLOATS}
 
@@ -375,7 +377,7 @@ class _Call:
     def __init__(self, name: str, names: tuple, statics: dict, text: str | None = None):
         # the spec's parts, not a CallSpec: the eager floor pays for no more than it reads
         self.name, self.names, self.statics = name, names, statics
-        self.rule = rule_named(name)
+        self.rule = _RULES[name]
         self._text = text  # encoded when a custom operator needs it (torch.func paths)
         self.ctx = None
 
@@ -406,7 +408,10 @@ class _Call:
         arguments = self.statics.copy()
         input_name = self.rule.input_name
         for name, t in zip(self.names, tensors, strict=True):
-            arguments[name] = _as_array(t, name == input_name)
+            if t.is_cpu and not compat.is_wrapped(t):  # (_as_array's common case, inline)
+                arguments[name] = t.numpy(force=True)
+            else:
+                arguments[name] = _as_array(t, name == input_name)
         return arguments
 
 
@@ -512,7 +517,10 @@ class _Operation(compat.FastApplyFunction):
     def forward(call: _Call, *tensors: Tensor) -> Tensor:
         rule = call.rule
         call.ctx = ctx = rule.prepare(**call.arguments(tensors))
-        return _as_tensor(rule.forward(ctx))
+        out = rule.forward(ctx)
+        if type(out) is np.ndarray and out.flags.c_contiguous:  # (_as_tensor's common case)
+            return torch.from_numpy(out)
+        return _as_tensor(out)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -537,7 +545,12 @@ class _Operation(compat.FastApplyFunction):
                 if needs[i + 1]:
                     if values is None:
                         values = call.rule.vjp(call.ctx, _as_array(cotangent))
-                    out[i + 1] = _gradient(values[position], tensors[i])
+                    grad, like = values[position], tensors[i]
+                    if type(grad) is np.ndarray and grad.flags.c_contiguous and like.is_cpu:
+                        grad = torch.from_numpy(grad)  # (_gradient's common case, inline)
+                        out[i + 1] = grad if grad.dtype == like.dtype else grad.to(like.dtype)
+                    else:
+                        out[i + 1] = _gradient(grad, like)
             return tuple(out)
         if _wrapped(cotangent, *tensors):
             # under torch.func the values reach NumPy only through a custom operator
@@ -620,8 +633,6 @@ def _check_dim(x: Tensor, dim) -> int:
     """``dim`` as a Python int (anything :func:`operator.index` takes, as NumPy does, but not a
     bool), checked as PyTorch checks it (``IndexError``), of a non-empty dimension.
     """
-    if type(dim) is int and -x.dim() <= dim < x.dim() and x.shape[dim]:  # the common case
-        return dim
     if isinstance(dim, (bool, np.bool_)):
         raise TypeError(f"dim must be an integer; got {dim!r}")
     try:
@@ -647,12 +658,17 @@ def _run(name: str, arguments: dict) -> Tensor:
     ``__name__`` as its code's name.)
     """
     input_name = _INPUT_NAMES[name]
-    x = _check_input(arguments[input_name], input_name)
+    x = arguments[input_name]
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        _check_input(x, input_name)  # raises
     compiling = torch.compiler.is_compiling()
     if compiling:
         _plain_settings_when_compiling(arguments)
     if "dim" in arguments:
-        arguments["axis"] = _check_dim(x, arguments.pop("dim"))
+        dim = arguments.pop("dim")
+        if not (type(dim) is int and -x.dim() <= dim < x.dim() and x.shape[dim]):
+            dim = _check_dim(x, dim)  # (the common case passes without the call)
+        arguments["axis"] = dim
     tensor_names, tensors, statics = [], [], {}
     for arg, value in arguments.items():
         if compiling:
