@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import logging
 import os
 import pathlib
@@ -289,14 +290,129 @@ def _watch_compilation() -> None:
     event.register("numba:compile", Note())
 
 
-def kernel(fn):
+class NativeCalls:
+    """Per-row helpers that kernels call through addresses handed to them, not linked in.
+
+    numba links every helper that a kernel calls into the kernel, where LLVM optimises and
+    compiles it once more: a helper called by k kernels is compiled k + 1 times, each time on
+    a first call with an empty cache. A helper called once per row with O(n) work gains
+    nothing from being inlined; called through its address it is compiled once for all
+    kernels. The addresses are the kernel's last argument (``native``, which :func:`kernel`
+    appends), so no address is ever part of compiled (and cached) code.
+
+    ``NativeCalls(name=(dispatcher, argument types), ...)``; in a kernel,
+    ``calls.name(native, *args)`` calls the helper, for exactly those argument types (others
+    are a typing error naming softorder).
+    """
+
+    def __init__(self, **helpers):
+        self._helpers = helpers
+        self._slots = {name: slot for slot, name in enumerate(helpers)}
+        self._table = None
+        self._callers = {}
+
+    def addresses(self):
+        """The helpers' addresses (int64), compiling or loading them on the first call."""
+        if self._table is None:
+            import numpy as np
+
+            table = np.empty(len(self._helpers), np.int64)
+            for slot, (dispatcher, arg_types) in enumerate(self._helpers.values()):
+                table[slot] = _native_address(dispatcher, arg_types)
+            self._table = table
+        return self._table
+
+    def __getattr__(self, name):
+        if name.startswith("_") or name not in self._helpers:
+            raise AttributeError(name)
+        if name not in self._callers:
+            self._callers[name] = _native_caller(self._slots[name], *self._helpers[name])
+        return self._callers[name]
+
+
+def _native_address(dispatcher, arg_types) -> int:
+    dispatcher.compile(arg_types)
+    compiled = dispatcher.overloads[arg_types]
+    address = compiled.library.get_pointer_to_function(compiled.fndesc.llvm_func_name)
+    if not address:
+        raise RuntimeError(f"softorder: no compiled code for {dispatcher.py_func.__name__}")
+    return address
+
+
+def _native_caller(slot: int, dispatcher, arg_types):
+    """An intrinsic ``call(native, *args)``: the helper at ``native[slot]`` with numba's calling
+    convention (NUMBA_DISABLE_JIT: the helper's Python function).
+    """
+    import numba
+
+    if not isinstance(dispatcher, numba.core.dispatcher.Dispatcher):
+
+        def call(native, *args):
+            return dispatcher(*args)
+
+        return call
+
+    from numba.core import cgutils, errors, types
+
+    name = dispatcher.py_func.__name__
+
+    def accepted(given, wanted):
+        # read-only arrays (the JAX bridge's residuals) have the writable arrays' data model;
+        # kernels never write their inputs
+        given = types.unliteral(given)
+        if isinstance(given, types.Array) and not given.mutable:
+            given = given.copy(readonly=False)
+        return given == wanted
+
+    @numba.extending.intrinsic
+    def call(typingctx, native, *args):
+        if len(args) != len(arg_types) or not all(map(accepted, args, arg_types)):
+            raise errors.TypingError(f"softorder: {name} is called with {arg_types}; got {args}")
+        dispatcher.compile(arg_types)
+        restype = dispatcher.overloads[arg_types].signature.return_type
+
+        def codegen(context, builder, signature, llargs):
+            table = context.make_array(signature.args[0])(context, builder, llargs[0])
+            slot_value = context.get_constant(types.intp, slot)
+            address = builder.load(builder.gep(table.data, [slot_value]))
+            fnty = context.call_conv.get_function_type(restype, arg_types)
+            callee = builder.inttoptr(address, fnty.as_pointer())
+            values = [
+                value
+                if isinstance(actual, types.Array)
+                else context.cast(builder, value, actual, wanted)
+                for value, actual, wanted in zip(
+                    cgutils.unpack_tuple(builder, llargs[1], len(args)),
+                    args,
+                    arg_types,
+                    strict=True,
+                )
+            ]
+            status, out = context.call_conv.call_function(
+                builder, callee, restype, arg_types, values
+            )
+            with cgutils.if_unlikely(builder, status.is_error):
+                context.call_conv.return_status_propagate(builder, status)
+            return out
+
+        return restype(native, types.StarArgTuple.from_types(args)), codegen
+
+    return call
+
+
+def kernel(fn=None, *, native: NativeCalls | None = None):
     """Compile a batched kernel whose first argument is the ``(rows, n)`` input.
 
     Rows run in parallel with ``numba.prange`` when the input is large enough
     (:data:`MIN_PARALLEL_ROWS`, :data:`MIN_PARALLEL_ELEMENTS`) and :func:`set_parallel` allows
     it, on the calling thread otherwise. ``kernel.serial`` is the serial dispatcher;
     ``kernel.parallel()`` returns the parallel one (compiling nothing until it is called).
+    With ``native`` (:class:`NativeCalls`), the kernel's last parameter takes their addresses,
+    which ``kernel(...)`` appends to the caller's arguments (``serial`` and ``parallel`` take
+    them explicitly).
     """
+    if fn is None:
+        return functools.partial(kernel, native=native)
     serial = _jit(fn)
     _kernels.add(id(serial))
     variant = []
@@ -312,6 +428,8 @@ def kernel(fn):
 
     @functools.wraps(fn)
     def run(xs, *args):
+        if native is not None:
+            args = (*args, native.addresses())
         if (
             _parallel[0]
             and xs.shape[0] >= MIN_PARALLEL_ROWS
@@ -328,4 +446,7 @@ def kernel(fn):
 
     run.serial = serial
     run.parallel = parallel
+    if native is not None:  # the caller's signature: without the appended addresses
+        signature = inspect.signature(fn)
+        run.__signature__ = signature.replace(parameters=list(signature.parameters.values())[:-1])
     return run

@@ -14,9 +14,9 @@ import functools
 import math
 
 import numpy as np
-from numba import prange
+from numba import prange, types
 
-from softorder.core._jit import helper, inner_helper, kernel
+from softorder.core._jit import NativeCalls, helper, inner_helper, kernel
 from softorder.core.laplace import INF, cdf_diff, log_cdf_diff, log_density, offset_z
 from softorder.core.lapsum import (
     PULLBACK_WORK,
@@ -38,6 +38,26 @@ GRADIENT_WORK = TABLES_WITH_MOMENTS + 2
 BOUNDARY_WORK = 2 + max(PULLBACK_WORK, PUSHFORWARD_WORK)
 #: the rows of ``twork`` that the CPU :func:`permutation_loss_vjp` reads
 LOSS_BOUNDARY_WORK = 3
+
+_F, _B = types.float64, types.boolean
+_F1, _F2 = types.Array(_F, 1, "C"), types.Array(_F, 2, "C")
+_L1 = types.Array(types.int64, 1, "C")
+#: the per-row helpers the kernels call through their addresses (``native``), compiled once
+#: for all of them instead of once more inside each
+_NATIVE = NativeCalls(
+    # r, inv_alpha, moments, work
+    row_tables=(row_tables, (_F1, _F, _B, _F2)),
+    # r, alpha, inv_alpha, E, A, B, w0, anchor, t, out
+    solve_ladder=(solve_ladder, (_F1, _F, _F, _F1, _F1, _F1, _F, _L1, _F1, _F1)),
+    # r, a, tables, anchor, offset, beta, rbar, w_bar, injections up and down, two flags
+    inverse_pullback=(
+        inverse_pullback,
+        (_F1, _F, types.UniTuple(_F1, 6), _L1, _F1, _F1, _F1, _F1, _F1, _F1, _B, _B),
+    ),
+)
+_row_tables = _NATIVE.row_tables
+_solve_ladder = _NATIVE.solve_ladder
+_inverse_pullback = _NATIVE.inverse_pullback
 
 
 @inner_helper
@@ -172,8 +192,8 @@ def _loss_by_rank_vjp(r, inv_alpha, order, target, anchor, offset, c, byrank, tw
     return abar
 
 
-@kernel
-def permutation_forward(xs, order, alpha, w, worder, out, anchor, offset, work):
+@kernel(native=_NATIVE)
+def permutation_forward(xs, order, alpha, w, worder, out, anchor, offset, work, native):
     """Soft permutation matrices ``out`` (rows, n, n); boundaries into ``anchor``/``offset``
     (rows, n-1).
     """
@@ -186,10 +206,10 @@ def permutation_forward(xs, order, alpha, w, worder, out, anchor, offset, work):
             offset[row, :] = np.nan
             continue
         inv_alpha = 1.0 / alpha[row]
-        E, A, B, Ad, Bd, S = row_tables(r, inv_alpha, False, work[row])
+        E, A, B, Ad, Bd, S = _row_tables(native, r, inv_alpha, False, work[row])
         # b_k = S^-1(k) for k = 1..n-1: a ladder, which solve_ladder inverts without reading w
         # or worder (no values wanted: alpha is not read)
-        solve_ladder(r, 1.0, inv_alpha, E, A, B, 1.0, anchor[row], offset[row], S[:0])
+        _solve_ladder(native, r, 1.0, inv_alpha, E, A, B, 1.0, anchor[row], offset[row], S[:0])
         for i in range(n):
             col = order[row, i]
             lo = -INF
@@ -199,8 +219,10 @@ def permutation_forward(xs, order, alpha, w, worder, out, anchor, offset, work):
                 lo = hi
 
 
-@kernel
-def permutation_vjp(xs, order, alpha, anchor, offset, worder, V, x_bar, alpha_bar, work, twork):
+@kernel(native=_NATIVE)
+def permutation_vjp(
+    xs, order, alpha, anchor, offset, worder, V, x_bar, alpha_bar, work, twork, native
+):
     """Cotangent ``V`` (rows, n, n) -> ``x_bar`` (rows, n), ``alpha_bar`` (rows,). O(n^2), the
     size of ``V``; the chain through the boundaries is O(n).
     """
@@ -214,7 +236,7 @@ def permutation_vjp(xs, order, alpha, anchor, offset, worder, V, x_bar, alpha_ba
             continue
         a = alpha[row]
         inv_alpha = 1.0 / a
-        tables = row_tables(r, inv_alpha, True, work[row])
+        tables = _row_tables(native, r, inv_alpha, True, work[row])
         beta = twork[row, 0]  # the cotangent on the boundaries
         beta[:] = 0.0
         rbar = work[row, TABLES_WITH_MOMENTS]
@@ -234,7 +256,8 @@ def permutation_vjp(xs, order, alpha, anchor, offset, worder, V, x_bar, alpha_ba
                 abar -= gamma * z
         # beta through the boundaries into rbar; the pullback's injections go in S's row
         # (spent) and the last row of work
-        alpha_bar[row] = abar + inverse_pullback(
+        alpha_bar[row] = abar + _inverse_pullback(
+            native,
             r,
             a,
             tables,
@@ -275,8 +298,8 @@ def _then_repeated_ranks(repeated):
     return wrap
 
 
-@kernel
-def _loss_forward_repeated(xs, order, alpha, target, w, worder, out, anchor, offset, work):
+@kernel(native=_NATIVE)
+def _loss_forward_repeated(xs, order, alpha, target, w, worder, out, anchor, offset, work, native):
     """:func:`permutation_loss_forward` of the rows whose target ranks repeat, element by
     element (their boundaries are solved already).
     """
@@ -290,8 +313,10 @@ def _loss_forward_repeated(xs, order, alpha, target, w, worder, out, anchor, off
 
 
 @_then_repeated_ranks(_loss_forward_repeated)
-@kernel
-def permutation_loss_forward(xs, order, alpha, target, w, worder, out, anchor, offset, work):
+@kernel(native=_NATIVE)
+def permutation_loss_forward(
+    xs, order, alpha, target, w, worder, out, anchor, offset, work, native
+):
     """``out[row] = -sum_i log P[target_i - 1, i]`` for 1-based target ranks (rows, n)."""
     rows, n = xs.shape
     repeated = 0
@@ -303,8 +328,8 @@ def permutation_loss_forward(xs, order, alpha, target, w, worder, out, anchor, o
             offset[row, :] = np.nan
             continue
         inv_alpha = 1.0 / alpha[row]
-        E, A, B, Ad, Bd, S = row_tables(r, inv_alpha, False, work[row])
-        solve_ladder(r, 1.0, inv_alpha, E, A, B, 1.0, anchor[row], offset[row], S[:0])
+        E, A, B, Ad, Bd, S = _row_tables(native, r, inv_alpha, False, work[row])
+        _solve_ladder(native, r, 1.0, inv_alpha, E, A, B, 1.0, anchor[row], offset[row], S[:0])
         # the tables are spent once the boundaries are solved
         terms = work[row, 0]
         if not _values_by_rank(r, order[row], target[row], terms):
@@ -327,9 +352,9 @@ def permutation_loss_forward(xs, order, alpha, target, w, worder, out, anchor, o
     return repeated
 
 
-@kernel
+@kernel(native=_NATIVE)
 def _loss_vjp_repeated(
-    xs, order, alpha, target, anchor, offset, worder, cot, x_bar, alpha_bar, work, twork
+    xs, order, alpha, target, anchor, offset, worder, cot, x_bar, alpha_bar, work, twork, native
 ):
     """:func:`permutation_loss_vjp` of the rows whose target ranks repeat, element by element."""
     rows, n = xs.shape
@@ -340,7 +365,7 @@ def _loss_vjp_repeated(
             continue
         a = alpha[row]
         inv_alpha = 1.0 / a
-        tables = row_tables(r, inv_alpha, True, work[row])
+        tables = _row_tables(native, r, inv_alpha, True, work[row])
         beta = twork[row, 0]
         beta[:] = 0.0
         rbar = work[row, TABLES_WITH_MOMENTS]
@@ -350,7 +375,8 @@ def _loss_vjp_repeated(
         )
         # beta through the boundaries into rbar; the pullback's injections go in S's row
         # (spent) and the last row of work
-        alpha_bar[row] = abar + inverse_pullback(
+        alpha_bar[row] = abar + _inverse_pullback(
+            native,
             r,
             a,
             tables,
@@ -368,9 +394,9 @@ def _loss_vjp_repeated(
 
 
 @_then_repeated_ranks(_loss_vjp_repeated)
-@kernel
+@kernel(native=_NATIVE)
 def permutation_loss_vjp(
-    xs, order, alpha, target, anchor, offset, worder, cot, x_bar, alpha_bar, work, twork
+    xs, order, alpha, target, anchor, offset, worder, cot, x_bar, alpha_bar, work, twork, native
 ):
     """Cotangent ``cot`` (rows,) on the loss -> ``x_bar`` (rows, n), ``alpha_bar`` (rows,). O(n)."""
     rows, n = xs.shape
@@ -384,7 +410,7 @@ def permutation_loss_vjp(
             continue
         a = alpha[row]
         inv_alpha = 1.0 / a
-        tables = row_tables(r, inv_alpha, True, work[row])
+        tables = _row_tables(native, r, inv_alpha, True, work[row])
         # free until the pullback: S (row 3: only the forward's solve reads it) and rows 1, 2
         # of twork (the pullback is not asked for w_bar, which it would write in row 1)
         byrank = work[row, 3]
@@ -412,7 +438,8 @@ def permutation_loss_vjp(
         )
         # beta through the boundaries into rbar; the pullback's injections go in S's row
         # (spent) and the last row of work
-        alpha_bar[row] = abar + inverse_pullback(
+        alpha_bar[row] = abar + _inverse_pullback(
+            native,
             r,
             a,
             tables,
