@@ -26,7 +26,9 @@ loop of calls, timed in thread CPU time (``time.thread_time``) so that a busy ma
 processes weigh less. It prints the bridge's overhead over the NumPy API in microseconds
 (target: at most 15 us) and the bridge's time as a multiple of ``np.argsort`` (target for
 ``soft_topk`` at 1 x 1e3: at most 10x). It also prints a minimal ``torch.autograd.Function``
-around the same rule (``floor``), the least any autograd bridge costs. A report, not a test.
+around the same rule (``floor``), the least any autograd bridge costs, and PyTorch's own
+``x * 1.0`` forward + backward on the same row (``mul``), the least any differentiable PyTorch
+call costs through ``Tensor.backward``. A report, not a test.
 """
 
 from __future__ import annotations
@@ -129,7 +131,7 @@ def per_call_floor(repeats: int) -> None:
     print(f"\nper-call floor, float64, one row, one thread; best of {repeats} (thread CPU time)")
     print(
         f"{'operation':10s} {'shape':>7s} {'core us':>8s} {'torch us':>9s} {'floor us':>9s}"
-        f" {'overhead us':>12s} {'torch/argsort':>14s}"
+        f" {'mul us':>7s} {'overhead us':>12s} {'torch/argsort':>14s}"
     )
     try:
         for n in (100, 1000):
@@ -162,12 +164,16 @@ def per_call_floor(repeats: int) -> None:
                 def argsort(x=x):
                     np.argsort(x[0])
 
-                t_core, t_torch, t_floor, t_argsort = _best_per_call(
-                    [core, bridge, minimal, argsort], repeats
+                def mul(xt=xt, vt=vt):
+                    leaf = xt.detach().requires_grad_()
+                    (leaf * 1.0).backward(vt)
+
+                t_core, t_torch, t_floor, t_argsort, t_mul = _best_per_call(
+                    [core, bridge, minimal, argsort, mul], repeats
                 )
                 print(
                     f"{name:10s} {'1x' + str(n):>7s} {t_core * 1e6:8.1f} {t_torch * 1e6:9.1f}"
-                    f" {t_floor * 1e6:9.1f} {(t_torch - t_core) * 1e6:12.1f}"
+                    f" {t_floor * 1e6:9.1f} {t_mul * 1e6:7.1f} {(t_torch - t_core) * 1e6:12.1f}"
                     f" {t_torch / t_argsort:13.1f}x"
                 )
     finally:
