@@ -3,9 +3,8 @@
 * float32 inputs: values and gradients within 2 ulp of the float64 computation on the same
   values, rounded to float32 (today they are that computation rounded: 0 ulp).
 * The kernels' light paths against their general ones, bitwise: the VJP of a few inverse
-  targets (sums at their points only, :func:`softorder.core.lapsum.neighbour_sums`) against
-  the VJP of many, targets out of order against the same in order, the targets solved from
-  ``A`` and ``B`` alone against soft sort's ladder.
+  targets (tables only at their points, :func:`softorder.core.sort.few_tables`) against the
+  VJP of many, the targets solved from ``A`` and ``B`` alone against soft sort's ladder.
 * Soft rank's ``alpha`` gradient, whose VJP sums ``<v, Ad>`` and ``<v, Bd>`` apart
   (compensated), against an extended-precision sum.
 """
@@ -117,7 +116,6 @@ def test_few_target_vjp_equals_many_target_path_bitwise(kind):
     alpha = np.array([0.05, 0.4, 2.0])
     w = rng.uniform(0.0, n, (rows, m))
     w[:, 0] = 17.0  # an integer target
-    w.sort(axis=1)  # the general path takes the targets in ascending order
     pad = np.tile(np.linspace(0.5, n - 0.5, n), (rows, 1))
     results = []
     for targets in (w, np.concatenate([w, pad], axis=1)):
@@ -199,57 +197,3 @@ def test_rank_alpha_gradient_matches_extended_precision():
         reference = float((v.astype(L) * d_rank).sum())
         scale = float((np.abs(v) * np.abs(d_rank)).sum())
         assert abs(float(alpha_bar) - reference) <= 1e-15 * scale
-
-
-@pytest.mark.parametrize("kind", ["normal", "ties", "infinities", "spread", "nan"])
-def test_targets_out_of_order_vjp_equals_in_order_bitwise(kind):
-    """Soft sort's targets (their left points ascend as they come) against the same targets
-    after one with a zero cotangent at the top of the row, which breaks the ascent: the
-    kernel then takes them in a sorted order of its own (:func:`softorder.core.sort.
-    ascending_visit`), and gives the same bits.
-    """
-    rng = np.random.default_rng(["normal", "ties", "infinities", "spread", "nan"].index(kind))
-    x = _inputs("normal" if kind == "nan" else kind, rng).astype(np.float64)
-    if kind == "nan":
-        x[2, 0] = np.nan
-    xs, order = _sorted_rows(x)
-    rows, n = xs.shape
-    alpha = np.array([0.02, 0.3, 4.0])
-    ladder = np.tile(np.arange(n) + 0.5, (rows, 1))
-    results = []
-    for targets in (ladder, np.concatenate([np.full((rows, 1), n - 0.25), ladder], axis=1)):
-        k = targets.shape[1]
-        out = np.empty((rows, k))
-        anchor = np.empty((rows, k), np.int64)
-        offset = np.empty((rows, k))
-        work = core.workspace(rows, 4, n)
-        core.inverse_kernel(
-            xs, alpha, targets, np.argsort(targets, axis=1), out, anchor, offset, work
-        )
-        u = np.zeros((rows, k))
-        u[:, k - n :] = rng.standard_normal((rows, n)) if not results else results[0][3]
-        x_bar = np.empty((rows, n))
-        alpha_bar = np.empty(rows)
-        core.inverse_vjp(
-            xs,
-            order,
-            alpha,
-            anchor,
-            offset,
-            np.empty((rows, 0), np.int64),
-            u,
-            x_bar,
-            np.empty((rows, 0)),
-            alpha_bar,
-            core.workspace(rows, core.sort.VJP_WORK, n),
-            core.workspace(rows, 0, k),
-        )
-        as_they_come = np.empty(0, np.int64)
-        resorted = [
-            core.sort.ascending_visit.py_func(anchor[i], offset[i], as_they_come).size > 0
-            for i in range(rows)
-        ]
-        results.append((x_bar, alpha_bar, resorted, u[:, k - n :]))
-    assert not any(results[0][2]) and all(results[1][2][i] for i in (0, 1))
-    np.testing.assert_array_equal(results[0][0], results[1][0])
-    np.testing.assert_array_equal(results[0][1], results[1][1])

@@ -223,17 +223,16 @@ class InverseRule(OrderRule):
         # the CPU kernel skips w_bar when it has width 0 (the GPU twin always writes it)
         w_bar = ctx.empty(u.shape if self.targets_differentiable or not host else (rows.rows, 0))
         alpha_bar = ctx.empty(rows.rows)
-        # the CPU kernel reads no per-target scratch, and soft sort's targets come in order
-        # (for soft sort at n = 1e6 they were 24 MB)
+        # the CPU kernel reads neither the targets' order nor per-target scratch (for soft
+        # sort at n = 1e6 they were 24 MB)
         cpu = ctx.kernels is core
-        in_order = cpu and not self.targets_differentiable
         ctx.kernels.inverse_vjp(
             rows.xs,
             rows.order,
             ctx.alpha,
             s["anchor"],
             s["offset"],
-            np.empty((rows.rows, 0), np.int64) if in_order else self._target_order(ctx),
+            np.empty((rows.rows, 0), np.int64) if cpu else self._target_order(ctx),
             u,
             x_bar,
             w_bar,

@@ -17,12 +17,11 @@ import numpy as np
 from numba import prange
 
 from softorder.core._jit import helper, kernel
-from softorder.core.kernel_sums import carry_injections, inject_exact
-from softorder.core.laplace import INF, gap, offset_z, rel_weight
+from softorder.core.laplace import gap
 from softorder.core.lapsum import (
     TABLES_WITH_MOMENTS,
+    inverse_pullback,
     inverse_pushforward,
-    neighbour_sums,
     row_tables,
 )
 from softorder.core.rows import gather_finite, has_nan, scatter_finite
@@ -32,11 +31,9 @@ from softorder.core.rows import gather_finite, has_nan, scatter_finite
 VJP_WORK = TABLES_WITH_MOMENTS + 1
 #: the tables and the tangent (the CPU kernel keeps it in the row of ``S``: one row untouched)
 JVP_WORK = TABLES_WITH_MOMENTS + 1
-#: With at most n / FEW_TARGETS targets per row (soft quantile) the VJP keeps no tables: it
-#: reads them at two points per target only
-#: (:func:`~softorder.core.lapsum.neighbour_sums`), and fills 2 rows of its
-#: ``work`` instead of 7 (at n = 1e6, 40 MB less); more targets carry ``A`` and ``Ad``
-#: along, taken in ascending order: 5 rows (:func:`pullback_rows`).
+#: With at most n / FEW_TARGETS targets per row (soft quantile) the VJP fills its tables only at
+#: two points per target (:func:`few_tables`): 2 rows of n resident instead of 7 (at n = 1e6,
+#: 40 MB less, with the upward injections in the row of ``x_bar``).
 FEW_TARGETS = 8
 #: and at most this many (:func:`~softorder.core.lapsum.neighbour_sums` sorts them by
 #: insertion)
@@ -50,12 +47,6 @@ def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha
     ``twork`` (rows, PULLBACK_WORK, m; only the GPU twin uses it). A ``w_bar`` of width 0 asks
     for no ``w_bar`` (soft sort discards it; it costs an ``exp`` per target). ``x_bar`` may be
     ``u`` itself (soft sort): each row of ``u`` is read before that row of ``x_bar`` is written.
-
-    ``worder`` (rows, m), the targets' ascending order, or width 0 when they come ascending
-    (soft sort). The tables the pullback reads are kept in one of two ways
-    (:func:`pullback_rows`): per target for a few targets, else ``E``, ``B``, ``Bd`` stored and
-    ``A``, ``Ad`` carried along the targets in ascending order (5 rows of n; the full tables
-    were 7).
     """
     rows, n = xs.shape
     m = anchor.shape[1]
@@ -69,37 +60,30 @@ def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha
             alpha_bar[row] = np.nan
             continue
         a = alpha[row]
-        inv_alpha = 1.0 / a
         w = work[row]
-        none = w[0, :0]
         if few:
-            # sums at each target's two points (L, A, Ad, B, Bd); the upward injections in the
-            # row of x_bar, written only after them (x_bar is never u here: fewer columns)
-            sums = np.empty((5, m))
-            neighbour_sums(r, inv_alpha, w[0, :n], anchor[row], offset[row], sums)
-            E, rbar, inj_up, B, Bd = w[0, :n], w[1, :n], x_bar[row], none, none
-            visit = worder[row, :0]
+            tables = few_tables(r, 1.0 / a, anchor[row], offset[row], w)
+            # the upward injections go to the row of x_bar, written only after them (x_bar
+            # is never u here: u has fewer columns)
+            inj_up = x_bar[row]
         else:
-            sums = np.empty((5, 0))
-            E, B, Bd, rbar, inj_up = w[0, :n], w[1, :n], w[2, :n], w[3, :n], w[4, :n]
-            right_tables(r, inv_alpha, E, B, Bd)
-            visit = ascending_visit(anchor[row], offset[row], worder[row])
-        alpha_bar[row] = pullback_rows(
+            tables = row_tables(r, 1.0 / a, True, w)
+            inj_up = w[TABLES_WITH_MOMENTS, :n]
+        rbar = w[3, :n]  # S: the gradients do not read it
+        rbar[:] = 0.0
+        alpha_bar[row] = inverse_pullback(
             r,
             a,
+            tables,
             anchor[row],
             offset[row],
             u[row],
             rbar,
             w_bar[row],
-            want_wbar,
-            E,
             inj_up,
-            few,
-            sums,
-            B,
-            Bd,
-            visit,
+            rbar,
+            want_wbar,
+            True,
         )
         scatter_finite(r, order[row], rbar, x_bar[row])
 
@@ -138,154 +122,52 @@ def inverse_jvp(
 
 
 @helper
-def ascending_visit(anchor, offset, worder):
-    """An order of the targets in which their left points (``anchor - 1`` for ``offset <=
-    0``, else ``anchor``) never decrease: ``worder`` (width 0: the targets as they come) when
-    they already do, the usual case (soft sort's targets, or any sorted by value), else a
-    new one sorted by insertion from it (stable, O(m + inversions)).
-    """
-    m = anchor.shape[0]
-    given = worder.shape[0] == m
-    previous = -1
-    ascending = True
-    for q in range(m):
-        j = worder[q] if given else q
-        left = anchor[j] - 1 if offset[j] <= 0.0 else anchor[j]
-        if left < previous:
-            ascending = False
-            break
-        previous = left
-    if ascending:
-        return worder
-    visit = np.empty(m, np.int64)
-    for q in range(m):
-        j = worder[q] if given else q
-        left = anchor[j] - 1 if offset[j] <= 0.0 else anchor[j]
-        k = q
-        while k > 0:
-            i = visit[k - 1]
-            if (anchor[i] - 1 if offset[i] <= 0.0 else anchor[i]) <= left:
-                break
-            visit[k] = i
-            k -= 1
-        visit[k] = j
-    return visit
-
-
-@helper
-def right_tables(r, inv_alpha, E, B, Bd):
-    """``E``, ``B`` and ``Bd`` of :func:`~softorder.core.lapsum.row_tables` (the same
-    operations), without ``A``, ``Ad`` and ``S``.
+def few_tables(r, inv_alpha, anchor, offset, work):
+    """The tables of :func:`~softorder.core.lapsum.row_tables` (with moments) as the
+    pullback of a few targets reads them: ``E`` whole, ``A``, ``Ad`` at each target's left
+    point and ``B``, ``Bd`` at its right one, by the same recurrences (the same values to the
+    bit). The rest of those arrays is never written, so its pages never become resident: at
+    n = 1e6, 32 MB less than the full tables. The row of ``S`` in ``work`` marks the points
+    read (1: left, 2: right, 3: both); the caller reuses it.
     """
     n = r.shape[0]
+    m = anchor.shape[0]
+    E = work[0, :n]
+    marks = work[3, :n]
+    # allocated here, not rows of work: NumPy asks for transparent huge pages on large
+    # arrays, where one write makes 2 MB resident; these are written at a few points only
+    A = np.empty(n)
+    B = np.empty(n)
+    Ad = np.empty(n)
+    Bd = np.empty(n)
+    marks[:] = 0.0
+    for j in range(m):
+        left = anchor[j] - 1 if offset[j] <= 0.0 else anchor[j]
+        if left >= 0 and (marks[left] == 0.0 or marks[left] == 2.0):
+            marks[left] += 1.0
+        if left + 1 < n and marks[left + 1] < 2.0:
+            marks[left + 1] += 2.0
     E[0] = 0.0
-    for i in range(1, n):
-        E[i] = math.exp(-gap(r[i], r[i - 1]) * inv_alpha)
-    B[n - 1] = 1.0
-    Bd[n - 1] = 0.0
-    for i in range(n - 2, -1, -1):
-        e = E[i + 1]
-        B[i] = 1.0 + e * B[i + 1]
-        Bd[i] = e * (Bd[i + 1] + gap(r[i + 1], r[i]) * inv_alpha * B[i + 1]) if e > 0.0 else 0.0
-
-
-@helper
-def pullback_rows(
-    r, alpha, anchor, offset, u, rbar, wbar, want_wbar, E, inj_up, few, sums, B, Bd, visit
-):
-    """:func:`~softorder.core.lapsum.inverse_pullback` into a fresh ``rbar`` (which doubles as
-    the downward injections), reading the tables at each target's left point ``L`` and right
-    point ``R`` from ``sums[1:, j] = (A[L], Ad[L], B[R], Bd[R])`` when ``few``
-    (:func:`~softorder.core.lapsum.neighbour_sums`), else from the stored ``B``, ``Bd`` and
-    ``A``, ``Ad`` carried forward along the targets in the order ``visit`` (width 0: as they
-    come), in which their left points ascend (:func:`ascending_visit`). The arithmetic per
-    target is ``inverse_pullback``'s, so the results are its own to the bit for targets taken
-    in the same order (a copy of its loop: passing the arrays to a per-target helper cost 3x
-    the arithmetic there).
-    """
-    n = r.shape[0]
-    m = anchor.shape[0]
-    inv_alpha = 1.0 / alpha
-    inj_up[:] = 0.0
-    rbar[:] = 0.0
-    at = 0  # A and Ad at point `at` (not few)
-    a_at = 1.0
-    ad_at = 0.0
-    alpha_bar = 0.0
-    in_order = visit.shape[0] == 0
-    if want_wbar:
-        wbar[:] = 0.0
-    for q in range(m):
-        j = q if in_order else visit[q]
-        an = anchor[j]
-        t = offset[j]
-        uj = u[j]
-        L = an - 1 if t <= 0.0 else an
-        R = L + 1
-        if not few:
-            while at < L:
-                at += 1
-                e = E[at]
-                ad_at = e * (ad_at + gap(r[at], r[at - 1]) * inv_alpha * a_at) if e > 0.0 else 0.0
-                a_at = 1.0 + e * a_at
-        ra = r[an]
-        position = ra if t == 0.0 or abs(ra) == INF else ra + alpha * t  # target_position
-        if uj == 0.0 or abs(position) == INF:
-            continue
-        if few:
-            a_l = sums[1, j]
-            ad_l = sums[2, j]
-            b_r = sums[3, j]
-            bd_r = sums[4, j]
-        else:
-            a_l = a_at
-            ad_l = ad_at
-            b_r = B[R] if R < n else 0.0
-            bd_r = Bd[R] if R < n else 0.0
-        if L >= 0 and R < n:  # inverse_pullback's usual target
-            zl = offset_z(ra, r[L], inv_alpha, t)
-            zr = offset_z(ra, r[R], inv_alpha, t)
-            if zl > 0.0 and zl != INF and zr <= 0.0 and zr != -INF:
-                e = math.exp(-abs(zl + zr))
-                left_nearer = zl <= -zr
-                el = 1.0 if left_nearer else e
-                er = e if left_nearer else 1.0
-                G = a_l * el + b_r * er
-                Z = (zl * a_l + ad_l) * el + (zr * b_r - bd_r) * er
-                cj = uj / G
-                inj_up[R] += cj * er
-                rbar[L] += cj * el
-                if want_wbar:
-                    wbar[j] = uj * 2.0 * alpha * math.exp(min(zl, -zr)) / G
-                alpha_bar += uj * Z / G
-                continue
-        zl = offset_z(ra, r[L], inv_alpha, t) if L >= 0 else INF
-        zr = offset_z(ra, r[R], inv_alpha, t) if R < n else -INF
-        sh = min(zl, -zr)
-        if sh == INF:
-            continue
-        G = 0.0
-        Z = 0.0
-        el = rel_weight(zl, sh)
-        if el > 0.0:
-            G += a_l * el
-            Z += (zl * a_l + ad_l) * el
-        er = rel_weight(zr, sh)
-        if er > 0.0:
-            G += b_r * er
-            Z += (zr * b_r - bd_r) * er
-        if G == 0.0:
-            continue
-        cj = uj / G
-        if (L < 0 or zl > 0.0) and (R >= n or zr <= 0.0):
-            if R < n:
-                inj_up[R] += cj * er
-            if L >= 0:
-                rbar[L] += cj * el
-        else:  # ties or rounding: find those two points
-            inject_exact(r, inv_alpha, ra, t, sh, cj, R, inj_up, rbar)
-        if want_wbar:
-            wbar[j] = uj * 2.0 * alpha * math.exp(sh) / G
-        alpha_bar += uj * Z / G
-    carry_injections(E, inj_up, rbar, rbar, True)
-    return alpha_bar
+    a = 1.0
+    ad = 0.0
+    for i in range(n):
+        if i > 0:
+            d = gap(r[i], r[i - 1])
+            e = math.exp(-d * inv_alpha)
+            E[i] = e
+            ad = e * (ad + d * inv_alpha * a) if e > 0.0 else 0.0
+            a = 1.0 + e * a
+        if marks[i] == 1.0 or marks[i] == 3.0:
+            A[i] = a
+            Ad[i] = ad
+    b = 1.0
+    bd = 0.0
+    for i in range(n - 1, -1, -1):
+        if i < n - 1:
+            e = E[i + 1]
+            bd = e * (bd + gap(r[i + 1], r[i]) * inv_alpha * b) if e > 0.0 else 0.0
+            b = 1.0 + e * b
+        if marks[i] >= 2.0:
+            B[i] = b
+            Bd[i] = bd
+    return E, A, B, Ad, Bd, marks
