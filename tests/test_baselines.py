@@ -402,11 +402,13 @@ def test_rows_are_stochastic(method, descending):
     torch.testing.assert_close(p.sum(-1), torch.ones(3, 7, dtype=F64))
 
 
-@pytest.mark.parametrize("method", ["odd_even_network", "bitonic_network", "sinkhorn"])
+@pytest.mark.parametrize(
+    "method", ["odd_even_network", "bitonic_network", "sinkhorn", "sorted_soft_topk_ot"]
+)
 @pytest.mark.parametrize("tau", [0.3, 3.0])
 def test_columns_are_stochastic_where_the_paper_says(method, tau):
     x = torch.randn(2, 6, dtype=F64, generator=torch.Generator().manual_seed(6))
-    options = {"tol": 1e-10} if method == "sinkhorn" else {}
+    options = {"tol": 1e-10} if method in OT else {}
     p = bl.relaxed_permutation(x, method, tau, **options)
     torch.testing.assert_close(p.sum(-2), torch.ones(2, 6, dtype=F64))
 
@@ -459,12 +461,10 @@ def test_memberships_sum_to_k(method, tau):
     assert bool((m >= 0).all())
 
 
-@pytest.mark.parametrize(
-    "method", ["sinkhorn", "soft_topk_ot", "odd_even_network", "bitonic_network"]
-)
+@pytest.mark.parametrize("method", [*OT, "odd_even_network", "bitonic_network"])
 def test_memberships_are_at_most_one_for_column_stochastic_methods(method):
     x = torch.randn(4, 9, dtype=F64, generator=torch.Generator().manual_seed(10))
-    m = bl.topk_memberships(x, 8, method, 0.5, **({"tol": 1e-10} if "s" in method[:2] else {}))
+    m = bl.topk_memberships(x, 8, method, 0.5, **({"tol": 1e-10} if method in OT else {}))
     assert float(m.max()) <= 1 + 1e-9
     assert bool((m[..., 1:, :] >= m[..., :-1, :] - 1e-9).all())  # the top k grows with k
 
@@ -730,7 +730,9 @@ def test_top_m_equals_the_full_loss(method, split_top1):
     torch.testing.assert_close(grads[1], grads[0])
 
 
-@pytest.mark.parametrize("method", ["soft_topk_ot", "odd_even_network", "bitonic_network"])
+@pytest.mark.parametrize(
+    "method", ["soft_topk_ot", "sorted_soft_topk_ot", "odd_even_network", "bitonic_network"]
+)
 def test_top_m_is_a_relaxation_of_the_same_hard_loss(method):
     """SOFT (cost normalised by the subset's maximum) and the networks (a network on m wires)
     relax a subset differently; both tend to the same hard loss as the temperature falls."""
@@ -738,7 +740,10 @@ def test_top_m_is_a_relaxation_of_the_same_hard_loss(method):
     rest = spaced(4, 6, seed=29) - 16
     logits = torch.cat((rest[:, :3], top, rest[:, 3:]), dim=-1)
     labels = logits.topk(2, dim=-1).indices[:, 1]  # second largest: hard loss -log(0.8)
-    tau, options = {"soft_topk_ot": (2e-4, {"tol": 1e-6})}.get(method, (0.01, {}))
+    tau, options = {
+        "soft_topk_ot": (2e-4, {"tol": 1e-6}),
+        "sorted_soft_topk_ot": (1e-4, {"tol": 1e-6}),  # its cost's largest entry is about 256
+    }.get(method, (0.01, {}))
     full, sub = (
         bl.topk_cross_entropy(
             logits,
@@ -785,6 +790,18 @@ def test_top_m_through_the_torch_loss_module(method):
     torch.testing.assert_close(loss_fn(logits, labels), expected)
     full = sot.TopKCrossEntropyLoss([0.5, 0.5], 0.7, method=method, temperature=0.7)
     torch.testing.assert_close(loss_fn(logits, labels), full(logits, labels))
+
+
+def test_sorted_soft_topk_through_the_torch_loss_module():
+    sot = pytest.importorskip("softorder.bridges.torch")
+    logits, labels = far_below(33)
+    loss_fn = sot.TopKCrossEntropyLoss(
+        [0.5, 0.5], 0.7, method="sorted_soft_topk_ot", temperature=0.7
+    )
+    expected = bl.topk_cross_entropy(
+        logits, labels, [0.5, 0.5], method="sorted_soft_topk_ot", temperature=0.7
+    )
+    torch.testing.assert_close(loss_fn(logits, labels), expected)
 
 
 def test_float32_soft_topk_converges_like_float64():
