@@ -14,6 +14,7 @@ All K memberships come from one inversion pass. With mixture weights ``pi_k``,
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -134,11 +135,33 @@ def row_loss(top, total, has_mass, split, pk1, softmax_ce):
     return loss
 
 
-@kernel
+@functools.lru_cache(maxsize=32)
+def _ladder(K: int) -> tuple[np.ndarray, np.ndarray]:
+    """The targets ``1..K`` (float64) and their order ``0..K-1`` (kernels only read them)."""
+    return np.arange(1.0, K + 1.0), np.arange(K)
+
+
 def topk_loss_forward(xs, order, alpha, labels, log_pk, split, pk1, out, anchor, offset, work):
-    """Per-row loss ``out`` (rows,); ``log_pk`` (rows, K) holds log P_K(k) for k = 1..K."""
+    """Per-row loss ``out`` (rows,); ``log_pk`` (rows, K) holds log P_K(k) for k = 1..K.
+
+    ``serial`` and ``parallel`` are those of the kernel :func:`_loss_forward`.
+    """
+    if log_pk.shape[1] > work.shape[2]:  # the terms go in a row of work (the API has K < n)
+        raise ValueError(f"softorder: K = {log_pk.shape[1]} exceeds the row length {xs.shape[1]}")
+    targets, worder = _ladder(log_pk.shape[1])
+    _loss_forward(
+        xs, order, alpha, labels, log_pk, split, pk1, out, anchor, offset, work, targets, worder
+    )
+
+
+@kernel
+def _loss_forward(
+    xs, order, alpha, labels, log_pk, split, pk1, out, anchor, offset, work, w, worder
+):
+    """:func:`topk_loss_forward` with the targets ``w = 1..K`` and their order from the caller:
+    arrays made inside a kernel compile functions of NumPy's for each kind on a first call.
+    """
     rows, n = xs.shape
-    K = log_pk.shape[1]
     for row in prange(rows):
         r = xs[row]
         if has_nan(r):
@@ -150,10 +173,9 @@ def topk_loss_forward(xs, order, alpha, labels, log_pk, split, pk1, out, anchor,
         A = work[row, 0]  # A and B alone (the GPU twin fills all 4 rows)
         B = work[row, 1]
         prefix_sums_ab(r, inv_alpha, A, B)
-        w = np.arange(1.0, K + 1.0)
-        solve_targets_ab(r, inv_alpha, A, B, w, np.arange(K), anchor[row], offset[row])
+        solve_targets_ab(r, inv_alpha, A, B, w, worder, anchor[row], offset[row])
         iy = _label_position(order[row], labels[row])
-        terms = np.empty(K)
+        terms = work[row, 2, : w.shape[0]]  # rows 2 and 3 are free here (K < n)
         top, total, has_mass = _mixture_terms(
             r, inv_alpha, anchor[row], offset[row], iy, log_pk[row], split, terms
         )
@@ -161,13 +183,56 @@ def topk_loss_forward(xs, order, alpha, labels, log_pk, split, pk1, out, anchor,
         out[row] = row_loss(top, total, has_mass, split, pk1[row], softmax_ce)
 
 
-@kernel
 def topk_loss_vjp(
     xs, order, alpha, labels, log_pk, split, pk1, anchor, offset, cot, x_bar, alpha_bar, work
 ):
     """Cotangent ``cot`` (rows,) -> ``x_bar`` (rows, n; gradient in ``r``), ``alpha_bar``.
 
-    An infinite loss (the label cannot be selected) has zero gradient.
+    An infinite loss (the label cannot be selected) has zero gradient. ``serial`` and
+    ``parallel`` are those of the kernel :func:`_loss_vjp`.
+    """
+    K = log_pk.shape[1]
+    worder, kwork = _ladder(K)[1], np.empty((xs.shape[0], 9, K))
+    _loss_vjp(
+        xs,
+        order,
+        alpha,
+        labels,
+        log_pk,
+        split,
+        pk1,
+        anchor,
+        offset,
+        cot,
+        x_bar,
+        alpha_bar,
+        work,
+        worder,
+        kwork,
+    )
+
+
+@kernel
+def _loss_vjp(
+    xs,
+    order,
+    alpha,
+    labels,
+    log_pk,
+    split,
+    pk1,
+    anchor,
+    offset,
+    cot,
+    x_bar,
+    alpha_bar,
+    work,
+    worder,
+    kwork,
+):
+    """:func:`topk_loss_vjp` with the targets' order and per-row scratch of K (``kwork``,
+    rows x 9 x K: the terms, positions, coefficients, shifts, then the neighbour sums) from the
+    caller (see :func:`_loss_forward`).
     """
     rows, n = xs.shape
     K = log_pk.shape[1]
@@ -182,12 +247,12 @@ def topk_loss_vjp(
         # no tables: only E and the sums at each target's two neighbours (2 of the rows of
         # ``work`` are filled; the GPU twin fills them all)
         E = work[row, 0]
-        sums = np.empty((5, K))
+        sums = kwork[row, 4:]
         neighbour_sums(r, inv_alpha, E, anchor[row], offset[row], sums)
         rbar = work[row, 1]
         rbar[:] = 0.0
         iy = _label_position(order[row], labels[row])
-        terms = np.empty(K)
+        terms = kwork[row, 0]
         top, total, has_mass = _mixture_terms(
             r, inv_alpha, anchor[row], offset[row], iy, log_pk[row], split, terms
         )
@@ -199,9 +264,12 @@ def topk_loss_vjp(
         )
         if top > -INF and weight != 0.0 and not infinite:
             # d(-log p^(k)_y) = -kappa_ky (sum_l db_k/dr_l dr_l - dr_y + (db_k/da - z_ky) da)
-            pos = np.empty(K)
-            c = np.zeros(K)
-            shift = np.zeros(K)
+            pos = kwork[row, 1]
+            c = kwork[row, 2]
+            shift = kwork[row, 3]
+            for j in range(K):
+                c[j] = 0.0
+                shift[j] = 0.0
             for j in range(K):
                 pos[j] = target_position(r, a, anchor[row, j], offset[row, j])
                 if terms[j] == -INF:
@@ -224,9 +292,7 @@ def topk_loss_vjp(
                 shift[j] = sh
                 rbar[iy] += pk
                 abar -= pk * (Z / G - zy)
-            spread_to_points(
-                r, inv_alpha, E, anchor[row], offset[row], c, shift, np.arange(K), rbar
-            )
+            spread_to_points(r, inv_alpha, E, anchor[row], offset[row], c, shift, worder, rbar)
         if softmax_part and not infinite and r[0] != -INF:
             # d softmax_CE / dr_l = delta_ly - softmax(-r)_l (no gradient at a +inf logit)
             cs = cot[row] * pk1[row]
@@ -236,3 +302,7 @@ def topk_loss_vjp(
             rbar[iy] += cs
         alpha_bar[row] = abar
         scatter_finite(r, order[row], rbar, x_bar[row])
+
+
+topk_loss_forward.serial, topk_loss_forward.parallel = _loss_forward.serial, _loss_forward.parallel
+topk_loss_vjp.serial, topk_loss_vjp.parallel = _loss_vjp.serial, _loss_vjp.parallel
