@@ -72,7 +72,8 @@ def _check_convergence_options(n_iter: int, tol: float, grad: str) -> None:
 NEWTON_AFTER = 20
 #: Most Newton steps in a row before Sinkhorn iterations resume.
 NEWTON_STEPS = 50
-_STEPS = 24  # backtracking step sizes 1, 1/2, ..., 2^-23, all tried at once
+_STEPS = 24  # backtracking step sizes 1, 1/2, ..., 2^-23, all tried at once ...
+_TRY_ELEMENTS = 1 << 25  # ... in groups whose plans hold at most this many entries (256 MB)
 
 
 def _row_projected(log_kernel: torch.Tensor, log_mu: torch.Tensor, v: torch.Tensor):
@@ -123,8 +124,15 @@ def _newton_columns(
         longest = direction.abs().amax(-1, keepdim=True)
         direction = direction * torch.clamp(reach / longest, max=1.0).nan_to_num(0.0)
         tries = v + sizes * direction  # (steps, ..., m)
-        _, log_c_tries = _row_projected(lk, lm, tries)
-        merit = torch.expm1(log_c_tries - ln).abs().amax(-1)  # (steps, ...)
+        # Each try is a whole plan: large problems try a few sizes at a time, so the memory
+        # stays that of a few plans (the same merits, whatever the grouping).
+        group = max(1, _TRY_ELEMENTS // max(1, lk.numel()))
+        merit = torch.cat(
+            [
+                torch.expm1(_row_projected(lk, lm, some)[1] - ln).abs().amax(-1)
+                for some in tries.split(group)
+            ]
+        )  # (steps, ...)
         merit = torch.nan_to_num(merit, nan=math.inf)
         best_merit, best = merit.min(0)
         chosen = tries.gather(0, best[None, ..., None].expand(1, *v.shape))[0]
