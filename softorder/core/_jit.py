@@ -331,6 +331,8 @@ class NativeCalls:
 
 
 def _native_address(dispatcher, arg_types) -> int:
+    if not hasattr(dispatcher, "overloads"):  # NUMBA_DISABLE_JIT: called as Python
+        return 0
     dispatcher.compile(arg_types)
     compiled = dispatcher.overloads[arg_types]
     address = compiled.library.get_pointer_to_function(compiled.fndesc.llvm_func_name)
