@@ -144,7 +144,7 @@ def _as_array(t: Tensor, on_device: bool = True):
     that reach backward/jvp are wrapped once per transform level; a copy through a custom
     operator gives the plain values.
     """
-    if t.is_cpu and not compat.is_wrapped(t):  # the common case, kept lean
+    if t.is_cpu and "cpu" not in _ON_DEVICE and not compat.is_wrapped(t):  # the common case
         return t.numpy(force=True)  # (a view: for a CPU float tensor, detach().numpy())
     if compat.is_wrapped(t):
         t = _plain_copy(t)  # the dispatcher unwraps every level on the way in
@@ -408,7 +408,8 @@ class _Call:
         arguments = self.statics.copy()
         input_name = self.rule.input_name
         for name, t in zip(self.names, tensors, strict=True):
-            if t.is_cpu and not compat.is_wrapped(t):  # (_as_array's common case, inline)
+            # (_as_array, its common case inline)
+            if t.is_cpu and "cpu" not in _ON_DEVICE and not compat.is_wrapped(t):
                 arguments[name] = t.numpy(force=True)
             else:
                 arguments[name] = _as_array(t, name == input_name)
