@@ -315,7 +315,25 @@ class SortRule(InverseRule):
         u, owned = rows.to_core_owned(cotangent, "row", (rows.n,), "cotangent")
         if rows.sign < 0:
             u, owned = _signed(ctx, u), True  # a new array
-        x_bar, _, alpha_bar = self._pullback(ctx, u, owned)
+        if ctx.kernels is not core:
+            x_bar, _, alpha_bar = self._pullback(ctx, u, owned)
+            return rows.grad_to_user(x_bar), ctx.alpha_grad(alpha_bar)
+        # the CPU kernel of soft sort's own: x_bar in u when softorder owns u (it reads each
+        # row of u before it writes that row of x_bar)
+        x_bar = u if owned and u.shape == rows.xs.shape else ctx.empty(rows.xs.shape)
+        alpha_bar = ctx.empty(rows.rows)
+        s = ctx.saved
+        core.sort.sort_vjp(
+            rows.xs,
+            rows.order,
+            ctx.alpha,
+            s["anchor"],
+            s["offset"],
+            u,
+            x_bar,
+            alpha_bar,
+            ctx.work(core.sort.VJP_WORK),
+        )
         return rows.grad_to_user(x_bar), ctx.alpha_grad(alpha_bar)
 
     def jvp(self, ctx, tangents):

@@ -89,6 +89,45 @@ def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha
 
 
 @kernel
+def sort_vjp(xs, order, alpha, anchor, offset, u, x_bar, alpha_bar, work):
+    """Soft sort's :func:`inverse_vjp` (n targets, no ``w_bar``): cotangent ``u`` (rows, n) ->
+    ``x_bar`` (rows, n; original element order) and ``alpha_bar`` (rows,), the same values to
+    the bit. Scratch: ``work`` (rows, VJP_WORK, n). ``x_bar`` may be ``u`` itself.
+
+    A kernel of its own: :func:`inverse_vjp` also compiles the few-targets path
+    (:func:`few_tables`), which n targets never take, into soft sort's first call.
+    """
+    rows, n = xs.shape
+    for row in prange(rows):
+        r = xs[row]
+        if has_nan(r):
+            x_bar[row, :] = np.nan
+            alpha_bar[row] = np.nan
+            continue
+        a = alpha[row]
+        w = work[row]
+        tables = row_tables(r, 1.0 / a, True, w)
+        # the gradient in the row of S (the gradients do not read it); the pullback zeroes it
+        # as its downward injections
+        rbar = w[3, :n]
+        alpha_bar[row] = inverse_pullback(
+            r,
+            a,
+            tables,
+            anchor[row],
+            offset[row],
+            u[row],
+            rbar,
+            w[3, :0],
+            w[TABLES_WITH_MOMENTS, :n],
+            rbar,
+            False,
+            True,
+        )
+        scatter_finite(r, order[row], rbar, x_bar[row])
+
+
+@kernel
 def inverse_jvp(
     xs, order, alpha, anchor, offset, worder, x_dot, w_dot, alpha_dot, out, work, twork
 ):
