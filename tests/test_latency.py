@@ -107,3 +107,44 @@ def test_precompile_takes_one_name_and_refuses_bad_arguments():
         softorder.precompile(3, progress=False)
     with pytest.raises(TypeError, match="operations must hold names"):
         softorder.precompile([softorder.soft_rank], progress=False)
+
+
+def test_native_calls_load_from_the_cache_and_refuse_other_types(tmp_path):
+    """Kernels that call helpers through addresses (``NativeCalls``) give the same results
+    compiled and loaded from the disk cache in a fresh process (where no helper is linked in
+    and the addresses are taken anew), and refuse argument types they were not declared for.
+    """
+    code = (
+        "import numpy as np, softorder\n"
+        "rng = np.random.default_rng(0)\n"
+        "x = rng.standard_normal((3, 9))\n"
+        "t = np.argsort(rng.standard_normal((3, 9)), axis=1) + 1\n"
+        "out, pullback = softorder.vjp(softorder.permutation_cross_entropy, x, t, 0.3)\n"
+        "g = pullback(np.ones_like(out))[0]\n"
+        "P, pullback = softorder.vjp(softorder.soft_permutation, x, 0.3)\n"
+        "h = pullback(np.cos(np.arange(P.size)).reshape(P.shape))[0]\n"
+        "print(repr((out.tolist(), g.tolist(), h.tolist())))\n"
+    )
+    env = {"NUMBA_CACHE_DIR": str(tmp_path)}
+    compiled, loaded = _run(["-c", code], **env), _run(["-c", code], **env)
+    assert compiled.returncode == 0, compiled.stderr
+    assert loaded.returncode == 0, loaded.stderr
+    assert "compiling" in compiled.stderr and "compiling" not in loaded.stderr
+    assert compiled.stdout == loaded.stdout
+
+    import numba
+    import numpy as np
+
+    from softorder.core import _jit, lapsum
+
+    f1 = numba.types.Array(numba.types.float64, 1, "C")
+    calls = _jit.NativeCalls(prefix=(lapsum.lapsum_at_points, (f1, f1, f1)))
+    call = calls.prefix
+
+    @_jit.kernel(native=calls)
+    def misuse(xs, native):
+        for row in range(xs.shape[0]):
+            call(native, xs[row], xs[row], xs[row, ::2])  # a strided array: not declared
+
+    with pytest.raises(numba.core.errors.TypingError, match="softorder: lapsum_at_points"):
+        misuse(np.ones((2, 4)))
