@@ -116,3 +116,26 @@ def test_gpu_benchmark_script_runs_on_cpu_tensors():
     rows = module["main"](["--device", "cpu", "--quick", "--repeats", "1"])
     assert [r["shape"] for r in rows] == ["64 x 100", "1 x 1e4"]
     assert all(t > 0 for r in rows for k, t in r.items() if k != "shape")
+
+
+def test_convergence_script_quick(capsys):
+    """benchmarks/bench_convergence.py (the convergence-cost table of examples/README.md) runs,
+    and every baseline converges within its cap at the quick settings."""
+    import re
+    import runpy
+
+    module = runpy.run_path(str(ASV_DIR.parent / "benchmarks" / "bench_convergence.py"))
+    module["main"](["--quick"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    assert [row.split("(")[0].strip("| ") for row in rows] == [
+        "soft_topk_ot",
+        "sorted_soft_topk_ot",
+        "sinkhorn",
+    ]
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")[1:]]
+        assert len(cells) == 2
+        for text in cells:
+            assert "not converged" not in text and "warned" not in text, row
+            ours, milliseconds = re.fullmatch(r"(?:> )?\d+ / (\d+); ([\d.]+) ms", text).groups()
+            assert 0 < int(ours) <= 1000 and float(milliseconds) > 0
