@@ -144,8 +144,10 @@ class FastApplyFunction(torch.autograd.Function):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        # the C implementation bound to the subclass, looked up once (a super() per call costs)
-        cls._c_apply = super(torch.autograd.Function, cls).apply
+        # the C implementation bound to the subclass, looked up once (a super() per call
+        # costs); a docs build mocks torch, where Function is no type and nothing runs
+        base = torch.autograd.Function
+        cls._c_apply = super(base, cls).apply if isinstance(base, type) else None
 
     @classmethod
     def apply(cls, *args):
