@@ -5,9 +5,10 @@ Build (warnings are errors, as in CI)::
     python -m sphinx -W --keep-going -b html docs docs/_build/html
 
 Generated at build time (into ``docs/_generated/``, not committed): the figure of soft top-k
-memberships for several alpha (``docs/figures.py``) and the API sections of the bridges. A
-framework that is not installed (a build with only the ``docs`` extra) is mocked while autodoc
-imports its bridge, so both bridges are documented in every build.
+memberships for several alpha (``docs/figures.py``), the API sections of the bridges, and the
+examples' result tables (``docs/results_tables.py``). A framework that is not installed (a
+build with only the ``docs`` extra) is mocked while autodoc imports its bridge, so both
+bridges are documented in every build.
 """
 
 from __future__ import annotations
@@ -134,8 +135,10 @@ def _generate(app) -> None:
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
     import figures
+    import results_tables
 
     figures.alpha_figure(out / "alpha.png")
+    results_tables.write_tables(out)
 
 
 def setup(app):
