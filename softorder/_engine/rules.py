@@ -729,7 +729,11 @@ class PermutationCrossEntropyRule(LossRule):
             cot,
             x_bar,
             alpha_bar,
-            ctx.work(core.permutation.GRADIENT_WORK),
+            ctx.work(
+                core.permutation.LOSS_GRADIENT_WORK
+                if ctx.kernels is core
+                else core.permutation.GRADIENT_WORK
+            ),
             ctx.work(
                 core.permutation.LOSS_BOUNDARY_WORK
                 if ctx.kernels is core

@@ -36,8 +36,11 @@ GRADIENT_WORK = TABLES_WITH_MOMENTS + 2
 #: rows of the boundary-indexed scratch ``twork`` (rows, BOUNDARY_WORK, n - 1) of the gradients:
 #: two of their own (``beta`` and ``w_bar``, or ``b_dot`` and ``w_dot``), then the inverse's.
 BOUNDARY_WORK = 2 + max(PULLBACK_WORK, PUSHFORWARD_WORK)
-#: the rows of ``twork`` that the CPU :func:`permutation_loss_vjp` reads
-LOSS_BOUNDARY_WORK = 3
+#: rows of ``work`` that the CPU :func:`permutation_loss_vjp` reads: the tables with moments
+#: and ``rbar`` (the pullback's injections go in S's row, unread there, and in ``x_bar``'s)
+LOSS_GRADIENT_WORK = TABLES_WITH_MOMENTS + 1
+#: the rows of ``twork`` that the CPU :func:`permutation_loss_vjp` reads (``beta``)
+LOSS_BOUNDARY_WORK = 1
 
 _F, _B = types.float64, types.boolean
 _F1, _F2 = types.Array(_F, 1, "C"), types.Array(_F, 2, "C")
@@ -143,13 +146,14 @@ def _rank_z(r, inv_alpha, anchor, offset, k, ri):
 
 
 @helper
-def _loss_by_rank_vjp(r, inv_alpha, order, target, anchor, offset, c, byrank, twork, beta, rbar):
+def _loss_by_rank_vjp(r, inv_alpha, order, target, anchor, offset, c, byrank, parts, beta, rbar):
     """:func:`_loss_row_vjp` for target ranks that are a permutation, rank by rank from
-    ``byrank`` (:func:`_values_by_rank`, overwritten); alpha_bar's part summed in the
-    elements' order as there (rows 1, 2 of ``twork`` hold its terms meanwhile).
+    ``byrank`` (:func:`_values_by_rank`, overwritten); writes ``rbar`` (all of it) and adds
+    to ``beta``. alpha_bar's part is summed in the elements' order as there (rows 0, 1 of
+    ``parts``, each of at least n - 1, hold its terms meanwhile).
     """
-    up_part = twork[1]  # alpha_bar's term of boundary k + 1, at k (ranks 0..n-2)
-    down_part = twork[2]  # its term of boundary k, at k - 1 (ranks 1..n-1)
+    up_part = parts[0]  # alpha_bar's term of boundary k + 1, at k (ranks 0..n-2)
+    down_part = parts[1]  # its term of boundary k, at k - 1 (ranks 1..n-1)
     n = r.shape[0]
     an = anchor
     off = offset
@@ -358,7 +362,6 @@ def _loss_vjp_repeated(
 ):
     """:func:`permutation_loss_vjp` of the rows whose target ranks repeat, element by element."""
     rows, n = xs.shape
-    m = anchor.shape[1]
     for row in prange(rows):
         r = xs[row]
         if has_nan(r) or _values_by_rank(r, order[row], target[row], work[row, 3]):
@@ -374,7 +377,7 @@ def _loss_vjp_repeated(
             r, inv_alpha, order[row], target[row], anchor[row], offset[row], cot[row], beta, rbar
         )
         # beta through the boundaries into rbar; the pullback's injections go in S's row
-        # (spent) and the last row of work
+        # (spent) and x_bar's row (free until the scatter)
         alpha_bar[row] = abar + _inverse_pullback(
             native,
             r,
@@ -384,9 +387,9 @@ def _loss_vjp_repeated(
             offset[row],
             beta,
             rbar,
-            twork[row, 1, :m],
+            beta[:0],
             work[row, 3, :n],
-            work[row, TABLES_WITH_MOMENTS + 1, :n],
+            x_bar[row],
             False,
             False,
         )
@@ -398,9 +401,12 @@ def _loss_vjp_repeated(
 def permutation_loss_vjp(
     xs, order, alpha, target, anchor, offset, worder, cot, x_bar, alpha_bar, work, twork, native
 ):
-    """Cotangent ``cot`` (rows,) on the loss -> ``x_bar`` (rows, n), ``alpha_bar`` (rows,). O(n)."""
+    """Cotangent ``cot`` (rows,) on the loss -> ``x_bar`` (rows, n), ``alpha_bar`` (rows,). O(n).
+
+    Scratch ``work`` (rows, >= ``LOSS_GRADIENT_WORK``, n) and ``twork`` (rows,
+    >= ``LOSS_BOUNDARY_WORK``, >= n - 1).
+    """
     rows, n = xs.shape
-    m = anchor.shape[1]
     repeated = 0
     for row in prange(rows):
         r = xs[row]
@@ -410,10 +416,11 @@ def permutation_loss_vjp(
             continue
         a = alpha[row]
         inv_alpha = 1.0 / a
-        tables = _row_tables(native, r, inv_alpha, True, work[row])
-        # free until the pullback: S (row 3: only the forward's solve reads it) and rows 1, 2
-        # of twork (the pullback is not asked for w_bar, which it would write in row 1)
-        byrank = work[row, 3]
+        # Only the pullback reads the tables, so they are filled after the direct terms:
+        # until then x_bar's row holds the values by rank and rows 0, 1 of work alpha_bar's
+        # terms. The pullback's injections go in S's row (only the forward's solve reads S)
+        # and x_bar's row (free until the scatter); it is not asked for w_bar.
+        byrank = x_bar[row]
         if not _values_by_rank(r, order[row], target[row], byrank):
             x_bar[row, :] = np.nan
             alpha_bar[row] = np.nan
@@ -422,7 +429,6 @@ def permutation_loss_vjp(
         beta = twork[row, 0]
         beta[:] = 0.0
         rbar = work[row, TABLES_WITH_MOMENTS]
-        rbar[:] = 0.0
         abar = _loss_by_rank_vjp(
             r,
             inv_alpha,
@@ -432,12 +438,12 @@ def permutation_loss_vjp(
             offset[row],
             cot[row],
             byrank,
-            twork[row],
+            work[row],
             beta,
             rbar,
         )
-        # beta through the boundaries into rbar; the pullback's injections go in S's row
-        # (spent) and the last row of work
+        tables = _row_tables(native, r, inv_alpha, True, work[row])
+        # beta through the boundaries into rbar
         alpha_bar[row] = abar + _inverse_pullback(
             native,
             r,
@@ -447,9 +453,9 @@ def permutation_loss_vjp(
             offset[row],
             beta,
             rbar,
-            twork[row, 1, :m],
+            beta[:0],
             work[row, 3, :n],
-            work[row, TABLES_WITH_MOMENTS + 1, :n],
+            x_bar[row],
             False,
             False,
         )
