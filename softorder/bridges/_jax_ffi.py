@@ -76,6 +76,17 @@ def address(typingctx, value):
     return sig, codegen
 
 
+@intrinsic
+def float_bits(typingctx, value):
+    """The bits of a float64 as an int64."""
+    sig = types.int64(types.float64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.int64))
+
+    return sig, codegen
+
+
 _F1, _F2, _F3 = (types.Array(types.float64, d, "C") for d in (1, 2, 3))
 _I2, _L2 = types.Array(types.int32, 2, "C"), types.Array(types.int64, 2, "C")
 
@@ -232,7 +243,7 @@ def store(frame, i, values, negate):
             dst64[j] = flat[j]
 
 
-@_jit._jit  # callable from Python too (the tests compare it with NumPy's sort)
+@helper
 def sort_rows(values, xs, order):
     """Each row of ``values`` sorted into ``xs``, stably, NaN last (all NaN equal) and
     ``-0.0 == 0.0`` (NumPy's order); the argsort into ``order`` (int32).
@@ -246,13 +257,12 @@ def sort_rows(values, xs, order):
     rows, n = values.shape
     scratch = np.empty((4, n), np.int64)  # one allocation (each kind compiles once more)
     o, keys, keys2, order2 = scratch[0], scratch[1], scratch[2], scratch[3]
-    bits = keys.view(np.float64)
     counts = np.empty((8, 256), np.int64)
     for r in range(rows):
         row = values[r]
         for i in range(n):
             v = row[i]
-            bits[i] = 0.0 if v == 0.0 else v
+            keys[i] = float_bits(0.0 if v == 0.0 else v)
             o[i] = i
         for i in range(n):
             k = keys[i]
@@ -271,7 +281,9 @@ def sort_rows(values, xs, order):
                 keys[j + 1] = k
                 o[j + 1] = oi
         else:
-            counts[:, :] = 0
+            for b in range(8):
+                for d in range(256):
+                    counts[b, d] = 0
             for i in range(n):
                 k = keys[i]
                 for b in range(7):
