@@ -89,6 +89,7 @@ def float_bits(typingctx, value):
 
 _F1, _F2, _F3 = (types.Array(types.float64, d, "C") for d in (1, 2, 3))
 _I2, _L2 = types.Array(types.int32, 2, "C"), types.Array(types.int64, 2, "C")
+_W1 = types.Array(types.int64, 1, "C")  # the call frame as words
 
 #: The compiled functions the handlers call, by symbol: (module, name, argument types), the
 #: types the NumPy API's calls give the kernels (int32 orders), so both share one compilation.
@@ -106,6 +107,17 @@ NATIVE = {
         (_F2, _I2, _F1, _L2, _F2, types.boolean, _F3, _F2, _F2, _F1, _F3),
     ),
     "softorder_ffi_sort_rows": (None, "sort_rows", (_F2, _F2, _I2)),
+    # the frame helpers: through symbols too, so the handlers' compile is their own code
+    "softorder_ffi_begin": (None, "begin", (types.int64,)),
+    "softorder_ffi_flags": (None, "flags", (_W1, types.int64)),
+    "softorder_ffi_buffer": (None, "buffer", (_W1, types.int64, types.int64)),
+    "softorder_ffi_load": (
+        None,
+        "load",
+        (_W1, types.int64, types.int64, types.int64, types.boolean),
+    ),
+    "softorder_ffi_store": (None, "store", (_W1, types.int64, _F2, types.boolean)),
+    "softorder_ffi_gather_rows": (None, "gather_rows", (_F2, _I2)),
 }
 
 
@@ -116,23 +128,34 @@ def _native(symbol: str):
     A handler that calls a kernel as numba usually does links the kernel's code in and LLVM
     optimises and compiles it once more: cold, that tripled the handlers' compile. Through the
     symbol, a handler's compile is its own code, and the kernels are the very compilations the
-    NumPy API uses (disk cache included).
+    NumPy API uses (disk cache included). The result is the compiled function's own (a new
+    reference); its status is not checked, since nothing it does can fail on validated input.
     """
-    arg_types = NATIVE[symbol][2]
+    module, name, arg_types = NATIVE[symbol]
 
     @intrinsic
     def call(typingctx, *args):
-        if tuple(args) != arg_types:
+        if tuple(types.unliteral(a) for a in args) != arg_types:
             raise errors.TypingError(f"softorder: {symbol} takes {arg_types}; got {args}")
+        dispatcher = getattr(module, name).serial if module is not None else globals()[name]
+        restype = dispatcher.overloads[arg_types].signature.return_type
 
         def codegen(context, builder, signature, llargs):
-            fnty = context.call_conv.get_function_type(types.none, arg_types)
+            fnty = context.call_conv.get_function_type(restype, arg_types)
             fn = cgutils.get_or_insert_function(builder.module, fnty, symbol)
-            values = cgutils.unpack_tuple(builder, llargs[0], len(arg_types))
-            context.call_conv.call_function(builder, fn, types.none, arg_types, values)
-            return context.get_dummy_value()
+            values = [
+                context.cast(builder, v, t, u)
+                for v, t, u in zip(
+                    cgutils.unpack_tuple(builder, llargs[0], len(arg_types)),
+                    signature.args[0].types,
+                    arg_types,
+                    strict=True,
+                )
+            ]
+            _, result = context.call_conv.call_function(builder, fn, restype, arg_types, values)
+            return result if restype != types.none else context.get_dummy_value()
 
-        return types.none(types.StarArgTuple.from_types(args)), codegen
+        return restype(types.StarArgTuple.from_types(args)), codegen
 
     return call
 
@@ -334,39 +357,45 @@ _rank_vjp = _native("softorder_ffi_rank_vjp")
 _topk_forward = _native("softorder_ffi_topk_forward")
 _topk_vjp = _native("softorder_ffi_topk_vjp")
 _sort_rows = _native("softorder_ffi_sort_rows")
+_begin = _native("softorder_ffi_begin")
+_flags = _native("softorder_ffi_flags")
+_buffer = _native("softorder_ffi_buffer")
+_load = _native("softorder_ffi_load")
+_store = _native("softorder_ffi_store")
+_gather_rows = _native("softorder_ffi_gather_rows")
 
 
 def rank_handler(frame_address):
     """Forward: x, alpha, flags -> ranks, order (int32), decays (float64 as uint32 words).
     Backward: x, alpha, flags, order, decays, cotangent -> gradient of x.
     """
-    frame, run = begin(frame_address)
+    frame, run = _begin(frame_address)
     if not run:
         return 0
-    negate, _ = flags(frame, 2)
-    _, _, count, n = buffer(frame, 9, 0)
+    negate, _ = _flags(frame, 2)
+    _, _, count, n = _buffer(frame, 9, 0)
     rows = count // n
-    values = load(frame, 0, rows, n, negate)
-    alpha = load(frame, 1, rows, 1, False).reshape(rows)
+    values = _load(frame, 0, rows, n, negate)
+    alpha = _load(frame, 1, rows, 1, False).reshape(rows)
     if frame[7] > 3:  # the backward pass: more arguments
-        order = carray(address(buffer(frame, 9, 3)[1]), (rows, n), np.int32)
-        xs = gather_rows(values, order)
-        decay = carray(address(buffer(frame, 9, 4)[1]), (rows, n), np.float64)
-        v = load(frame, 5, rows, n, False)
+        order = carray(address(_buffer(frame, 9, 3)[1]), (rows, n), np.int32)
+        xs = _gather_rows(values, order)
+        decay = carray(address(_buffer(frame, 9, 4)[1]), (rows, n), np.float64)
+        v = _load(frame, 5, rows, n, False)
         x_bar = np.empty((rows, n))
         alpha_bar = np.empty(rows)
         work = np.empty((rows, rank_linear_work, n))
         _rank_vjp(xs, order, alpha, decay, v, x_bar, alpha_bar, work)
-        store(frame, 0, x_bar, negate)
+        _store(frame, 0, x_bar, negate)
         return 0
-    order = carray(address(buffer(frame, 14, 1)[1]), (rows, n), np.int32)
+    order = carray(address(_buffer(frame, 14, 1)[1]), (rows, n), np.int32)
     xs = np.empty((rows, n))
     _sort_rows(values, xs, order)
-    decay = carray(address(buffer(frame, 14, 2)[1]), (rows, n), np.float64)
+    decay = carray(address(_buffer(frame, 14, 2)[1]), (rows, n), np.float64)
     out = np.empty((rows, n))
     work = np.empty((rows, rank_forward_work, n))
     _rank_forward(xs, order, alpha, out, decay, work)
-    store(frame, 0, out, False)
+    _store(frame, 0, out, False)
     return 0
 
 
@@ -375,40 +404,40 @@ def topk_handler(frame_address):
     offsets (int64 and float64 as uint32 words).
     Backward: x, alpha, flags, order, anchors, offsets, cotangent -> gradient of x.
     """
-    frame, run = begin(frame_address)
+    frame, run = _begin(frame_address)
     if not run:
         return 0
-    negate, log = flags(frame, 2)
-    _, _, count, n = buffer(frame, 9, 0)
+    negate, log = _flags(frame, 2)
+    _, _, count, n = _buffer(frame, 9, 0)
     rows = count // n
-    values = load(frame, 0, rows, n, negate)
-    alpha = load(frame, 1, rows, 1, False).reshape(rows)
+    values = _load(frame, 0, rows, n, negate)
+    alpha = _load(frame, 1, rows, 1, False).reshape(rows)
     if frame[7] > 4:  # the backward pass: more arguments
-        order = carray(address(buffer(frame, 9, 3)[1]), (rows, n), np.int32)
-        xs = gather_rows(values, order)
-        anchor = carray(address(buffer(frame, 9, 4)[1]), (rows, 1), np.int64)
-        offset = carray(address(buffer(frame, 9, 5)[1]), (rows, 1), np.float64)
-        v = load(frame, 6, rows, n, False).reshape(rows, 1, n)
+        order = carray(address(_buffer(frame, 9, 3)[1]), (rows, n), np.int32)
+        xs = _gather_rows(values, order)
+        anchor = carray(address(_buffer(frame, 9, 4)[1]), (rows, 1), np.int64)
+        offset = carray(address(_buffer(frame, 9, 5)[1]), (rows, 1), np.float64)
+        v = _load(frame, 6, rows, n, False).reshape(rows, 1, n)
         x_bar = np.empty((rows, n))
         w_bar = np.empty((rows, 1))
         alpha_bar = np.empty(rows)
         work = np.empty((rows, topk_gradient_work, n))
         _topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, work)
-        store(frame, 0, x_bar, negate)
+        _store(frame, 0, x_bar, negate)
         return 0
-    order = carray(address(buffer(frame, 14, 1)[1]), (rows, n), np.int32)
+    order = carray(address(_buffer(frame, 14, 1)[1]), (rows, n), np.int32)
     xs = np.empty((rows, n))
     _sort_rows(values, xs, order)
-    w = load(frame, 3, rows, 1, False)
+    w = _load(frame, 3, rows, 1, False)
     worder = np.empty((rows, 1), np.int64)
     for r in range(rows):
         worder[r, 0] = 0
-    anchor = carray(address(buffer(frame, 14, 2)[1]), (rows, 1), np.int64)
-    offset = carray(address(buffer(frame, 14, 3)[1]), (rows, 1), np.float64)
+    anchor = carray(address(_buffer(frame, 14, 2)[1]), (rows, 1), np.int64)
+    offset = carray(address(_buffer(frame, 14, 3)[1]), (rows, 1), np.float64)
     out = np.empty((rows, n))
     work = np.empty((rows, topk_forward_work, n))
     _topk_forward(xs, order, alpha, w, worder, log, out.reshape(rows, 1, n), anchor, offset, work)
-    store(frame, 0, out, False)  # (rows, n) values: one compilation of store
+    _store(frame, 0, out, False)  # (rows, n) values: one compilation of store
     return 0
 
 
@@ -416,9 +445,18 @@ def topk_handler(frame_address):
 #: number of arguments), so that one compilation serves both
 _HANDLERS = {"rank": rank_handler, "topk": topk_handler}
 #: the compiled functions each handler calls (:func:`_link`)
+_FRAME = tuple(f"softorder_ffi_{name}" for name in ("begin", "flags", "buffer", "load", "store"))
 _CALLS = {
-    "rank": ("softorder_ffi_rank_forward", "softorder_ffi_rank_vjp", "softorder_ffi_sort_rows"),
-    "topk": ("softorder_ffi_topk_forward", "softorder_ffi_topk_vjp", "softorder_ffi_sort_rows"),
+    "rank": (
+        ("softorder_ffi_rank_forward", "softorder_ffi_rank_vjp", "softorder_ffi_sort_rows")
+        + _FRAME
+        + ("softorder_ffi_gather_rows",)
+    ),
+    "topk": (
+        ("softorder_ffi_topk_forward", "softorder_ffi_topk_vjp", "softorder_ffi_sort_rows")
+        + _FRAME
+        + ("softorder_ffi_gather_rows",)
+    ),
 }
 
 
