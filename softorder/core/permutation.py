@@ -148,13 +148,12 @@ def _rank_z(r, inv_alpha, anchor, offset, k, ri):
 @helper
 def _loss_by_rank_vjp(r, inv_alpha, order, target, anchor, offset, c, byrank, parts, beta, rbar):
     """:func:`_loss_row_vjp` for target ranks that are a permutation, rank by rank from
-    ``byrank`` (:func:`_values_by_rank`); writes ``rbar`` (all of it) and adds to ``beta``.
-    alpha_bar's part is summed in the elements' order as there.
-
-    ``parts`` (>= n, 3) holds, per rank, the element's direct term and alpha_bar's terms of
-    its upper and lower boundary, side by side: the loop back to the elements reads them at a
-    random rank, one cache miss instead of three (14 against 8 ms at n = 1e6).
+    ``byrank`` (:func:`_values_by_rank`, overwritten); writes ``rbar`` (all of it) and adds
+    to ``beta``. alpha_bar's part is summed in the elements' order as there (rows 0, 1 of
+    ``parts``, each of at least n - 1, hold its terms meanwhile).
     """
+    up_part = parts[0]  # alpha_bar's term of boundary k + 1, at k (ranks 0..n-2)
+    down_part = parts[1]  # its term of boundary k, at k - 1 (ranks 1..n-1)
     n = r.shape[0]
     an = anchor
     off = offset
@@ -178,19 +177,22 @@ def _loss_by_rank_vjp(r, inv_alpha, order, target, anchor, offset, c, byrank, pa
                 beta[k - 1] += gamma
                 rb -= gamma
                 down = gamma * z0
-        # (up is 0 at the last rank, down at the first: their boundaries are infinite)
-        parts[k, 0] = rb
-        parts[k, 1] = up
-        parts[k, 2] = down
+        byrank[k] = rb
+        if k < n - 1:
+            up_part[k] = up
+        if k > 0:
+            down_part[k - 1] = down
     # back to the elements, with alpha_bar summed in their order as before
     abar = 0.0
     tg = target
     od = order
     for i in range(n):
         k = tg[od[i]] - 1
-        rbar[i] = parts[k, 0]
-        abar -= parts[k, 1]
-        abar -= parts[k, 2]
+        rbar[i] = byrank[k]
+        up = up_part[k] if k < n - 1 else 0.0
+        down = down_part[k - 1] if k > 0 else 0.0
+        abar -= up
+        abar -= down
     return abar
 
 
@@ -415,9 +417,9 @@ def permutation_loss_vjp(
         a = alpha[row]
         inv_alpha = 1.0 / a
         # Only the pullback reads the tables, so they are filled after the direct terms:
-        # until then x_bar's row holds the values by rank and rows 0..2 of work the terms
-        # by rank. The pullback's injections go in S's row (only the forward's solve reads
-        # S) and x_bar's row (free until the scatter); it is not asked for w_bar.
+        # until then x_bar's row holds the values by rank and rows 0, 1 of work alpha_bar's
+        # terms. The pullback's injections go in S's row (only the forward's solve reads S)
+        # and x_bar's row (free until the scatter); it is not asked for w_bar.
         byrank = x_bar[row]
         if not _values_by_rank(r, order[row], target[row], byrank):
             x_bar[row, :] = np.nan
@@ -436,7 +438,7 @@ def permutation_loss_vjp(
             offset[row],
             cot[row],
             byrank,
-            work[row, :3].reshape((work.shape[2], 3)),
+            work[row],
             beta,
             rbar,
         )
