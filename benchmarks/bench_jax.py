@@ -35,9 +35,9 @@ Ratios are to the bridge in the same run; they, not absolute times, compare acro
 The script is a report, not a test: it always exits with 0.
 
 A second table gives the per-call floor at small sizes: ``jax.jit(jax.grad(...))`` of
-``soft_rank`` and ``soft_topk`` (k = 10) on one row of n = 1e2 and 1e3, through the bridge's
-FFI route (the default on the CPU) and through ``pure_callback`` (the route of traced
-``alpha`` or ``k``), against the NumPy API's forward + VJP, as ratios to the NumPy API. Each
+``soft_rank``, ``soft_topk`` (k = 10) and ``soft_sort`` on one row of n = 1e2 and 1e3, through
+the bridge's FFI route (the default on the CPU) and through ``pure_callback`` (the route of
+traced ``alpha`` or ``k``), against the NumPy API's forward + VJP, as ratios to the NumPy API. Each
 call takes the next of 16 different inputs: sorting the same row over and over lets the
 branch predictor learn it, which flatters comparison sorts. ``--floor-only`` prints only
 this table.
@@ -151,7 +151,7 @@ def floor_table(repeats):
         inputs = [rng.standard_normal(n).astype(np.float32) for _ in range(16)]
         w_np = rng.standard_normal(n).astype(np.float32)
         w = jnp.asarray(w_np)
-        for name, extra in (("soft_rank", ()), ("soft_topk", (10,))):
+        for name, extra in (("soft_rank", ()), ("soft_topk", (10,)), ("soft_sort", ())):
             bridge, numpy_op = getattr(soj, name), getattr(softorder, name)
 
             def loss(x, bridge=bridge, extra=extra, w=w):

@@ -1,7 +1,8 @@
 """The JAX bridge's FFI route (softorder.bridges._jax_ffi) against its callbacks and the NumPy API.
 
-On the CPU, ``soft_rank``, ``soft_topk`` and ``log_soft_topk`` with a concrete ``alpha`` and
-``k`` run as XLA FFI calls into numba C functions; everything else takes ``pure_callback``.
+On the CPU, ``soft_rank``, ``soft_topk``, ``log_soft_topk`` and ``soft_sort`` with a concrete
+``alpha`` (and ``k``) run as XLA FFI calls into numba C functions; everything else takes
+``pure_callback``.
 Both routes call the same kernels on the same float64 rows, so their values and gradients
 must agree bit for bit (and with the NumPy API), under ``jit``, ``grad`` and ``vmap``.
 """
@@ -32,6 +33,8 @@ CASES = {
     "topk": (soj.soft_topk, softorder.soft_topk, (3,), {}),
     "topk smallest": (soj.soft_topk, softorder.soft_topk, (2.5,), {"largest": False}),
     "log topk": (soj.log_soft_topk, softorder.log_soft_topk, (4,), {}),
+    "sort": (soj.soft_sort, softorder.soft_sort, (), {}),
+    "sort descending": (soj.soft_sort, softorder.soft_sort, (), {"descending": True}),
 }
 
 
@@ -71,11 +74,14 @@ def test_routing_is_decided_at_trace_time(monkeypatch):
     text = lowered(jax.grad(lambda x: soj.soft_rank(x, 0.5).sum()), x)
     assert text.count("@softorder_rank(") == 2 and CALLBACK not in text  # forward, backward
     assert "@softorder_topk(" in lowered(lambda x: soj.soft_topk(x, [1, 2], 0.5), x)
+    text = lowered(jax.grad(lambda x: soj.soft_sort(x, 0.5, descending=True).sum()), x)
+    assert text.count("@softorder_sort(") == 2 and CALLBACK not in text
     # traced alpha or k, several k per row, other operations: the callbacks
     assert CALLBACK in lowered(lambda x, a: soj.soft_rank(x, a), x, 0.5)
     assert CALLBACK in lowered(lambda x, k: soj.soft_topk(x, k), x, 2.0)
     assert CALLBACK in lowered(lambda x: soj.soft_topk(x, [[1.0, 2.0]], 0.5), x)
-    assert CALLBACK in lowered(lambda x: soj.soft_sort(x, 0.5), x)
+    assert CALLBACK in lowered(lambda x, a: soj.soft_sort(x, a), x, 0.5)
+    assert CALLBACK in lowered(lambda x: soj.soft_quantile(x, 0.5, 0.5), x)
     monkeypatch.setattr(soj, "_FFI_CALLS", False)
     assert CALLBACK in lowered(lambda x: soj.soft_rank(x, 0.5), x)
 
@@ -107,7 +113,7 @@ def test_routes_and_numpy_api_agree_bitwise(case, dtype, rng, callbacks):
     assert np.isfinite(ffi[0][[0, 2, 3]]).all() and np.isfinite(ffi[1][[0, 2, 3]]).all()
 
 
-@pytest.mark.parametrize("case", ["rank", "topk smallest"])
+@pytest.mark.parametrize("case", ["rank", "topk smallest", "sort descending"])
 def test_vmap_axis_and_narrow_dtypes(case, rng, callbacks):
     bridge, _, extra, kwargs = CASES[case]
     x = data(rng, (3, 4, 7))
@@ -155,6 +161,37 @@ def test_ties_values_equal_gradients_close(rng):
             expected, pullback = softorder.vjp(numpy_op, x, *extra, 0.5, **kwargs)
             equal(value, expected)
             np.testing.assert_allclose(grad, pullback(w)[0], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("descending", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sort_infinities_and_batch_shapes(descending, dtype, rng, callbacks):
+    """soft_sort with +-inf, ties and a NaN row, on a (2, n, 3) batch sorted along its middle
+    axis: the routes agree bit for bit, values and gradients, and with the NumPy API (rows
+    this short, NumPy's argsort keeps ties in order too).
+    """
+    x = np.round(rng.standard_normal((2, 3, 11)), 1).astype(dtype)
+    x[0, 0, :3] = [np.inf, -np.inf, np.inf]
+    x[1, 2, 4] = -np.inf
+    x[0, 1, :4] = 0.3  # ties
+    x[1, 0, 5] = np.nan
+    x = np.moveaxis(x, -1, 1)  # sorted along axis 1
+    w = rng.standard_normal(x.shape).astype(dtype)
+
+    def f(x):
+        return soj.soft_sort(x, 0.5, axis=1, descending=descending)
+
+    with jax.enable_x64(dtype == np.float64):
+        ffi, callback = callbacks(
+            lambda: (jax.jit(f)(x), jax.jit(jax.grad(lambda x: jnp.sum(f(x) * w)))(x))
+        )
+    equal(ffi[0], callback[0])
+    equal(ffi[1], callback[1])
+    expected, pullback = softorder.vjp(softorder.soft_sort, x, 0.5, axis=1, descending=descending)
+    equal(ffi[0], expected)
+    equal(ffi[1], pullback(w)[0])
+    assert np.isnan(ffi[0][1, :, 0]).all() and np.isnan(ffi[1][1, :, 0]).all()
+    assert np.isinf(ffi[0][0, :, 0]).sum() == 3 and np.isfinite(ffi[1][0, :, 0]).all()
 
 
 def test_sort_rows_is_numpys_stable_argsort(rng):

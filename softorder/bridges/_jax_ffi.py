@@ -1,11 +1,11 @@
 """XLA FFI handlers of the JAX bridge: numba ``cfunc`` s that XLA calls in place, on the CPU.
 
-The JAX bridge routes ``soft_rank``, ``soft_topk`` and ``log_soft_topk`` here when a call is
-traced for the CPU backend with a concrete ``alpha`` (and ``k``, one per row): then nothing is
-left to validate when the computation runs, and a call costs its kernels, without the Python,
-the GIL and the host copies of :func:`jax.pure_callback` (at n = 1e2 a ``jit(grad)`` of
-``soft_rank`` took 250-300 us through ``pure_callback``, almost all of it fixed cost; 13 us
-here).
+The JAX bridge routes ``soft_rank``, ``soft_sort``, ``soft_topk`` and ``log_soft_topk`` here
+when a call is traced for the CPU backend with a concrete ``alpha`` (and ``k``, one per row):
+then nothing is left to validate when the computation runs, and a call costs its kernels,
+without the Python, the GIL and the host copies of :func:`jax.pure_callback` (at n = 1e2 a
+``jit(grad)`` of ``soft_rank`` took 250-300 us through ``pure_callback``, almost all of it
+fixed cost; 13 us here).
 
 Each handler is one C function of XLA's typed FFI (``api_version=1``,
 ``XLA_FFI_Error* handler(XLA_FFI_CallFrame*)``, see ``xla/ffi/api/c_api.h`` in
@@ -26,7 +26,7 @@ adds some, ``vmap_method="broadcast_all"``):
 * forward: the input rows in the computing dtype (float32 or float64: widened to float64,
   exactly), ``alpha`` once per row in that dtype, int32 flags ``(negate, log)`` and for
   top-k ``k`` once per row; results: the output, the int32 argsort of each row, and the
-  float64 or int64 residuals (the rank decays; the top-k target's anchor and offset) as
+  float64 or int64 residuals (the rank decays; the targets' anchors and offsets) as
   uint32 words, two per value, so that they survive without ``jax_enable_x64``;
 * backward: the same input, ``alpha`` and flags, the argsort and residuals, and the
   cotangent; result: the gradient of the input.
@@ -45,11 +45,12 @@ from numba.core import cgutils, errors
 from numba.core.ccallback import CFunc
 from numba.extending import intrinsic
 
-from softorder.core import _jit, rank, topk
+from softorder.core import _jit, lapsum, rank, sort, topk
 from softorder.core._jit import _cache_classes, cache_dir, helper
 
 rank_forward_work, rank_linear_work = rank.FORWARD_WORK, rank.LINEAR_WORK
 topk_forward_work, topk_gradient_work = topk.FORWARD_WORK, topk.GRADIENT_WORK
+sort_forward_work, sort_vjp_work = lapsum.SORT_TABLES, sort.VJP_WORK
 
 #: XLA_FFI_DataType codes of the buffers the handlers read and write
 F32, F64 = 11, 12
@@ -105,6 +106,12 @@ NATIVE = {
         topk,
         "topk_vjp",
         (_F2, _I2, _F1, _L2, _F2, types.boolean, _F3, _F2, _F2, _F1, _F3),
+    ),
+    "softorder_ffi_sort_forward": (lapsum, "sort_kernel", (_F2, _F1, _F2, _L2, _F2, _F3)),
+    "softorder_ffi_sort_vjp": (
+        sort,
+        "sort_vjp",
+        (_F2, _I2, _F1, _L2, _F2, _F2, _F2, _F1, _F3),
     ),
     "softorder_ffi_sort_rows": (None, "sort_rows", (_F2, _F2, _I2)),
     # the frame helpers: through symbols too, so the handlers' compile is their own code
@@ -356,6 +363,8 @@ _rank_forward = _native("softorder_ffi_rank_forward")
 _rank_vjp = _native("softorder_ffi_rank_vjp")
 _topk_forward = _native("softorder_ffi_topk_forward")
 _topk_vjp = _native("softorder_ffi_topk_vjp")
+_sort_forward = _native("softorder_ffi_sort_forward")
+_sort_vjp = _native("softorder_ffi_sort_vjp")
 _sort_rows = _native("softorder_ffi_sort_rows")
 _begin = _native("softorder_ffi_begin")
 _flags = _native("softorder_ffi_flags")
@@ -441,9 +450,49 @@ def topk_handler(frame_address):
     return 0
 
 
+def sort_handler(frame_address):
+    """Forward: x, alpha, flags -> sorted values, order (int32), anchors and offsets (int64
+    and float64 as uint32 words).
+    Backward: x, alpha, flags, order, anchors, offsets, cotangent -> gradient of x.
+    Descending is the ascending sort of ``-x``, negated: the input, the result, the cotangent
+    and the gradient are negated (exactly), as the NumPy API does.
+    """
+    frame, run = _begin(frame_address)
+    if not run:
+        return 0
+    negate, _ = _flags(frame, 2)
+    _, _, count, n = _buffer(frame, 9, 0)
+    rows = count // n
+    values = _load(frame, 0, rows, n, negate)
+    alpha = _load(frame, 1, rows, 1, False).reshape(rows)
+    if frame[7] > 3:  # the backward pass: more arguments
+        order = carray(address(_buffer(frame, 9, 3)[1]), (rows, n), np.int32)
+        xs = _gather_rows(values, order)
+        anchor = carray(address(_buffer(frame, 9, 4)[1]), (rows, n), np.int64)
+        offset = carray(address(_buffer(frame, 9, 5)[1]), (rows, n), np.float64)
+        u = _load(frame, 6, rows, n, negate)
+        alpha_bar = np.empty(rows)
+        work = np.empty((rows, sort_vjp_work, n))
+        # the gradient into u itself, as the NumPy API does (each row of u is read before
+        # that row of the gradient is written)
+        _sort_vjp(xs, order, alpha, anchor, offset, u, u, alpha_bar, work)
+        _store(frame, 0, u, negate)
+        return 0
+    order = carray(address(_buffer(frame, 14, 1)[1]), (rows, n), np.int32)
+    xs = np.empty((rows, n))
+    _sort_rows(values, xs, order)
+    anchor = carray(address(_buffer(frame, 14, 2)[1]), (rows, n), np.int64)
+    offset = carray(address(_buffer(frame, 14, 3)[1]), (rows, n), np.float64)
+    out = np.empty((rows, n))
+    work = np.empty((rows, sort_forward_work, n))
+    _sort_forward(xs, alpha, out, anchor, offset, work)
+    _store(frame, 0, out, negate)
+    return 0
+
+
 #: one C function per operation: its forward and backward passes (told apart by their
 #: number of arguments), so that one compilation serves both
-_HANDLERS = {"rank": rank_handler, "topk": topk_handler}
+_HANDLERS = {"rank": rank_handler, "topk": topk_handler, "sort": sort_handler}
 #: the compiled functions each handler calls (:func:`_link`)
 _FRAME = tuple(f"softorder_ffi_{name}" for name in ("begin", "flags", "buffer", "load", "store"))
 _CALLS = {
@@ -454,6 +503,11 @@ _CALLS = {
     ),
     "topk": (
         ("softorder_ffi_topk_forward", "softorder_ffi_topk_vjp", "softorder_ffi_sort_rows")
+        + _FRAME
+        + ("softorder_ffi_gather_rows",)
+    ),
+    "sort": (
+        ("softorder_ffi_sort_forward", "softorder_ffi_sort_vjp", "softorder_ffi_sort_rows")
         + _FRAME
         + ("softorder_ffi_gather_rows",)
     ),
@@ -485,8 +539,8 @@ def _compile(name: str):
 
 
 def target(name: str) -> str:
-    """The FFI target name of handler ``name`` (``"rank"`` or ``"topk"``), registered with XLA
-    for the CPU on first use (compiling or loading the handler).
+    """The FFI target name of handler ``name`` (``"rank"``, ``"topk"`` or ``"sort"``),
+    registered with XLA for the CPU on first use (compiling or loading the handler).
     """
     full = f"softorder_{name}"
     if full in _registered:

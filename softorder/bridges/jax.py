@@ -15,9 +15,9 @@ route"); the forward pass keeps the O(n)-per-row residuals of the rule (the args
 row and the inversion targets), so the backward pass never sorts again.
 
 FFI route
-    On the CPU backend, ``soft_rank``, ``soft_topk`` and ``log_soft_topk`` with a concrete
-    (not traced) ``alpha`` and ``k``, one ``k`` per row, are XLA FFI custom calls into numba
-    C functions (:mod:`softorder.bridges._jax_ffi`): XLA runs them in place on its buffers,
+    On the CPU backend, ``soft_rank``, ``soft_sort``, ``soft_topk`` and ``log_soft_topk`` with a
+    concrete (not traced) ``alpha`` and ``k``, one ``k`` per row, are XLA FFI custom calls into
+    numba C functions (:mod:`softorder.bridges._jax_ffi`): XLA runs them in place on its buffers,
     with no Python, GIL or host copy, so a call costs its kernels. They sort the rows
     themselves (a radix sort, faster than XLA's own on single rows), then call the same
     serial kernels as the NumPy API on the same float64 rows: values and gradients are the
@@ -396,8 +396,8 @@ _apply.defvjp(_apply_fwd, _apply_bwd)
 # it covers. Everything it needs is validated then, so nothing can fail when it runs.
 
 #: Which CPU calls take the FFI route: ``"auto"`` (the default) for ``soft_rank``,
-#: ``soft_topk`` and ``log_soft_topk`` traced on the CPU backend with a concrete (not traced)
-#: ``alpha`` and ``k`` and one ``k`` per row; ``False`` sends every call through
+#: ``soft_sort``, ``soft_topk`` and ``log_soft_topk`` traced on the CPU backend with a concrete
+#: (not traced) ``alpha`` and ``k`` and one ``k`` per row; ``False`` sends every call through
 #: ``pure_callback``. Read when a call is traced.
 _FFI_CALLS: str | bool = "auto"
 
@@ -406,6 +406,7 @@ _FFI_OPS = {
     "soft_rank": ("rank", False),
     "soft_topk": ("topk", False),
     "log_soft_topk": ("topk", True),
+    "soft_sort": ("sort", False),
 }
 
 
@@ -469,7 +470,7 @@ def _as_kernel_value(value, compute) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class _FfiSpec:
-    handler: str  # "rank" or "topk": the handler in softorder.bridges._jax_ffi
+    handler: str  # "rank", "topk" or "sort": the handler in softorder.bridges._jax_ffi
     axis: int  # negative
 
 
@@ -482,6 +483,8 @@ def _ffi_forward(spec: _FfiSpec, x, alpha, flags, *rest):
     words = np.uint32  # float64 and int64 residuals as pairs of words: no x64 needed
     if spec.handler == "rank":
         saved = (_struct((rows, 2 * n), words),)  # the decays
+    elif spec.handler == "sort":  # anchors, offsets: one per target, n targets
+        saved = (_struct((rows, 2 * n), words), _struct((rows, 2 * n), words))
     else:
         saved = (_struct((rows, 2), words), _struct((rows, 2), words))  # anchors, offsets
     operands = (rows2d, alpha, flags, *rest)
@@ -727,7 +730,7 @@ def soft_rank(
     return _run(_ops.soft_rank, x=x, alpha=alpha, axis=axis, descending=descending)
 
 
-@documented(_ops.soft_sort, _JAX)
+@documented(_ops.soft_sort, _JAX, notes=_FFI_NOTE)
 def soft_sort(
     x: ArrayLike, alpha: ArrayLike = 1.0, *, axis: int = -1, descending: bool = False
 ) -> jax.Array:
