@@ -663,6 +663,24 @@ def test_bad_arguments_are_named():
         bl.permutation_cross_entropy(x, torch.zeros(2, 5, dtype=torch.long), method="softsort")
 
 
+def test_sorted_soft_topk_bad_arguments_are_named():
+    x = torch.randn(2, 5, dtype=F64)
+    for fn in (bl.sorted_soft_topk_ot, bl.log_sorted_soft_topk_ot):
+        for k in (0, 5, 2.0, True):
+            with pytest.raises(ValueError, match="k must"):
+                fn(x, k)
+        with pytest.raises(TypeError, match="floating"):
+            fn(torch.arange(5), 2)
+        with pytest.raises(ValueError, match="temperature"):
+            fn(x, 2, 0.0)
+        with pytest.raises(ValueError, match="n_iter"):
+            fn(x, 2, n_iter=0)
+        with pytest.raises(ValueError, match="tol"):
+            fn(x, 2, tol=-1.0)
+        with pytest.raises(ValueError, match="grad"):
+            fn(x, 2, grad="autograd")
+
+
 def test_inputs_are_not_modified():
     x = torch.randn(2, 6)
     before = x.clone()
