@@ -524,12 +524,9 @@ def soft_topk_log_kernel(x: torch.Tensor, temperature: Temperature) -> torch.Ten
     The cost is normalised per row (the authors' code divides by the batch's largest entry,
     which would make a row's result depend on the other rows) and the normaliser is
     differentiated with the rest (their code detaches it, which is not the derivative of the
-    function computed).
+    function computed). Sorted SOFT's kernel with one ranked anchor.
     """
-    anchors = torch.tensor([0.0, 1.0], dtype=x.dtype, device=x.device)
-    cost = (x.unsqueeze(-1) - anchors) ** 2
-    cost = cost / cost.amax(dim=(-2, -1), keepdim=True)
-    return -cost / temperature
+    return sorted_soft_topk_log_kernel(x, 1, temperature)
 
 
 def _log_soft_topk_ot(
@@ -689,7 +686,8 @@ def soft_topk_ot(
 def sorted_soft_topk_log_kernel(x: torch.Tensor, k: int, temperature: Temperature) -> torch.Tensor:
     """Sorted SOFT's ``-C / (max C) / epsilon`` for the anchors ``0, ..., k``: ``(..., n, k + 1)``.
 
-    Normalised per row, with the normaliser differentiated, as :func:`soft_topk_log_kernel`.
+    Normalised per row, with the normaliser differentiated (:func:`soft_topk_log_kernel`
+    says why).
     """
     anchors = torch.arange(k + 1, dtype=x.dtype, device=x.device)
     cost = (x.unsqueeze(-1) - anchors) ** 2
