@@ -498,8 +498,8 @@ def test_linear_model_on_digits_learns_top5(rng):
 
 def test_forward_mode_is_not_available():
     """custom_vjp functions have reverse-mode derivatives only (documented in the module):
-    refused naming softorder where the refusal happens while tracing the call; under
-    jit(jvp) JAX refuses when lowering, in its own words.
+    refused naming softorder, also under jit(jvp), where JAX's own refusal comes after the
+    call has traced.
     """
     x = jnp.array([0.5, -1.0, 3.0])
     match = "softorder's JAX operations have reverse-mode derivatives only.*forward mode"
@@ -509,8 +509,15 @@ def test_forward_mode_is_not_available():
         jax.jacfwd(lambda x: soj.soft_topk(x, 1.5, 0.5))(x)
     with pytest.raises(TypeError, match=match):
         jax.jit(jax.jacfwd(lambda x: soj.soft_sort(x, 0.5)))(x)
-    with pytest.raises(TypeError, match="forward-mode autodiff"):
+    with pytest.raises(TypeError, match=match):
         jax.jit(lambda x: jax.jvp(soj.soft_rank, (x,), (x,)))(x)
+    with pytest.raises(TypeError, match=match):
+        jax.jit(lambda x: jax.jvp(soj.soft_sort, (x,), (x,)))(x)  # the FFI route
+    with pytest.raises(TypeError, match=match):  # a tangent on alpha only
+        jax.jit(lambda a: jax.jvp(lambda a: soj.soft_topk(x, 1.5, a), (a,), (a,)))(0.5)
+    # forward mode in another argument leaves softorder's first derivatives alone
+    out, tangent = jax.jvp(lambda s: s * soj.soft_sort(x, 0.5), (2.0,), (1.0,))
+    np.testing.assert_array_equal(tangent, soj.soft_sort(x, 0.5))
 
 
 SECOND_ORDER = "softorder's JAX operations have first derivatives only: second derivatives"

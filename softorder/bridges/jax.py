@@ -35,8 +35,7 @@ Transformations
     kernels as one batched call (``vmap_method="broadcast_all"``: the vmapped axes become
     leading batch axes), not as a loop over rows. Forward mode (``jax.jvp``, ``jax.jacfwd``)
     is not available: ``custom_vjp`` functions only have reverse-mode derivatives; it raises
-    ``TypeError`` naming softorder (under ``jit(jvp(...))`` JAX's own "can't apply
-    forward-mode autodiff (jvp) to a custom_vjp function", when lowering). Second derivatives
+    ``TypeError`` naming softorder, also under ``jax.jit``. Second derivatives
     (``jax.hessian``, ``jax.grad`` of ``jax.grad``, ``jax.jacrev`` of ``jax.jacrev``) raise
     ``NotImplementedError`` naming softorder when traced: the callbacks have no derivatives.
     Inside :func:`jax.shard_map` each device's callbacks get only that device's rows, and
@@ -317,6 +316,19 @@ def _naming_forward_mode(run: Callable) -> Callable:
             raise TypeError(_FORWARD_MODE) from error
 
     return wrapped
+
+
+def _refuse_forward_mode(arrays) -> None:
+    """``TypeError`` naming softorder for an argument that carries a forward-mode tangent.
+
+    Under ``jax.jit(lambda x: jax.jvp(f, ...))`` JAX refuses the custom_vjp only after the
+    call has traced, outside :func:`_naming_forward_mode`, in words that do not name softorder.
+    """
+    from jax._src.interpreters import ad  # JAX has no public test for a jvp tracer
+
+    for value in arrays:
+        if isinstance(value, ad.JVPTracer) and not isinstance(value.tangent, ad.Zero):
+            raise TypeError(_FORWARD_MODE)
 
 
 def _struct(shape, dtype) -> jax.ShapeDtypeStruct:
@@ -615,6 +627,7 @@ def _run(op: Callable, **kwargs: Any) -> jax.Array:
             value = jnp.asarray(value)
         arrays[name] = value
 
+    _refuse_forward_mode(arrays.values())
     route = _ffi_route(op, statics, arguments, layout, compute)
     if route is not None:
         return route(x).astype(out_dtype)
