@@ -353,6 +353,24 @@ def target_sums_at(r, inv_alpha, anchor, t, a_left, ad_left, b_right, bd_right):
     return shift, G, Z
 
 
+@inner_helper
+def moment_step_up(d, inv_alpha, a, ad):
+    """One step of the recurrences of ``A``, ``Ad`` (:func:`prefix_moments`) from ``r[i - 1]``
+    to ``r[i]``, ``d = gap(r[i], r[i - 1])``: returns ``(E[i], A[i], Ad[i])``.
+    """
+    e = math.exp(-d * inv_alpha)
+    return e, 1.0 + e * a, (e * (ad + d * inv_alpha * a) if e > 0.0 else 0.0)
+
+
+@inner_helper
+def moment_step_down(r, i, e, inv_alpha, b, bd):
+    """One step of the recurrences of ``B``, ``Bd`` from ``r[i + 1]`` to ``r[i]``, with
+    ``e = E[i + 1]``: returns ``(B[i], Bd[i])``.
+    """
+    bd = e * (bd + gap(r[i + 1], r[i]) * inv_alpha * b) if e > 0.0 else 0.0
+    return 1.0 + e * b, bd
+
+
 @helper
 def neighbour_sums(r, inv_alpha, E, anchor, offset, sums):
     """Fill ``E`` and, for each target ``j`` (``anchor``, ``offset``) with left point ``L``
@@ -385,11 +403,7 @@ def neighbour_sums(r, inv_alpha, E, anchor, offset, sums):
     p = 0
     for i in range(n):
         if i > 0:
-            d = gap(r[i], r[i - 1])
-            e = math.exp(-d * inv_alpha)
-            E[i] = e
-            ad = e * (ad + d * inv_alpha * a) if e > 0.0 else 0.0
-            a = 1.0 + e * a
+            E[i], a, ad = moment_step_up(gap(r[i], r[i - 1]), inv_alpha, a, ad)
         while p < m and L[by_left[p]] <= i:
             j = by_left[p]
             if L[j] == i:
@@ -401,9 +415,7 @@ def neighbour_sums(r, inv_alpha, E, anchor, offset, sums):
     p = m - 1
     for i in range(n - 1, -1, -1):
         if i < n - 1:
-            e = E[i + 1]
-            bd = e * (bd + gap(r[i + 1], r[i]) * inv_alpha * b) if e > 0.0 else 0.0
-            b = 1.0 + e * b
+            b, bd = moment_step_down(r, i, E[i + 1], inv_alpha, b, bd)
         while p >= 0 and L[by_left[p]] + 1 >= i:
             j = by_left[p]
             if L[j] + 1 == i:

@@ -11,8 +11,6 @@ sorted targets, O(n + m) per row.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import prange
 
@@ -22,6 +20,8 @@ from softorder.core.lapsum import (
     TABLES_WITH_MOMENTS,
     inverse_pullback,
     inverse_pushforward,
+    moment_step_down,
+    moment_step_up,
     row_tables,
 )
 from softorder.core.rows import gather_finite, has_nan, scatter_finite
@@ -191,11 +191,7 @@ def few_tables(r, inv_alpha, anchor, offset, work):
     ad = 0.0
     for i in range(n):
         if i > 0:
-            d = gap(r[i], r[i - 1])
-            e = math.exp(-d * inv_alpha)
-            E[i] = e
-            ad = e * (ad + d * inv_alpha * a) if e > 0.0 else 0.0
-            a = 1.0 + e * a
+            E[i], a, ad = moment_step_up(gap(r[i], r[i - 1]), inv_alpha, a, ad)
         if marks[i] == 1.0 or marks[i] == 3.0:
             A[i] = a
             Ad[i] = ad
@@ -203,9 +199,7 @@ def few_tables(r, inv_alpha, anchor, offset, work):
     bd = 0.0
     for i in range(n - 1, -1, -1):
         if i < n - 1:
-            e = E[i + 1]
-            bd = e * (bd + gap(r[i + 1], r[i]) * inv_alpha * b) if e > 0.0 else 0.0
-            b = 1.0 + e * b
+            b, bd = moment_step_down(r, i, E[i + 1], inv_alpha, b, bd)
         if marks[i] >= 2.0:
             B[i] = b
             Bd[i] = bd
