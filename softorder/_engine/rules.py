@@ -116,6 +116,15 @@ def _x_tangent(tangents: dict, rows: Rows, name: str = "x") -> np.ndarray:
     return rows.backend.zeros(rows.xs.shape)
 
 
+def _descending_context(x, alpha, axis, descending, order) -> Context:
+    """The context of an operation of ``(x, alpha, axis, descending)``: descending is the
+    ascending operation on ``-x`` (the rank of -x; -(the sort of -x); P of -x sorts x
+    descending), so descending rows are negated on the way in.
+    """
+    negate = check_flag(descending, "descending")
+    return Context.of(Rows.from_input(x, axis, negate=negate, order=order), alpha)
+
+
 class OrderRule(Rule):
     """A rule whose residual ``order`` is handed out as int64, the dtype :meth:`describe`
     declares for it, whatever index dtype the backend sorts into (the host keeps int32
@@ -135,8 +144,7 @@ class RankRule(OrderRule):
     residual_names = ("order", "decay")
 
     def prepare(self, x, alpha, axis, descending, order=None):
-        negate = check_flag(descending, "descending")
-        return Context.of(Rows.from_input(x, axis, negate=negate, order=order), alpha)
+        return _descending_context(x, alpha, axis, descending, order)
 
     def result(self, layout, arguments):
         return "row", (layout.n,)
@@ -283,9 +291,7 @@ class SortRule(InverseRule):
     targets_differentiable = False
 
     def prepare(self, x, alpha, axis, descending, order=None):
-        # descending = -(ascending sort of -x): negate on the way in and on the way out.
-        negate = check_flag(descending, "descending")
-        return Context.of(Rows.from_input(x, axis, negate=negate, order=order), alpha)
+        return _descending_context(x, alpha, axis, descending, order)
 
     def result(self, layout, arguments):
         return "row", (layout.n,)
@@ -492,9 +498,7 @@ class PermutationRule(OrderRule):
     differentiable = ("x", "alpha")
 
     def prepare(self, x, alpha, axis, descending, order=None):
-        # P computed on -x sorts -x ascending, i.e. P @ x is x sorted descending.
-        negate = check_flag(descending, "descending")
-        return Context.of(Rows.from_input(x, axis, negate=negate, order=order), alpha)
+        return _descending_context(x, alpha, axis, descending, order)
 
     def result(self, layout, arguments):
         return "matrix", (layout.n, layout.n)
