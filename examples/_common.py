@@ -10,8 +10,11 @@ import argparse
 import pathlib
 import statistics
 from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 #: Every method's temperature (LapSum's alpha, the others' tau or epsilon) is chosen from this
@@ -53,6 +56,40 @@ def choose(grid: Sequence[float], score: Callable[[float], float]) -> tuple[floa
     scores = {t: score(t) for t in grid}
     best = max(scores.values())
     return next(t for t in grid if scores[t] == best), scores
+
+
+def tuned_runs(
+    grid: Sequence[float] | None,
+    seeds: int,
+    train: Callable[[float | None, int], T],
+    score: Callable[[T], float],
+    progress: Callable[[], object],
+) -> tuple[float | None, list[T]]:
+    """The protocol: a temperature chosen on validation, then ``seeds`` runs with it.
+
+    ``train(temperature, seed)`` trains one run and ``score(run)`` is its validation score. The
+    temperature is the grid value whose seed-0 run scores best (:func:`choose`), and that run
+    is reused as seed 0; ``grid=None`` (a method without a temperature) trains at ``None``.
+    ``progress()`` is called after each training run. Returns the temperature and the runs of
+    seeds ``0, ..., seeds - 1``.
+    """
+    if grid is None:
+        best, runs = None, [train(None, 0)]
+        progress()
+    else:
+        first: dict[float, T] = {}
+
+        def validation_score(t: float) -> float:
+            first[t] = train(t, 0)
+            progress()
+            return score(first[t])
+
+        best, _ = choose(grid, validation_score)
+        runs = [first[best]]
+    for seed in range(1, seeds):
+        runs.append(train(best, seed))
+        progress()
+    return best, runs
 
 
 def mean_sd(values: Sequence[float], digits: int = 2) -> str:

@@ -34,12 +34,12 @@ from _common import (  # noqa: E402
     GRID,
     QUICK_GRID,
     argument_parser,
-    choose,
     deterministic,
     digits_data,
     mean_sd,
     protocol_line,
     save_figure,
+    tuned_runs,
     with_lapsum,
     write_table,
 )
@@ -159,23 +159,15 @@ def main(argv: list[str] | None = None) -> int:
     runs = args.seeds + len(methods) * (len(grid) + args.seeds - 1)
     with tqdm(total=runs, desc="training", file=sys.stdout) as bar:
         for method in ["softmax", *methods]:
-            models = {}
-
-            def validation_score(t, method=method, models=models):
-                models[t] = train(method, x_fit, y_fit, temperature=t, seed=0, **options)
-                bar.update(1)
-                return accuracy(models[t][0], x_val, y_val)
-
-            if method == "softmax":
-                best = None
-                trained = [train(method, x_fit, y_fit, temperature=None, seed=0, **options)]
-                bar.update(1)
-            else:
-                best, _ = choose(grid, validation_score)
-                trained = [models[best]]
-            for seed in range(1, args.seeds):
-                trained.append(train(method, x_fit, y_fit, temperature=best, seed=seed, **options))
-                bar.update(1)
+            best, trained = tuned_runs(
+                None if method == "softmax" else grid,
+                args.seeds,
+                lambda t, seed, method=method: train(
+                    method, x_fit, y_fit, temperature=t, seed=seed, **options
+                ),
+                lambda run: accuracy(run[0], x_val, y_val),
+                lambda: bar.update(1),
+            )
             name = "softmax CE, then kNN" if method == "softmax" else f"kNN + {method}"
             rows.append(
                 {

@@ -32,12 +32,12 @@ from _common import (  # noqa: E402
     GRID,
     QUICK_GRID,
     argument_parser,
-    choose,
     deterministic,
     digits_data,
     mean_sd,
     protocol_line,
     save_figure,
+    tuned_runs,
     with_lapsum,
     write_table,
 )
@@ -123,27 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tqdm(total=runs, desc="training", file=sys.stdout) as bar:
         for method, pk_name, p_k in configs:
-            models = {}
-
-            def validation_score(t, method=method, p_k=p_k, models=models):
-                models[t] = train(method, p_k, t, x_train, y_train, epochs=args.epochs, seed=0)
-                bar.update(1)
-                return sum(accuracies(models[t][0], x_val, y_val))
-
-            if method == "softmax":
-                best, runs_0 = (
-                    None,
-                    [train(method, None, None, x_train, y_train, epochs=args.epochs, seed=0)],
-                )
-                bar.update(1)
-            else:
-                best, _ = choose(grid, validation_score)
-                runs_0 = [models[best]]
-            for seed in range(1, args.seeds):
-                runs_0.append(
-                    train(method, p_k, best, x_train, y_train, epochs=args.epochs, seed=seed)
-                )
-                bar.update(1)
+            best, runs_0 = tuned_runs(
+                None if method == "softmax" else grid,
+                args.seeds,
+                lambda t, seed, method=method, p_k=p_k: train(
+                    method, p_k, t, x_train, y_train, epochs=args.epochs, seed=seed
+                ),
+                lambda run: sum(accuracies(run[0], x_val, y_val)),
+                lambda: bar.update(1),
+            )
             results = [(*accuracies(model, x_test, y_test), sec) for model, sec in runs_0]
             top1s, top5s, secs = zip(*results, strict=True)
             rows.append(
