@@ -236,8 +236,8 @@ def _unliteral_calls(dispatcher) -> None:
     dispatcher.get_call_template = get_call_template
 
 
-#: Helpers are only called from compiled code: no wrappers for calls from Python or C, which
-#: cut a cold soft_topk forward + backward from 3.4 to 2.8 s of CPU time.
+#: Helpers are only called from compiled code: no wrappers for calls from Python or C, whose
+#: compilation would only lengthen the first call (figures in CHANGELOG.md).
 _INTERNAL = {"no_cpython_wrapper": True, "no_cfunc_wrapper": True}
 
 

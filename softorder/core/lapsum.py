@@ -258,7 +258,7 @@ def solve_ladder(r, alpha, inv_alpha, E, A, B, w0, anchor, t, out):
     a search: ``S[i] <= w0 + q`` exactly when ``q >= ceil(S[i] - w0)`` (``S[i] - w0`` is exact
     for ``S[i] >= w0 / 2``, and below that the ceiling is 0 either way), so each point adds 1
     at its first target and a prefix sum gives ``J_q``. Branch-free, unlike a merge, whose
-    data-dependent exit was mispredicted about once per target (10 of 14 ms at n = 1e6).
+    data-dependent exit is mispredicted about once per target and dominated its time.
     The same ``J`` as :func:`count_at_most` wherever ``S`` is non-decreasing; the inverse is
     :func:`invert`'s, written with selects for the common case. ``S`` (:func:`lapsum_at_points`)
     is computed in the count, never stored. With ``out`` of length m, the targets' values
@@ -288,7 +288,7 @@ def solve_ladder(r, alpha, inv_alpha, E, A, B, w0, anchor, t, out):
             den = b if up else d - c
             anchor[q] = J if up else J - 1
             t[q] = math.log(num / den)
-    if positions:  # a pass of its own: inside the loop above it cost 1 ms at n = 1e6
+    if positions:  # a pass of its own: inside the loop above it slowed every target
         for q in range(m):
             out[q] = target_position(r, alpha, anchor[q], t[q])
 
@@ -470,8 +470,8 @@ def row_tables(r, inv_alpha, moments, work):
         lapsum_at_points(A, B, S)
         return E, A, B, Ad, Bd, S
     # :func:`prefix_sums`, :func:`lapsum_at_points` and :func:`prefix_moments` in two passes
-    # instead of five (the same operations on the same values; without the moments, fusing
-    # the passes was slower: 7.5 against 5.7 ms at n = 1e6)
+    # instead of five (the same operations on the same values; without the moments, fused
+    # passes are slower than the separate ones, so only this case is fused)
     A[0] = 1.0
     E[0] = 0.0
     Ad[0] = 0.0
@@ -509,8 +509,8 @@ def inverse_pullback(
     weights its own sums ``G_j`` already computed, then one scan up and one down carry the
     injections by the factors ``E`` (:func:`~softorder.core.kernel_sums.carry_injections`).
     The sums of :func:`target_sums` are written out in the loop: called per target, passing
-    the row's arrays cost their reference counting, 3x the arithmetic (47 against 17 ms for
-    1e6 targets, inlined or not).
+    the row's arrays cost their reference counting, several times the arithmetic, inlined
+    or not.
     """
     E, A, B, Ad, Bd, S = tables
     n = r.shape[0]

@@ -182,7 +182,8 @@ def _loss_by_rank_vjp(r, inv_alpha, order, target, anchor, offset, c, byrank, pa
             up_part[k] = up
         if k > 0:
             down_part[k - 1] = down
-    # back to the elements, with alpha_bar summed in their order as before
+    # back to the elements, with alpha_bar summed in the elements' order, the order the
+    # repeated-ranks kernel sums in, so both give the same bits
     abar = 0.0
     tg = target
     od = order
@@ -350,7 +351,7 @@ def permutation_loss_forward(
         loss = 0.0
         tg = target[row]
         od = order[row]
-        for i in range(n):  # summed in the order of the elements, as before
+        for i in range(n):  # in the elements' order, as the repeated-ranks kernel sums
             loss -= terms[tg[od[i]] - 1]
         out[row] = loss
     return repeated
