@@ -46,6 +46,7 @@ import numba
 import numpy as np
 
 import softorder
+from softorder._timing import best_times
 
 ALPHA = 0.1
 SIZES = (10**4, 10**5, 10**6)
@@ -94,21 +95,6 @@ def forward_vjp(label, x, rng):
         return pullback(cotangent)
 
     return run
-
-
-def best_times(calls, repeats, clock):
-    """Best (min) time in seconds of each callable over ``repeats`` interleaved rounds, by
-    ``clock`` (each callable runs once first: numba compiles or loads its kernels).
-    """
-    for call in calls:
-        call()
-    best = [float("inf")] * len(calls)
-    for _ in range(repeats):
-        for j, call in enumerate(calls):
-            start = clock()
-            call()
-            best[j] = min(best[j], clock() - start)
-    return best
 
 
 def repeats_for(n, repeats):
