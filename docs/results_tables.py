@@ -20,7 +20,7 @@ def _cells(line: str) -> list[str]:
 
 def _inline(text: str) -> str:
     """Markdown's inline code (single backticks) as reStructuredText's (double); ``*`` and
-    ``**`` mean the same in both. A lone ``|`` or ``*`` is escaped."""
+    ``**`` mean the same in both. A ``|`` is escaped (reStructuredText's substitution mark)."""
     text = re.sub(r"(?<!`)`([^`]+)`(?!`)", r"``\1``", text)
     return text.replace("|", r"\|")
 
