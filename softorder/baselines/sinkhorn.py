@@ -771,6 +771,19 @@ def sorted_soft_topk_all_anchors(
 
     Row ``k`` is ``log(n Gamma[:, k])``, the log share of the ``n - k`` elements after the
     top k (for ``k = n - 1``, the last rank: the rows are then a full relaxed permutation).
+    Every element's shares over the ``k + 1`` rows sum to 1 (within ``tol``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from softorder.baselines.sinkhorn import sorted_soft_topk_all_anchors
+    >>> x = torch.tensor([0.0, 3.0, 1.0], dtype=torch.float64)
+    >>> shares = sorted_soft_topk_all_anchors(x, 1, 0.05).exp()
+    >>> shares.round(decimals=3)  # row 0: the largest; row 1: the other two
+    tensor([[0.0060, 0.9210, 0.0730],
+            [0.9940, 0.0790, 0.9270]], dtype=torch.float64)
+    >>> shares.sum(-2).round(decimals=6)
+    tensor([1., 1., 1.], dtype=torch.float64)
     """
     n = check_scores(x)
     _check_sorted_k(k, n)
