@@ -153,3 +153,29 @@ def test_numpy_settings_under_torch_compile_are_refused_naming_softorder(fullgra
     # on torch 2.6 as on 2.13 (a plain raise in traced code lost it on 2.6: "Observed exception")
     with pytest.raises(Exception, match="^TypeError: softorder under torch.compile: dim must be"):
         compiled(X, np.int64(1))
+
+
+def test_forward_mode_under_torch_compile_is_refused_naming_softorder():
+    """Compiled code reaches softorder through custom operators with a reverse-mode formula
+    only; PyTorch would give their results zero tangents, so forward mode is refused."""
+    tangent = torch.ones_like(X)
+
+    def jvp(x, t):
+        return torch.func.jvp(lambda y: sot.soft_sort(y, 0.5), (x,), (t,))[1]
+
+    def dual(x, t):
+        with torch.autograd.forward_ad.dual_level():
+            out = sot.soft_rank(torch.autograd.forward_ad.make_dual(x, t), 0.5)
+            return torch.autograd.forward_ad.unpack_dual(out).tangent
+
+    message = "softorder under torch.compile: forward-mode derivatives"
+    for fn in (jvp, dual):
+        with pytest.raises(Exception, match=message):
+            torch.compile(fn, backend="eager")(X, tangent)
+    with pytest.raises(Exception, match=message):
+        torch.compile(jvp, backend="eager", fullgraph=True)(X, tangent)
+    # eager forward mode is supported, and agrees with a central difference
+    eager = jvp(X, tangent)
+    h = 1e-6
+    central = (sot.soft_sort(X + h * tangent, 0.5) - sot.soft_sort(X - h * tangent, 0.5)) / (2 * h)
+    torch.testing.assert_close(eager, central, rtol=1e-5, atol=1e-6)

@@ -48,6 +48,27 @@ def test_transforms_active_under_transforms_only(monkeypatch):
     assert compat._always() is True  # the fallback, for a torch without the API
 
 
+def test_forward_mode_active_under_jvp_and_dual_levels_only():
+    seen = []
+
+    def f(t):
+        seen.append(compat.forward_mode_active())
+        return t * 2
+
+    x = torch.ones(3)
+    torch.func.jvp(f, (x,), (x,))
+    torch.func.vmap(torch.func.jvp, in_dims=(None, 0, 0))(
+        f, (torch.ones(2, 3),), (torch.ones(2, 3),)
+    )
+    torch.func.vmap(lambda t: torch.func.jvp(f, (t,), (t,)))(torch.ones(2, 3))
+    torch.func.grad(lambda t: f(t).sum())(x)
+    torch.func.vmap(f)(torch.ones(2, 3))
+    with torch.autograd.forward_ad.dual_level():
+        f(torch.autograd.forward_ad.make_dual(x, x))
+    f(x)
+    assert seen == [True, True, True, False, False, True, False]
+
+
 def _dead_wrapper() -> torch.Tensor:
     """A tensor wrapped by a torch.func transform that has finished."""
     leaked = []

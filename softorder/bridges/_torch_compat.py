@@ -40,6 +40,7 @@ __all__ = [
     "is_wrapped",
     "mark_constant",
     "transforms_active",
+    "forward_mode_active",
     "unwrap_dead_wrappers",
 ]
 
@@ -85,6 +86,25 @@ def _always() -> bool:
 #: the private API it always answers ``True``: every call then takes
 #: :meth:`torch.autograd.Function.apply` (correct, about 20 us slower per call).
 transforms_active = _always if _transforms_active is None else _transforms_active
+
+
+_interpreters = _private("torch._functorch.pyfunctorch", "retrieve_all_functorch_interpreters")
+
+
+def forward_mode_active() -> bool:
+    """Whether forward-mode AD is running: a ``torch.func.jvp`` (or ``jacfwd``) transform
+    anywhere on functorch's interpreter stack
+    (``torch._functorch.pyfunctorch.retrieve_all_functorch_interpreters``), or a
+    ``torch.autograd.forward_ad.dual_level``. The compiled path asks this at trace time,
+    where the custom operators would drop tangents. Without the private API, only the
+    ``dual_level`` half is checked.
+    """
+    if torch.autograd.forward_ad._current_level >= 0:
+        return True
+    if _interpreters is None:  # pragma: no cover - depends on the torch release
+        return False
+    jvp = torch._C._functorch.TransformType.Jvp
+    return any(i.key() == jvp for i in _interpreters())
 
 
 _unwrap_dead_wrappers = _private("torch._functorch.utils", "unwrap_dead_wrappers")

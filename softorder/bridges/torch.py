@@ -29,7 +29,9 @@ How it plugs into PyTorch:
   :func:`torch.func.vjp` all work. Plain eager calls never call a custom operator, which
   imports PyTorch's dynamo compiler (seconds) on first use; nor does importing this module. Under
   ``torch.compile`` the forward operator's registered autograd formula is used
-  instead (dynamo cannot trace a custom ``jvp``), so compiled code has reverse mode only.
+  instead (dynamo cannot trace a custom ``jvp``), so compiled code has reverse mode only:
+  forward mode there (``torch.func.jvp``, ``forward_ad``) raises ``NotImplementedError``
+  naming softorder, where PyTorch would silently give zero tangents.
 - :func:`torch.func.vmap`: the vmapped dimension becomes one more leading batch dimension of
   a single call (the Function's ``vmap`` rule). Derivatives under ``vmap`` (``jacrev``,
   ``jacfwd``, ``vmap(grad(...))``) work the same way: the backward and forward-mode operators
@@ -665,6 +667,7 @@ def _run(name: str, arguments: dict) -> Tensor:
     compiling = torch.compiler.is_compiling()
     if compiling:
         _plain_settings_when_compiling(arguments)
+        _no_forward_mode_when_compiling()
     if "dim" in arguments:
         dim = arguments.pop("dim")
         if not (type(dim) is int and -x.dim() <= dim < x.dim() and x.shape[dim]):
@@ -720,6 +723,20 @@ def _plain_settings_when_compiling(arguments: dict) -> None:
                 f"softorder under torch.compile: {arg} must be a Python int or bool, not a "
                 f"NumPy value (e.g. {arg}=int(value) or bool(value))"
             )
+
+
+@compat.mark_constant  # run, not traced, by torch.compile
+def _no_forward_mode_when_compiling() -> None:
+    """Refuse forward mode in compiled code: the custom operators of the compiled path have
+    a reverse-mode formula only, and PyTorch would give their results zero tangents. Run at
+    trace time, where the transforms being traced are on functorch's stack.
+    """
+    if compat.forward_mode_active():
+        raise NotImplementedError(
+            "softorder under torch.compile: forward-mode derivatives (torch.func.jvp, "
+            "jacfwd, forward_ad) are not supported in compiled code; call the softorder "
+            "operation outside torch.compile, where forward mode works"
+        )
 
 
 @compat.mark_constant  # run, not traced, by torch.compile
