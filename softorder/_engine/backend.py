@@ -18,6 +18,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from softorder._engine.backends.numpy_host import (
     NUMPY,
     NumpyBackend,
@@ -64,6 +66,8 @@ def backend_of(x) -> Backend:
         backend = lookup(x)
         if backend is not None:
             return backend
+    if type(x) is np.ndarray:  # never a device array (the common case: no attribute lookups)
+        return NUMPY
     if not _device_backend_loaded and _is_device_array(x):
         _load_device_backend()
         return backend_of(x)

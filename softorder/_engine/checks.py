@@ -28,7 +28,7 @@ _SMALLEST_ALPHA = float(np.finfo(np.float64).tiny)
 
 def refuse_masked(value, name: str) -> None:
     """``TypeError`` for a :class:`numpy.ma.MaskedArray`: its mask would be silently lost."""
-    if isinstance(value, np.ma.MaskedArray):
+    if type(value) is not np.ndarray and isinstance(value, np.ma.MaskedArray):
         raise TypeError(
             f"{name} is a numpy.ma.MaskedArray; softorder does not read masks (np.asarray would "
             f"silently drop it): fill the masked entries explicitly, e.g. {name}.filled(-np.inf) "
@@ -75,7 +75,9 @@ def check_alpha(
         value = float(alpha)
     rows = math.prod(batch_shape)
     if math.isfinite(value) and value >= _SMALLEST_ALPHA and rows:
-        return np.full(rows, value), ()
+        per_row = np.empty(rows)  # (np.full's Python wrapper costs twice as much)
+        per_row.fill(value)
+        return per_row, ()
     refuse_masked(alpha, "alpha")
     if isinstance(alpha, bool) or (
         not isinstance(alpha, numbers.Real) and np.asarray(alpha).dtype.kind not in "iuf"

@@ -36,6 +36,19 @@ class Layout:
 
     @classmethod
     def of(cls, shape: tuple, axis, name: str = "x") -> Layout:
+        # a layout depends on these three only and is immutable: small calls reuse one
+        key = (shape, axis, name) if type(shape) is tuple and type(axis) is int else None
+        layout = _LAYOUTS.get(key)
+        if layout is None:
+            layout = cls._of(shape, axis, name)
+            if key is not None:
+                if len(_LAYOUTS) >= _MAX_LAYOUTS:
+                    _LAYOUTS.clear()
+                _LAYOUTS[key] = layout
+        return layout
+
+    @classmethod
+    def _of(cls, shape: tuple, axis, name: str) -> Layout:
         shape = tuple(int(s) for s in shape)
         ndim = len(shape)
         if ndim == 0:
@@ -71,6 +84,11 @@ class Layout:
         for position, size in sorted(zip(dst, core_shape, strict=True)):  # as np.moveaxis does
             shape.insert(position, int(size))
         return tuple(shape)
+
+
+#: the layouts of recent calls, by (shape, axis, name) (see :meth:`Layout.of`)
+_LAYOUTS: dict = {}
+_MAX_LAYOUTS = 256
 
 
 @dataclass
@@ -115,11 +133,15 @@ class Rows:
 
     def to_user(self, arr: np.ndarray, kind: str, dtype=None) -> np.ndarray:
         """A ``(rows, *core)`` kernel result in the caller's layout and dtype."""
-        dst, ncore = self.layout._positions(kind)
-        nb = len(self.batch_shape)
-        shaped = arr.reshape(self.batch_shape + arr.shape[1:])
-        source = list(range(nb, nb + ncore))
-        moved = shaped if source == dst else self.backend.moveaxis(shaped, source, dst)
+        layout = self.layout
+        shaped = arr.reshape(layout.batch_shape + arr.shape[1:])
+        nb = len(layout.batch_shape)
+        if kind == "row" and layout.axis == nb:  # the common case: the axis is already last
+            moved = shaped
+        else:
+            dst, ncore = layout._positions(kind)
+            source = list(range(nb, nb + ncore))
+            moved = shaped if source == dst else self.backend.moveaxis(shaped, source, dst)
         return self.backend.cast(moved, self.dtype if dtype is None else dtype)
 
     def to_core(self, value, kind: str, core_shape: tuple, name: str) -> np.ndarray:
@@ -138,13 +160,20 @@ class Rows:
         """
         refuse_masked(value, name)
         arr, _ = self.backend.float_input(value, name)
-        dst, ncore = self.layout._positions(kind)
-        nb = len(self.batch_shape)
-        expected = self.layout.user_shape(kind, core_shape)
-        if tuple(arr.shape) != expected:
-            raise ValueError(f"{name} must have shape {expected}; got {tuple(arr.shape)}")
-        source = list(range(nb, nb + ncore))
-        moved = arr if source == dst else self.backend.moveaxis(arr, dst, source)
+        layout = self.layout
+        nb = len(layout.batch_shape)
+        if kind == "row" and layout.axis == nb:  # the common case: the axis is already last
+            expected = layout.batch_shape + core_shape
+            if tuple(arr.shape) != expected:
+                raise ValueError(f"{name} must have shape {expected}; got {tuple(arr.shape)}")
+            moved = arr
+        else:
+            dst, ncore = layout._positions(kind)
+            expected = layout.user_shape(kind, core_shape)
+            if tuple(arr.shape) != expected:
+                raise ValueError(f"{name} must have shape {expected}; got {tuple(arr.shape)}")
+            source = list(range(nb, nb + ncore))
+            moved = arr if source == dst else self.backend.moveaxis(arr, dst, source)
         core = self.backend.contiguous_f64(moved)
         owned = (
             type(core) is np.ndarray
@@ -178,7 +207,9 @@ class Targets:
     def parse(cls, value, rows: Rows, name: str, high: float, high_text: str) -> Targets:
         if type(value) in (int, float) and 0 < value < high:  # one valid scalar: the fast path
             backend = rows.backend
-            values = backend.from_host(np.full((rows.rows, 1), float(value)))
+            values = np.empty((rows.rows, 1))  # (np.full's Python wrapper costs twice as much)
+            values.fill(float(value))
+            values = backend.from_host(values)
             return cls(values, backend.from_host(np.zeros((rows.rows, 1), np.int64)), False, ())
         values, multi, shape = check_targets(value, rows.batch_shape, name, high, high_text)
         order = np.argsort(values, axis=1)

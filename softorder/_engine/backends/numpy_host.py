@@ -16,14 +16,19 @@ def float_array(x, name: str) -> tuple[np.ndarray, np.dtype]:
     Integers and booleans give float64, float16 gives float16 (computed in float64).
     Complex, object and string arrays raise ``TypeError`` naming the argument.
     """
-    arr = np.asarray(x)
+    arr = x if type(x) is np.ndarray else np.asarray(x)
     kind = arr.dtype.kind
+    if kind == "f":  # the common case first
+        return arr, arr.dtype
     if kind == "c":
         raise TypeError(f"{name} must be real; got a complex array of dtype {arr.dtype}")
     if kind not in "biuf":
         raise TypeError(f"{name} must be a numeric array; got dtype {arr.dtype}")
     out_dtype = arr.dtype if kind == "f" else np.dtype(np.float64)
     return arr, out_dtype
+
+
+_F64 = np.dtype(np.float64)
 
 
 def index_dtype(n: int) -> np.dtype:
@@ -43,6 +48,8 @@ def cast(value, dtype) -> np.ndarray:
 
 def unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:
     """Sum ``grad`` over the axes that broadcasting added to an argument of ``shape``."""
+    if grad.shape == shape:  # nothing was broadcast (tuple equality: cheap)
+        return grad
     extra = grad.ndim - len(shape)
     grad = grad.sum(axis=tuple(range(extra))) if extra > 0 else grad
     axes = tuple(i for i, s in enumerate(shape) if s == 1 and grad.shape[i] != 1)
@@ -66,7 +73,9 @@ class NumpyBackend:
         the rules never write it (no copy when it already is one).
         """
         if negate:
-            a = np.negative(a, dtype=np.float64)
+            return np.negative(a, dtype=np.float64, order="C")  # a new C-ordered array
+        if type(a) is np.ndarray and a.dtype is _F64 and a.flags.c_contiguous:
+            return a  # what np.ascontiguousarray returns, without its cost
         return np.ascontiguousarray(a, dtype=np.float64)
 
     def sort_rows(self, rows2d, order=None):
