@@ -682,7 +682,11 @@ class TopKCrossEntropyRule(LossRule):
             cot,
             x_bar,
             alpha_bar,
-            ctx.work(core.topk_loss.GRADIENT_WORK),
+            ctx.work(
+                core.topk_loss.CPU_GRADIENT_WORK
+                if ctx.kernels is core
+                else core.topk_loss.GRADIENT_WORK
+            ),
         )
         return x_bar, alpha_bar
 

@@ -35,7 +35,10 @@ from softorder.core.lapsum import (
 from softorder.core.rows import has_nan, scatter_finite
 
 FORWARD_WORK = TABLES
+#: the GPU twin's rows of gradient scratch
 GRADIENT_WORK = TABLES_WITH_MOMENTS + 1
+#: the CPU VJP's: ``E`` alone (the gradient is formed in the row of ``x_bar``)
+CPU_GRADIENT_WORK = 1
 
 
 @helper
@@ -244,12 +247,14 @@ def _loss_vjp(
             continue
         a = alpha[row]
         inv_alpha = 1.0 / a
-        # no tables: only E and the sums at each target's two neighbours (2 of the rows of
-        # ``work`` are filled; the GPU twin fills them all)
+        # no tables: only E and the sums at each target's two neighbours (1 of the rows of
+        # ``work`` is filled; the GPU twin fills them all)
         E = work[row, 0]
         sums = kwork[row, 4:]
         neighbour_sums(r, inv_alpha, E, anchor[row], offset[row], sums)
-        rbar = work[row, 1]
+        # the gradient in sorted order goes to the row of x_bar, then to the spent E for the
+        # scatter into x_bar: one row of n less than a row of work of its own
+        rbar = x_bar[row]
         rbar[:] = 0.0
         iy = _label_position(order[row], labels[row])
         terms = kwork[row, 0]
@@ -301,7 +306,8 @@ def _loss_vjp(
                 rbar[i] -= cs * math.exp(-r[i] - top_logit) / s
             rbar[iy] += cs
         alpha_bar[row] = abar
-        scatter_finite(r, order[row], rbar, x_bar[row])
+        E[:] = rbar  # E is spent
+        scatter_finite(r, order[row], E, x_bar[row])
 
 
 topk_loss_forward.serial, topk_loss_forward.parallel = _loss_forward.serial, _loss_forward.parallel
