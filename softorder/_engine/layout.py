@@ -9,7 +9,7 @@ caller's layout and dtype. The kernels only ever see C-contiguous float64 ``(row
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -101,6 +101,14 @@ class Rows:
     dtype: np.dtype
     sign: float
     backend: Backend = NUMPY  # where the arrays live (softorder._engine.backend)
+    # plain attributes, not properties: a small call reads them a few dozen times
+    batch_shape: tuple = field(init=False, repr=False)  # layout.batch_shape
+    rows: int = field(init=False, repr=False)  # xs.shape[0]
+    n: int = field(init=False, repr=False)  # xs.shape[1]
+
+    def __post_init__(self) -> None:
+        self.batch_shape = self.layout.batch_shape
+        self.rows, self.n = self.xs.shape
 
     @classmethod
     def from_input(
@@ -118,18 +126,6 @@ class Rows:
         rows2d = backend.contiguous_f64(moved, negate).reshape(-1, layout.n)  # never written
         xs, order = backend.sort_rows(rows2d, order)
         return cls(xs, order, layout, dtype, -1.0 if negate else 1.0, backend)
-
-    @property
-    def batch_shape(self) -> tuple:
-        return self.layout.batch_shape
-
-    @property
-    def rows(self) -> int:
-        return self.xs.shape[0]
-
-    @property
-    def n(self) -> int:
-        return self.xs.shape[1]
 
     def to_user(self, arr: np.ndarray, kind: str, dtype=None) -> np.ndarray:
         """A ``(rows, *core)`` kernel result in the caller's layout and dtype."""

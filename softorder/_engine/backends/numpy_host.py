@@ -87,7 +87,8 @@ class NumpyBackend:
         if order is None:
             # NumPy's argsort returns int64: the narrowing pass costs less than the 4 bytes
             # per element it saves for the rest of the call (forward and gradients)
-            order = np.argsort(rows2d, axis=1).astype(index, copy=False)
+            # (the method: np.argsort's wrapper costs half of a row of 1e2's argsort)
+            order = rows2d.argsort(axis=1).astype(index, copy=False)
         else:
             order = np.ascontiguousarray(order, dtype=index).reshape(rows2d.shape)
         xs = np.empty(rows2d.shape)
