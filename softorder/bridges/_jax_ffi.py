@@ -11,13 +11,17 @@ Each handler is one C function of XLA's typed FFI (``api_version=1``,
 ``XLA_FFI_Error* handler(XLA_FFI_CallFrame*)``, see ``xla/ffi/api/c_api.h`` in
 ``jax.ffi.include_dir()``), written with numba; it never fails (it returns NULL), since
 everything was validated when the call was traced. It sorts the rows itself
-(:func:`sort_rows`: XLA's sort took 120 us for one row of 1e3, this one 12 us) and calls the
+(:func:`sort_rows`: XLA's sort, in the traced graph, took 114 us for one row of 1e3 and
+1.6 ms at 1e4, this one 11 us and 0.1 ms) and calls the
 same serial kernels as the NumPy API on the same float64 rows and int32 orders (the very same
 compilations, through their addresses: :func:`_native`), so its results are bitwise
 those of the NumPy API when the rows have no ties (with ties, only the order of equal
 elements can differ: this sort is stable, NumPy's is not, and a gradient then sums in
 another order). The handlers are compiled on first use and cached on disk next to the
-kernels (:func:`softorder.core.cache_dir`).
+kernels (:func:`softorder.core.cache_dir`). A handler is one numba compilation: it reads
+XLA's call frame and buffers through intrinsics (code emitted in place) and calls the
+kernels and the sort by symbol, so an empty cache's first call compiles the operation's two
+kernels (which the NumPy API shares), the sort and the handler, nothing else.
 
 One handler per operation serves its forward and backward passes, told apart by their
 number of operands. The operands, with the rows flattened over every leading axis (``vmap``
@@ -39,11 +43,16 @@ import logging
 import threading
 
 import llvmlite.binding
+import llvmlite.ir as ir
+import numba
 import numpy as np
-from numba import carray, types
+from numba import types
 from numba.core import cgutils, errors
 from numba.core.ccallback import CFunc
+from numba.core.imputils import impl_ret_new_ref
+from numba.cpython.mathimpl import negate_real
 from numba.extending import intrinsic
+from numba.np.arrayobj import _empty_nd_impl, np_cfarray
 
 from softorder.core import _jit, lapsum, rank, sort, topk
 from softorder.core._jit import _cache_classes, cache_dir, helper
@@ -67,17 +76,6 @@ _log = logging.getLogger("softorder")
 
 
 @intrinsic
-def address(typingctx, value):
-    """An integer address as a ``void*``."""
-    sig = types.voidptr(types.int64)
-
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], context.get_value_type(types.voidptr))
-
-    return sig, codegen
-
-
-@intrinsic
 def float_bits(typingctx, value):
     """The bits of a float64 as an int64."""
     sig = types.int64(types.float64)
@@ -88,9 +86,171 @@ def float_bits(typingctx, value):
     return sig, codegen
 
 
+# The handlers reach XLA's call frame and buffers through the intrinsics below: code emitted
+# in place, where a numba function (``carray``, a helper) would cost a compilation of its own,
+# 0.05-0.1 s each however small (figures in CHANGELOG.md).
+
+
+def _pointer(context, builder, address, dtype):
+    return builder.inttoptr(address, context.get_data_type(dtype).as_pointer())
+
+
+@intrinsic
+def peek(typingctx, address, index, kind):
+    """Element ``index`` of the ``kind`` values (``np.int32`` or ``np.int64``) at ``address``."""
+    dtype = kind.instance_type
+
+    def codegen(context, builder, signature, args):
+        return builder.load(builder.gep(_pointer(context, builder, args[0], dtype), [args[1]]))
+
+    return dtype(types.int64, types.int64, kind), codegen
+
+
+@intrinsic
+def poke(typingctx, address, index, kind, value):
+    """Set element ``index`` of the ``kind`` values at ``address`` to ``value``."""
+    dtype = kind.instance_type
+
+    def codegen(context, builder, signature, args):
+        pointer = builder.gep(_pointer(context, builder, args[0], dtype), [args[1]])
+        builder.store(context.cast(builder, args[3], signature.args[3], dtype), pointer)
+        return context.get_dummy_value()
+
+    return types.none(types.int64, types.int64, kind, value), codegen
+
+
+@intrinsic
+def array_at(typingctx, address, shape, kind):
+    """The C-contiguous ``kind`` array of ``shape`` (a tuple) at ``address`` (not owned)."""
+    array_type = types.Array(kind.instance_type, len(shape), "C")
+
+    def codegen(context, builder, signature, args):
+        pointer = builder.inttoptr(args[0], context.get_value_type(types.voidptr))
+        inner = array_type(types.voidptr, signature.args[1])
+        return np_cfarray(context, builder, inner, (pointer, args[1]))
+
+    return array_type(types.int64, shape, kind), codegen
+
+
+@intrinsic
+def new(typingctx, shape, kind):
+    """A new C-contiguous ``kind`` array of ``shape`` (a tuple), uninitialised.
+
+    ``np.empty(...)`` compiles a function of its own per shape type and ``.reshape`` a
+    subroutine (0.3 s cold); this emits the allocation in place.
+    """
+    array_type = types.Array(kind.instance_type, len(shape), "C")
+
+    def codegen(context, builder, signature, args):
+        dims = [
+            context.cast(builder, d, t, types.intp)
+            for d, t in zip(cgutils.unpack_tuple(builder, args[0]), shape, strict=True)
+        ]
+        array = _empty_nd_impl(context, builder, array_type, dims)
+        return impl_ret_new_ref(context, builder, array_type, array._getvalue())
+
+    return array_type(shape, kind), codegen
+
+
+@intrinsic
+def buffer(typingctx, frame, slot, i):
+    """(data address, dtype) of argument or result ``i`` (``slot``: :data:`ARGS` or
+    :data:`RESULTS`): the data and the XLA_FFI_DataType code of its XLA_FFI_Buffer.
+    """
+
+    def codegen(context, builder, signature, args):
+        word = ir.IntType(64)
+        frame = builder.inttoptr(args[0], word.as_pointer())
+        buffers = builder.inttoptr(builder.load(builder.gep(frame, [args[1]])), word.as_pointer())
+        found = builder.load(builder.gep(buffers, [args[2]]))
+        fields = builder.inttoptr(found, word.as_pointer())
+        dtype = builder.and_(builder.load(builder.gep(fields, [word(2)])), word(0xFFFFFFFF))
+        address = builder.load(builder.gep(fields, [word(3)]))
+        return context.make_tuple(builder, signature.return_type, (address, dtype))
+
+    return types.UniTuple(types.int64, 2)(types.int64, types.int64, types.int64), codegen
+
+
+def _each(builder, count):
+    return cgutils.for_range(builder, count)
+
+
+@intrinsic
+def widen(typingctx, out, address, dtype, negate):
+    """Fill the float64 C-contiguous ``out`` with the float32 or float64 (``dtype``: the
+    XLA_FFI_DataType code) values at ``address``, negated on request.
+    """
+
+    def codegen(context, builder, signature, args):
+        target = context.make_array(signature.args[0])(context, builder, args[0])
+        count = target.nitems
+        is32 = builder.icmp_signed("==", args[2], ir.Constant(args[2].type, F32))
+        with builder.if_else(is32) as (single, double):
+            for branch, dtype in ((single, types.float32), (double, types.float64)):
+                with branch:
+                    source = _pointer(context, builder, args[1], dtype)
+                    with _each(builder, count) as loop:
+                        value = builder.load(builder.gep(source, [loop.index]))
+                        if dtype == types.float32:
+                            value = builder.fpext(value, ir.DoubleType())
+                        value = builder.select(args[3], negate_real(builder, value), value)
+                        builder.store(value, builder.gep(target.data, [loop.index]))
+        return context.get_dummy_value()
+
+    return types.none(out, types.int64, types.int64, types.boolean), codegen
+
+
+@intrinsic
+def narrow(typingctx, address, dtype, values, negate):
+    """Write the float64 C-contiguous ``values``, negated on request, as the float32 or float64
+    (``dtype``: the XLA_FFI_DataType code) values at ``address``.
+    """
+
+    def codegen(context, builder, signature, args):
+        source = context.make_array(signature.args[2])(context, builder, args[2])
+        count = source.nitems
+        is32 = builder.icmp_signed("==", args[1], ir.Constant(args[1].type, F32))
+        with builder.if_else(is32) as (single, double):
+            for branch, dtype in ((single, types.float32), (double, types.float64)):
+                with branch:
+                    target = _pointer(context, builder, args[0], dtype)
+                    with _each(builder, count) as loop:
+                        value = builder.load(builder.gep(source.data, [loop.index]))
+                        value = builder.select(args[3], negate_real(builder, value), value)
+                        if dtype == types.float32:
+                            value = builder.fptrunc(value, ir.FloatType())
+                        builder.store(value, builder.gep(target, [loop.index]))
+        return context.get_dummy_value()
+
+    return types.none(types.int64, types.int64, values, types.boolean), codegen
+
+
+@intrinsic
+def gather_rows(typingctx, out, values, order):
+    """Each row of ``values`` (rows, n) in the order of its argsort ``order`` (int32), into
+    ``out``: ``out[r, j] = values[r, order[r, j]]``.
+    """
+
+    def codegen(context, builder, signature, args):
+        target, source, indices = (
+            context.make_array(t)(context, builder, a)
+            for t, a in zip(signature.args, args, strict=True)
+        )
+        rows, n = cgutils.unpack_tuple(builder, source.shape)
+        with _each(builder, rows) as row:
+            start = builder.mul(row.index, n)
+            with _each(builder, n) as column:
+                at = builder.add(start, column.index)
+                index = builder.sext(builder.load(builder.gep(indices.data, [at])), n.type)
+                value = builder.load(builder.gep(source.data, [builder.add(start, index)]))
+                builder.store(value, builder.gep(target.data, [at]))
+        return context.get_dummy_value()
+
+    return types.none(out, values, order), codegen
+
+
 _F1, _F2, _F3 = (types.Array(types.float64, d, "C") for d in (1, 2, 3))
 _I2, _L2 = types.Array(types.int32, 2, "C"), types.Array(types.int64, 2, "C")
-_W1 = types.Array(types.int64, 1, "C")  # the call frame as words
 
 #: The compiled functions the handlers call, by symbol: (module, name, argument types), the
 #: types the NumPy API's calls give the kernels (int32 orders), so both share one compilation.
@@ -114,17 +274,6 @@ NATIVE = {
         (_F2, _I2, _F1, _L2, _F2, _F2, _F2, _F1, _F3),
     ),
     "softorder_ffi_sort_rows": (None, "sort_rows", (_F2, _F2, _I2)),
-    # the frame helpers: through symbols too, so the handlers' compile is their own code
-    "softorder_ffi_begin": (None, "begin", (types.int64,)),
-    "softorder_ffi_flags": (None, "flags", (_W1, types.int64)),
-    "softorder_ffi_buffer": (None, "buffer", (_W1, types.int64, types.int64)),
-    "softorder_ffi_load": (
-        None,
-        "load",
-        (_W1, types.int64, types.int64, types.int64, types.boolean),
-    ),
-    "softorder_ffi_store": (None, "store", (_W1, types.int64, _F2, types.boolean)),
-    "softorder_ffi_gather_rows": (None, "gather_rows", (_F2, _I2)),
 }
 
 
@@ -188,89 +337,39 @@ def _link(symbols) -> None:
         _linked.add(symbol)
 
 
-@helper
-def begin(frame_address):
-    """The call frame as int64 words, and whether to compute now: False for XLA's metadata
-    query (answered here: the API version) and for the stages before execution.
+#: words of XLA_FFI_CallFrame (xla/ffi/api/c_api.h): the stage, the argument count and the
+#: arguments' and results' arrays of XLA_FFI_Buffer pointers
+STAGE, ARG_COUNT, ARGS, RESULTS = 4, 7, 9, 14
+
+
+@numba.njit(inline="always", **_jit._OPTIONS)  # numba inlines its IR: no compilation of its own
+def begin(frame):
+    """(whether to compute now, rows, n): False for XLA's metadata query (answered here: the
+    API version) and for the stages before execution; the rows and their length n, from the
+    shape of the first argument.
     """
-    frame = carray(address(frame_address), 22, np.int64)
-    ext = frame[1]
+    ext = peek(frame, 1, np.int64)
     while ext != 0:
-        base = carray(address(ext), 4, np.int64)
-        if (base[1] & 0xFFFFFFFF) == METADATA:
-            md64 = carray(address(base[3]), 6, np.int64)
-            md32 = carray(address(base[3]), 12, np.int32)
-            md64[1] = 24  # XLA_FFI_Api_Version's struct_size
-            md64[2] = 0
-            md32[6] = API_MAJOR
-            md32[7] = API_MINOR
-            md32[8] = 0  # traits
-            if md64[0] >= 48:
-                md64[5] = 0  # XLA_FFI_UNKNOWN_TYPE_ID: no state
-            return frame, False
-        ext = base[2]
-    return frame, (frame[4] & 0xFFFFFFFF) == EXECUTE
-
-
-@helper
-def buffer(frame, slot, i):
-    """(dtype, data address, element count, last dimension) of argument or result i
-    (``slot`` 9: the arguments, 14: the results).
-    """
-    b = carray(address(carray(address(frame[slot]), i + 1, np.int64)[i]), 6, np.int64)
-    ndim = b[4]
-    dims = carray(address(b[5]), ndim, np.int64)
+        if (peek(ext, 1, np.int64) & 0xFFFFFFFF) == METADATA:
+            md = peek(ext, 3, np.int64)
+            poke(md, 1, np.int64, 24)  # XLA_FFI_Api_Version's struct_size
+            poke(md, 2, np.int64, 0)
+            poke(md, 6, np.int32, API_MAJOR)
+            poke(md, 7, np.int32, API_MINOR)
+            poke(md, 8, np.int32, 0)  # traits
+            if peek(md, 0, np.int64) >= 48:
+                poke(md, 5, np.int64, 0)  # XLA_FFI_UNKNOWN_TYPE_ID: no state
+            return False, 0, 0
+        ext = peek(ext, 2, np.int64)
+    if (peek(frame, STAGE, np.int64) & 0xFFFFFFFF) != EXECUTE:
+        return False, 0, 0
+    x = peek(peek(frame, ARGS, np.int64), 0, np.int64)  # its XLA_FFI_Buffer
+    ndim, dims = peek(x, 4, np.int64), peek(x, 5, np.int64)
     count = 1
     for d in range(ndim):
-        count *= dims[d]
-    return b[2] & 0xFFFFFFFF, b[3], count, dims[ndim - 1] if ndim > 0 else 1
-
-
-@helper
-def load(frame, i, rows, cols, negate):
-    """Argument i (float32 or float64) as a new float64 (rows, cols) array, negated on
-    request.
-    """
-    dtype, data, _, _ = buffer(frame, 9, i)
-    out = np.empty((rows, cols))
-    flat = out.reshape(rows * cols)
-    if dtype == F32:
-        src32 = carray(address(data), rows * cols, np.float32)
-        for j in range(rows * cols):
-            flat[j] = src32[j]
-    else:
-        src64 = carray(address(data), rows * cols, np.float64)
-        for j in range(rows * cols):
-            flat[j] = src64[j]
-    if negate:
-        for j in range(rows * cols):
-            flat[j] = -flat[j]
-    return out
-
-
-@helper
-def flags(frame, i):
-    """Argument i: the int32 flags ``(negate, log)`` as booleans."""
-    words = carray(address(buffer(frame, 9, i)[1]), 2, np.int32)
-    return words[0] != 0, words[1] != 0
-
-
-@helper
-def store(frame, i, values, negate):
-    """Write the float64 ``values`` (negated on request) into result i (float32 or float64)."""
-    dtype, data, count, _ = buffer(frame, 14, i)
-    flat = values.reshape(count)
-    if negate:
-        for j in range(count):
-            flat[j] = -flat[j]
-    if dtype == F32:
-        dst32 = carray(address(data), count, np.float32)
-        for j in range(count):
-            dst32[j] = flat[j]
-    else:
-        dst64 = carray(address(data), count, np.float64)
-        for j in range(count):
-            dst64[j] = flat[j]
+        count *= peek(dims, d, np.int64)
+    n = peek(dims, ndim - 1, np.int64) if ndim > 0 else 1
+    return True, count // n, n
 
 
 @helper
@@ -285,9 +384,9 @@ def sort_rows(values, xs, order):
     the branch predictor having seen the same data before.
     """
     rows, n = values.shape
-    scratch = np.empty((4, n), np.int64)  # one allocation (each kind compiles once more)
+    scratch = new((4, n), np.int64)  # one allocation
     o, keys, keys2, order2 = scratch[0], scratch[1], scratch[2], scratch[3]
-    counts = np.empty((8, 256), np.int64)
+    counts = new((8, 256), np.int64)
     for r in range(rows):
         row = values[r]
         for i in range(n):
@@ -348,17 +447,6 @@ def sort_rows(values, xs, order):
             xs[r, i] = row[o[i]]
 
 
-@helper
-def gather_rows(values, order):
-    """The rows sorted by their saved argsort."""
-    rows, n = values.shape
-    xs = np.empty((rows, n))
-    for r in range(rows):
-        for j in range(n):
-            xs[r, j] = values[r, order[r, j]]
-    return xs
-
-
 _rank_forward = _native("softorder_ffi_rank_forward")
 _rank_vjp = _native("softorder_ffi_rank_vjp")
 _topk_forward = _native("softorder_ffi_topk_forward")
@@ -366,151 +454,139 @@ _topk_vjp = _native("softorder_ffi_topk_vjp")
 _sort_forward = _native("softorder_ffi_sort_forward")
 _sort_vjp = _native("softorder_ffi_sort_vjp")
 _sort_rows = _native("softorder_ffi_sort_rows")
-_begin = _native("softorder_ffi_begin")
-_flags = _native("softorder_ffi_flags")
-_buffer = _native("softorder_ffi_buffer")
-_load = _native("softorder_ffi_load")
-_store = _native("softorder_ffi_store")
-_gather_rows = _native("softorder_ffi_gather_rows")
 
 
-def rank_handler(frame_address):
+def rank_handler(frame):
     """Forward: x, alpha, flags -> ranks, order (int32), decays (float64 as uint32 words).
     Backward: x, alpha, flags, order, decays, cotangent -> gradient of x.
     """
-    frame, run = _begin(frame_address)
+    run, rows, n = begin(frame)
     if not run:
         return 0
-    negate, _ = _flags(frame, 2)
-    _, _, count, n = _buffer(frame, 9, 0)
-    rows = count // n
-    values = _load(frame, 0, rows, n, negate)
-    alpha = _load(frame, 1, rows, 1, False).reshape(rows)
-    if frame[7] > 3:  # the backward pass: more arguments
-        order = carray(address(_buffer(frame, 9, 3)[1]), (rows, n), np.int32)
-        xs = _gather_rows(values, order)
-        decay = carray(address(_buffer(frame, 9, 4)[1]), (rows, n), np.float64)
-        v = _load(frame, 5, rows, n, False)
-        x_bar = np.empty((rows, n))
-        alpha_bar = np.empty(rows)
-        work = np.empty((rows, rank_linear_work, n))
+    negate = peek(buffer(frame, ARGS, 2)[0], 0, np.int32) != 0
+    values = new((rows, n), np.float64)
+    widen(values, *buffer(frame, ARGS, 0), negate)
+    alpha = new((rows,), np.float64)
+    widen(alpha, *buffer(frame, ARGS, 1), False)
+    if peek(frame, ARG_COUNT, np.int64) > 3:  # the backward pass: more arguments
+        order = array_at(buffer(frame, ARGS, 3)[0], (rows, n), np.int32)
+        xs = new((rows, n), np.float64)
+        gather_rows(xs, values, order)
+        decay = array_at(buffer(frame, ARGS, 4)[0], (rows, n), np.float64)
+        v = new((rows, n), np.float64)
+        widen(v, *buffer(frame, ARGS, 5), False)
+        x_bar = new((rows, n), np.float64)
+        alpha_bar = new((rows,), np.float64)
+        work = new((rows, rank_linear_work, n), np.float64)
         _rank_vjp(xs, order, alpha, decay, v, x_bar, alpha_bar, work)
-        _store(frame, 0, x_bar, negate)
+        narrow(*buffer(frame, RESULTS, 0), x_bar, negate)
         return 0
-    order = carray(address(_buffer(frame, 14, 1)[1]), (rows, n), np.int32)
-    xs = np.empty((rows, n))
+    order = array_at(buffer(frame, RESULTS, 1)[0], (rows, n), np.int32)
+    xs = new((rows, n), np.float64)
     _sort_rows(values, xs, order)
-    decay = carray(address(_buffer(frame, 14, 2)[1]), (rows, n), np.float64)
-    out = np.empty((rows, n))
-    work = np.empty((rows, rank_forward_work, n))
+    decay = array_at(buffer(frame, RESULTS, 2)[0], (rows, n), np.float64)
+    out = new((rows, n), np.float64)
+    work = new((rows, rank_forward_work, n), np.float64)
     _rank_forward(xs, order, alpha, out, decay, work)
-    _store(frame, 0, out, False)
+    narrow(*buffer(frame, RESULTS, 0), out, False)
     return 0
 
 
-def topk_handler(frame_address):
+def topk_handler(frame):
     """Forward: x, alpha, flags, k (one per row) -> memberships, order (int32), anchors and
     offsets (int64 and float64 as uint32 words).
     Backward: x, alpha, flags, order, anchors, offsets, cotangent -> gradient of x.
     """
-    frame, run = _begin(frame_address)
+    run, rows, n = begin(frame)
     if not run:
         return 0
-    negate, log = _flags(frame, 2)
-    _, _, count, n = _buffer(frame, 9, 0)
-    rows = count // n
-    values = _load(frame, 0, rows, n, negate)
-    alpha = _load(frame, 1, rows, 1, False).reshape(rows)
-    if frame[7] > 4:  # the backward pass: more arguments
-        order = carray(address(_buffer(frame, 9, 3)[1]), (rows, n), np.int32)
-        xs = _gather_rows(values, order)
-        anchor = carray(address(_buffer(frame, 9, 4)[1]), (rows, 1), np.int64)
-        offset = carray(address(_buffer(frame, 9, 5)[1]), (rows, 1), np.float64)
-        v = _load(frame, 6, rows, n, False).reshape(rows, 1, n)
-        x_bar = np.empty((rows, n))
-        w_bar = np.empty((rows, 1))
-        alpha_bar = np.empty(rows)
-        work = np.empty((rows, topk_gradient_work, n))
+    flags = buffer(frame, ARGS, 2)[0]
+    negate, log = peek(flags, 0, np.int32) != 0, peek(flags, 1, np.int32) != 0
+    values = new((rows, n), np.float64)
+    widen(values, *buffer(frame, ARGS, 0), negate)
+    alpha = new((rows,), np.float64)
+    widen(alpha, *buffer(frame, ARGS, 1), False)
+    if peek(frame, ARG_COUNT, np.int64) > 4:  # the backward pass: more arguments
+        order = array_at(buffer(frame, ARGS, 3)[0], (rows, n), np.int32)
+        xs = new((rows, n), np.float64)
+        gather_rows(xs, values, order)
+        anchor = array_at(buffer(frame, ARGS, 4)[0], (rows, 1), np.int64)
+        offset = array_at(buffer(frame, ARGS, 5)[0], (rows, 1), np.float64)
+        v = new((rows, 1, n), np.float64)
+        widen(v, *buffer(frame, ARGS, 6), False)
+        x_bar = new((rows, n), np.float64)
+        w_bar = new((rows, 1), np.float64)
+        alpha_bar = new((rows,), np.float64)
+        work = new((rows, topk_gradient_work, n), np.float64)
         _topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, work)
-        _store(frame, 0, x_bar, negate)
+        narrow(*buffer(frame, RESULTS, 0), x_bar, negate)
         return 0
-    order = carray(address(_buffer(frame, 14, 1)[1]), (rows, n), np.int32)
-    xs = np.empty((rows, n))
+    order = array_at(buffer(frame, RESULTS, 1)[0], (rows, n), np.int32)
+    xs = new((rows, n), np.float64)
     _sort_rows(values, xs, order)
-    w = _load(frame, 3, rows, 1, False)
-    worder = np.empty((rows, 1), np.int64)
+    w = new((rows, 1), np.float64)
+    widen(w, *buffer(frame, ARGS, 3), False)
+    worder = new((rows, 1), np.int64)
     for r in range(rows):
         worder[r, 0] = 0
-    anchor = carray(address(_buffer(frame, 14, 2)[1]), (rows, 1), np.int64)
-    offset = carray(address(_buffer(frame, 14, 3)[1]), (rows, 1), np.float64)
-    out = np.empty((rows, n))
-    work = np.empty((rows, topk_forward_work, n))
-    _topk_forward(xs, order, alpha, w, worder, log, out.reshape(rows, 1, n), anchor, offset, work)
-    _store(frame, 0, out, False)  # (rows, n) values: one compilation of store
+    anchor = array_at(buffer(frame, RESULTS, 2)[0], (rows, 1), np.int64)
+    offset = array_at(buffer(frame, RESULTS, 3)[0], (rows, 1), np.float64)
+    out = new((rows, 1, n), np.float64)
+    work = new((rows, topk_forward_work, n), np.float64)
+    _topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work)
+    narrow(*buffer(frame, RESULTS, 0), out, False)
     return 0
 
 
-def sort_handler(frame_address):
+def sort_handler(frame):
     """Forward: x, alpha, flags -> sorted values, order (int32), anchors and offsets (int64
     and float64 as uint32 words).
     Backward: x, alpha, flags, order, anchors, offsets, cotangent -> gradient of x.
     Descending is the ascending sort of ``-x``, negated: the input, the result, the cotangent
     and the gradient are negated (exactly), as the NumPy API does.
     """
-    frame, run = _begin(frame_address)
+    run, rows, n = begin(frame)
     if not run:
         return 0
-    negate, _ = _flags(frame, 2)
-    _, _, count, n = _buffer(frame, 9, 0)
-    rows = count // n
-    values = _load(frame, 0, rows, n, negate)
-    alpha = _load(frame, 1, rows, 1, False).reshape(rows)
-    if frame[7] > 3:  # the backward pass: more arguments
-        order = carray(address(_buffer(frame, 9, 3)[1]), (rows, n), np.int32)
-        xs = _gather_rows(values, order)
-        anchor = carray(address(_buffer(frame, 9, 4)[1]), (rows, n), np.int64)
-        offset = carray(address(_buffer(frame, 9, 5)[1]), (rows, n), np.float64)
-        u = _load(frame, 6, rows, n, negate)
-        alpha_bar = np.empty(rows)
-        work = np.empty((rows, sort_vjp_work, n))
+    negate = peek(buffer(frame, ARGS, 2)[0], 0, np.int32) != 0
+    values = new((rows, n), np.float64)
+    widen(values, *buffer(frame, ARGS, 0), negate)
+    alpha = new((rows,), np.float64)
+    widen(alpha, *buffer(frame, ARGS, 1), False)
+    if peek(frame, ARG_COUNT, np.int64) > 3:  # the backward pass: more arguments
+        order = array_at(buffer(frame, ARGS, 3)[0], (rows, n), np.int32)
+        xs = new((rows, n), np.float64)
+        gather_rows(xs, values, order)
+        anchor = array_at(buffer(frame, ARGS, 4)[0], (rows, n), np.int64)
+        offset = array_at(buffer(frame, ARGS, 5)[0], (rows, n), np.float64)
+        u = new((rows, n), np.float64)
+        widen(u, *buffer(frame, ARGS, 6), negate)
+        alpha_bar = new((rows,), np.float64)
+        work = new((rows, sort_vjp_work, n), np.float64)
         # the gradient into u itself, as the NumPy API does (each row of u is read before
         # that row of the gradient is written)
         _sort_vjp(xs, order, alpha, anchor, offset, u, u, alpha_bar, work)
-        _store(frame, 0, u, negate)
+        narrow(*buffer(frame, RESULTS, 0), u, negate)
         return 0
-    order = carray(address(_buffer(frame, 14, 1)[1]), (rows, n), np.int32)
-    xs = np.empty((rows, n))
+    order = array_at(buffer(frame, RESULTS, 1)[0], (rows, n), np.int32)
+    xs = new((rows, n), np.float64)
     _sort_rows(values, xs, order)
-    anchor = carray(address(_buffer(frame, 14, 2)[1]), (rows, n), np.int64)
-    offset = carray(address(_buffer(frame, 14, 3)[1]), (rows, n), np.float64)
-    out = np.empty((rows, n))
-    work = np.empty((rows, sort_forward_work, n))
+    anchor = array_at(buffer(frame, RESULTS, 2)[0], (rows, n), np.int64)
+    offset = array_at(buffer(frame, RESULTS, 3)[0], (rows, n), np.float64)
+    out = new((rows, n), np.float64)
+    work = new((rows, sort_forward_work, n), np.float64)
     _sort_forward(xs, alpha, out, anchor, offset, work)
-    _store(frame, 0, out, negate)
+    narrow(*buffer(frame, RESULTS, 0), out, negate)
     return 0
 
 
 #: one C function per operation: its forward and backward passes (told apart by their
 #: number of arguments), so that one compilation serves both
 _HANDLERS = {"rank": rank_handler, "topk": topk_handler, "sort": sort_handler}
-#: the compiled functions each handler calls (:func:`_link`)
-_FRAME = tuple(f"softorder_ffi_{name}" for name in ("begin", "flags", "buffer", "load", "store"))
+#: the kernels each handler calls (:func:`_link`)
 _CALLS = {
-    "rank": (
-        ("softorder_ffi_rank_forward", "softorder_ffi_rank_vjp", "softorder_ffi_sort_rows")
-        + _FRAME
-        + ("softorder_ffi_gather_rows",)
-    ),
-    "topk": (
-        ("softorder_ffi_topk_forward", "softorder_ffi_topk_vjp", "softorder_ffi_sort_rows")
-        + _FRAME
-        + ("softorder_ffi_gather_rows",)
-    ),
-    "sort": (
-        ("softorder_ffi_sort_forward", "softorder_ffi_sort_vjp", "softorder_ffi_sort_rows")
-        + _FRAME
-        + ("softorder_ffi_gather_rows",)
-    ),
+    name: (f"softorder_ffi_{name}_forward", f"softorder_ffi_{name}_vjp", "softorder_ffi_sort_rows")
+    for name in _HANDLERS
 }
 
 
