@@ -202,11 +202,13 @@ class Targets:
     @classmethod
     def parse(cls, value, rows: Rows, name: str, high: float, high_text: str) -> Targets:
         if type(value) in (int, float) and 0 < value < high:  # one valid scalar: the fast path
-            backend = rows.backend
             values = np.empty((rows.rows, 1))  # (np.full's Python wrapper costs twice as much)
             values.fill(float(value))
-            values = backend.from_host(values)
-            return cls(values, backend.from_host(np.zeros((rows.rows, 1), np.int64)), False, ())
+            order = np.zeros((rows.rows, 1), np.int64)
+            backend = rows.backend
+            if backend is not NUMPY:
+                values, order = backend.from_host(values), backend.from_host(order)
+            return cls(values, order, False, ())
         values, multi, shape = check_targets(value, rows.batch_shape, name, high, high_text)
         order = np.argsort(values, axis=1)
         return cls(rows.backend.from_host(values), rows.backend.from_host(order), multi, shape)
@@ -225,6 +227,8 @@ class Targets:
         """Gradient per target ``(rows, m)`` -> gradient of the user's argument (its shape)."""
         shaped = w_bar.reshape(rows.batch_shape + ((self.m,) if self.multi else ()))
         backend = rows.backend
+        if tuple(shaped.shape) == self.shape:  # nothing was broadcast
+            return backend.cast(shaped, dtype)
         return backend.cast(backend.unbroadcast(shaped, self.shape), dtype).reshape(self.shape)
 
     def tangent_to_core(self, value, rows: Rows, name: str) -> np.ndarray:

@@ -29,6 +29,7 @@ def float_array(x, name: str) -> tuple[np.ndarray, np.dtype]:
 
 
 _F64 = np.dtype(np.float64)
+_I32 = np.dtype(np.int32)
 
 
 def index_dtype(n: int) -> np.dtype:
@@ -63,6 +64,8 @@ class NumpyBackend:
 
     def float_input(self, x, name: str):
         """``x`` as a real array of this backend and the dtype results are returned in."""
+        if type(x) is np.ndarray and x.dtype.kind == "f":  # float_array's first case, inline
+            return x, x.dtype
         return float_array(x, name)
 
     def moveaxis(self, a, source, destination):
@@ -83,7 +86,7 @@ class NumpyBackend:
         ``order`` (a saved argsort) only the gather. The argsort is int32 for rows shorter
         than 2**31 (:func:`index_dtype`), so every kernel compiles for one index dtype.
         """
-        index = index_dtype(rows2d.shape[1])
+        index = _I32 if rows2d.shape[1] < 2**31 else index_dtype(rows2d.shape[1])
         if order is None:
             # NumPy's argsort returns int64: the narrowing pass costs less than the 4 bytes
             # per element it saves for the rest of the call (forward and gradients)
@@ -126,6 +129,8 @@ class NumpyBackend:
         """``value`` as a result of ``dtype``: a 0-d value becomes a scalar (NumPy's
         convention; device backends keep a 0-d device array).
         """
+        if type(value) is np.ndarray and value.ndim == 0 and value.dtype == dtype:
+            return value[()]  # what the cast returns, without its checks
         return cast(value, dtype)[()]
 
     def unbroadcast(self, grad, shape):
