@@ -69,6 +69,24 @@ def test_forward_mode_active_under_jvp_and_dual_levels_only():
     assert seen == [True, True, True, False, False, True, False]
 
 
+def test_forward_mode_possible_under_transforms_and_dual_levels(monkeypatch):
+    seen = []
+
+    def f(t):
+        seen.append(compat.forward_mode_possible())
+        return t * 2
+
+    x = torch.ones(3)
+    torch.func.jvp(f, (x,), (x,))
+    torch.func.grad(lambda t: f(t).sum())(x)  # any transform: a jvp may be inside it
+    with torch.autograd.forward_ad.dual_level():
+        f(x)
+    f(x)
+    assert seen == [True, True, True, False]
+    monkeypatch.delattr(torch.autograd.forward_ad, "_current_level")
+    assert compat.forward_mode_possible() is True  # without the private level: always
+
+
 def _dead_wrapper() -> torch.Tensor:
     """A tensor wrapped by a torch.func transform that has finished."""
     leaked = []

@@ -41,6 +41,7 @@ __all__ = [
     "mark_constant",
     "transforms_active",
     "forward_mode_active",
+    "forward_mode_possible",
     "unwrap_dead_wrappers",
 ]
 
@@ -99,12 +100,26 @@ def forward_mode_active() -> bool:
     where the custom operators would drop tangents. Without the private API, only the
     ``dual_level`` half is checked.
     """
-    if torch.autograd.forward_ad._current_level >= 0:
+    if _dual_level() >= 0:
         return True
     if _interpreters is None:  # pragma: no cover - depends on the torch release
         return False
     jvp = torch._C._functorch.TransformType.Jvp
     return any(i.key() == jvp for i in _interpreters())
+
+
+def forward_mode_possible() -> bool:
+    """Whether a forward-mode derivative may be asked of a call made now, cheaply (every eager
+    call asks): a ``torch.autograd.forward_ad.dual_level`` is open
+    (``torch.autograd.forward_ad._current_level``) or a torch.func transform is running
+    (:func:`transforms_active`), ``torch.func.jvp`` among them. Without the private level it
+    answers ``True``.
+    """
+    return _dual_level() >= 0 or transforms_active()
+
+
+def _dual_level() -> int:
+    return getattr(torch.autograd.forward_ad, "_current_level", 0)
 
 
 _unwrap_dead_wrappers = _private("torch._functorch.utils", "unwrap_dead_wrappers")

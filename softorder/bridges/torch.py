@@ -113,25 +113,15 @@ def _encode(name: str, tensor_names: tuple, statics: tuple) -> str:
     return CallSpec(name, tensor_names, statics).encode()
 
 
-def _arguments(text: str, tensors) -> tuple[CallSpec, dict]:
-    """The spec and the arguments dict for the rule (fake tensors stay for their shapes)."""
-    spec = CallSpec.decode(text)
-    return spec, spec.arguments(_arrays(spec, tensors, fakes=True))
-
-
 def _arrays(call: CallSpec, tensors, fakes: bool = False) -> list:
     """What the rules read of each tensor argument (:func:`_as_array`; with ``fakes``, a fake
-    tensor as it is).
+    tensor as it is, for its shape).
     """
     input_name = call.rule.input_name
     return [
-        t if fakes and not _is_real(t) else _as_array(t, on_device=name == input_name)
+        t if fakes and compat.is_fake(t) else _as_array(t, name == input_name)
         for name, t in zip(call.names, tensors, strict=True)
     ]
-
-
-def _is_real(t: Tensor) -> bool:
-    return not compat.is_fake(t)
 
 
 #: device types whose tensors the rules take as they are (softorder.bridges._torch_device);
@@ -146,60 +136,55 @@ def _as_array(t: Tensor, on_device: bool = True):
     that reach backward/jvp are wrapped once per transform level; a copy through a custom
     operator gives the plain values.
     """
-    if t.is_cpu and "cpu" not in _ON_DEVICE and not compat.is_wrapped(t):  # the common case
-        return t.numpy(force=True)  # (a view: for a CPU float tensor, detach().numpy())
     if compat.is_wrapped(t):
         t = _plain_copy(t)  # the dispatcher unwraps every level on the way in
-    if t.device.type not in _ON_DEVICE:  # CPU tensors (and the meta device's own error)
-        return t.detach().numpy()
+    if t.is_cpu and "cpu" not in _ON_DEVICE or t.device.type not in _ON_DEVICE:
+        return t.numpy(force=True)  # (a view of a CPU tensor; the meta device raises)
     t = t.detach()
     return t if on_device else t.cpu().numpy()
 
 
 def _as_tensor(arr, dtype: torch.dtype | None = None) -> Tensor:
-    if type(arr) is np.ndarray and arr.flags.c_contiguous:  # the common case, kept lean
-        out = torch.from_numpy(arr)
-    elif isinstance(arr, Tensor):  # computed on the device
-        return arr if dtype is None or arr.dtype == dtype else arr.to(dtype)
+    """A result of the rules as a tensor (of ``dtype``, if given): a NumPy array's memory, or
+    the device tensor itself.
+    """
+    if isinstance(arr, Tensor):  # computed on the device
+        out = arr
     else:
-        arr = np.asarray(arr)  # (not ascontiguousarray: it makes 0-d results 1-d)
+        if type(arr) is not np.ndarray:
+            arr = np.asarray(arr)  # (not ascontiguousarray: it makes 0-d results 1-d)
         out = torch.from_numpy(arr if arr.flags.c_contiguous else arr.copy())
     return out if dtype is None or out.dtype == dtype else out.to(dtype)
 
 
-def _torch_dtype(dtype) -> torch.dtype:
-    """PyTorch's dtype for a NumPy dtype (as :func:`torch.from_numpy` maps it)."""
-    return torch.from_numpy(np.empty(0, dtype)).dtype
-
-
 def _gradient(grad, like: Tensor) -> Tensor:
     """A gradient from the rules as a tensor of its argument's dtype and device."""
+    if type(grad) is np.ndarray and like.is_cpu and grad.flags.c_contiguous:  # the common case
+        out = torch.from_numpy(grad)
+        return out if out.dtype == like.dtype else out.to(like.dtype)
     out = _as_tensor(grad, like.dtype)
     if like.is_cpu and out.is_cpu or out.device == like.device:
         return out
     return out.to(like.device)
 
 
-# --- the three custom operators -------------------------------------------------------------
+# --- the custom operators: the compiled path, and torch.func's way to the values -------------
 
 
 @compat.custom_op("softorder::forward", "(str spec, Tensor[] tensors) -> Tensor[]")
 def _forward_op(spec: str, tensors: list[Tensor]) -> list[Tensor]:
-    call, arguments = _arguments(spec, tensors)
-    ctx = call.rule.prepare(**arguments)
-    out = call.rule.forward(ctx)
+    call = CallSpec.decode(spec)
+    ctx, out = call.run(_arrays(call, tensors))
     return [_as_tensor(out), *(_as_tensor(a) for a in call.rule.residuals(ctx).values())]
 
 
 @_forward_op.register_fake
 def _(spec, tensors):
-    call, arguments = _arguments(spec, tensors)
-    shape, residuals = call.rule.describe(arguments)
+    call = CallSpec.decode(spec)
+    shape, residuals = call.rule.describe(call.arguments(_arrays(call, tensors, fakes=True)))
     x = tensors[call.names.index(call.rule.input_name)]
-    return [
-        x.new_empty(shape),
-        *(x.new_empty(s, dtype=_torch_dtype(d)) for s, d in residuals.values()),
-    ]
+    dtype = {d: torch.from_numpy(np.empty(0, d)).dtype for _, d in residuals.values()}
+    return [x.new_empty(shape), *(x.new_empty(s, dtype=dtype[d]) for s, d in residuals.values())]
 
 
 def _restore(spec: str, tensors, residuals) -> tuple[CallSpec, object]:
@@ -318,8 +303,8 @@ class _FirstOrderOnly(torch.autograd.Function):
 
 def _first_order_only(values: list, anchors) -> list:
     """``values`` (tensors or ``None``) tied to ``anchors`` by :class:`_FirstOrderOnly` when
-    the values may be differentiated: grad mode is on (``create_graph=True``, or a tangent
-    computed in grad mode) and an anchor is tracked by autograd or forward AD.
+    the values may be differentiated: under torch.func, or in grad mode (``create_graph=True``,
+    or a tangent computed in grad mode) when an anchor is tracked by autograd or forward AD.
     """
     if _wrapped(*anchors):  # torch.func: each transform level decides for itself
         anchors = [t for t in anchors if t is not None]
@@ -339,6 +324,14 @@ def _first_order_only(values: list, anchors) -> list:
 
 def _has_tangent(t: Tensor) -> bool:
     return torch.autograd.forward_ad.unpack_dual(t).tangent is not None
+
+
+def _wrapped(*tensors) -> bool:
+    """Whether any tensor is wrapped by a torch.func transform."""
+    for t in tensors:
+        if t is not None and compat.is_wrapped(t):
+            return True
+    return False
 
 
 # --- autograd: the compiled path (custom operator autograd) and the eager path (Function) ---
@@ -369,61 +362,27 @@ _forward_op.register_autograd(_backward_compiled, setup_context=_setup_compiled)
 
 
 class _Call:
-    """One eager call: its spec, and (after the forward pass) the rule's context, which holds
-    the residuals; the backward and the forward-mode pass use it directly, without the custom
-    operators' residual round trip.
+    """One eager call: its spec's parts (not a CallSpec: the eager floor pays for no more than
+    it reads) and, after the forward pass, the rule's context, which holds the residuals: the
+    backward and the forward-mode pass use it directly, without the custom operators'
+    residual round trip.
     """
 
-    __slots__ = ("_text", "ctx", "name", "names", "rule", "statics")
+    __slots__ = ("ctx", "name", "names", "rule", "statics")
 
-    def __init__(self, name: str, names: tuple, statics: dict, text: str | None = None):
-        # the spec's parts, not a CallSpec: the eager floor pays for no more than it reads
+    def __init__(self, name: str, names: tuple, statics: dict):
         self.name, self.names, self.statics = name, names, statics
-        self.rule = _RULES[name]
-        self._text = text  # encoded when a custom operator needs it (torch.func paths)
-        self.ctx = None
-
-    @classmethod
-    def of(cls, text: str) -> _Call:
-        spec = CallSpec.decode(text)
-        return cls(spec.op, spec.names, dict(spec.statics), text)
+        self.rule, self.ctx = _RULES[name], None
 
     @property
     def spec(self) -> CallSpec:
         return CallSpec(self.name, self.names, tuple(self.statics.items()))
-
-    @property
-    def text(self) -> str:
-        """The spec as the custom operators take it."""
-        if self._text is None:
-            self._text = _encode(self.name, self.names, tuple(self.statics.items()))
-        return self._text
 
     def residual_tensors(self) -> list[Tensor]:
         """The residuals of the forward pass; none when it ran as another call (``vmap``)."""
         if self.ctx is None:
             return []
         return [_as_tensor(a) for a in self.rule.residuals(self.ctx).values()]
-
-    def arguments(self, tensors) -> dict:
-        """:meth:`CallSpec.arguments` of :func:`_arrays`, written out: the per-call floor."""
-        arguments = self.statics.copy()
-        input_name = self.rule.input_name
-        for name, t in zip(self.names, tensors, strict=True):
-            # (_as_array, its common case inline)
-            if t.is_cpu and "cpu" not in _ON_DEVICE and not compat.is_wrapped(t):
-                arguments[name] = t.numpy(force=True)
-            else:
-                arguments[name] = _as_array(t, name == input_name)
-        return arguments
-
-
-def _wrapped(*tensors) -> bool:
-    """Whether any tensor is wrapped by a torch.func transform."""
-    for t in tensors:
-        if t is not None and compat.is_wrapped(t):
-            return True
-    return False
 
 
 class _Batched:
@@ -434,8 +393,7 @@ class _Batched:
     element.
     """
 
-    def __init__(self, size: int, text: str, tensors, in_dims):
-        call = CallSpec.decode(text)
+    def __init__(self, size: int, call: CallSpec, tensors, in_dims):
         self.size, self.names, self.reduction = size, call.names, call.reduction
         index = self.names.index(call.rule.input_name)
         batch_ndim = tensors[index].dim() - (in_dims[index] is not None) - 1
@@ -483,20 +441,19 @@ class _Batched:
         cotangent = cotangent.reshape((self.size,) + (1,) * (len(shape) - 1)).expand(shape)
         return cotangent * scale if scale != 1.0 else cotangent
 
-
-def _vmapped(info, in_dims, call: _Call, tensors) -> tuple[Tensor, int]:
-    """The Function's vmap rule: one call with one more batch dimension."""
-    batched = _Batched(info.batch_size, call.text, tensors, in_dims)
-    return batched.reduce(_Operation.apply(_Call.of(batched.spec), *batched.tensors)), 0
+    def residuals(self, residuals, dims) -> list[Tensor]:
+        return [self.leading(r, d) for r, d in zip(residuals, dims, strict=True)]
 
 
 @torch.library.register_vmap(_backward_op)
 def _(info, in_dims, spec, tensors, residuals, cotangent):
     _, tensor_dims, residual_dims, cotangent_dim = in_dims
-    batched = _Batched(info.batch_size, spec, tensors, tensor_dims)
-    residuals = [batched.leading(r, d) for r, d in zip(residuals, residual_dims, strict=True)]
+    batched = _Batched(info.batch_size, CallSpec.decode(spec), tensors, tensor_dims)
     grads = _backward_op(
-        batched.spec, batched.tensors, residuals, batched.cotangent(cotangent, cotangent_dim)
+        batched.spec,
+        batched.tensors,
+        batched.residuals(residuals, residual_dims),
+        batched.cotangent(cotangent, cotangent_dim),
     )
     wanted = batched.call.differentiable()
     return [batched.unmove(n, g) for n, g in zip(wanted, grads, strict=True)], [0] * len(grads)
@@ -505,10 +462,10 @@ def _(info, in_dims, spec, tensors, residuals, cotangent):
 @torch.library.register_vmap(_pushforward_op)
 def _(info, in_dims, spec, tensors, residuals, tangent_names, tangents, like):
     _, tensor_dims, residual_dims, _, tangent_dims, _ = in_dims
-    batched = _Batched(info.batch_size, spec, tensors, tensor_dims)
-    residuals = [batched.leading(r, d) for r, d in zip(residuals, residual_dims, strict=True)]
+    batched = _Batched(info.batch_size, CallSpec.decode(spec), tensors, tensor_dims)
     names = json.loads(tangent_names)
     moved = [batched.move(n, t, d) for n, t, d in zip(names, tangents, tangent_dims, strict=True)]
+    residuals = batched.residuals(residuals, residual_dims)
     out = _pushforward_op(batched.spec, batched.tensors, residuals, tangent_names, moved, like)
     return batched.reduce(out), 0
 
@@ -519,60 +476,50 @@ class _Operation(compat.FastApplyFunction):
     @staticmethod
     def forward(call: _Call, *tensors: Tensor) -> Tensor:
         rule = call.rule
-        call.ctx = ctx = rule.prepare(**call.arguments(tensors))
-        out = rule.forward(ctx)
-        if type(out) is np.ndarray and out.flags.c_contiguous:  # (_as_tensor's common case)
-            return torch.from_numpy(out)
-        return _as_tensor(out)
+        arguments = call.statics.copy()
+        for name, t in zip(call.names, tensors, strict=True):
+            arguments[name] = _as_array(t, name == rule.input_name)
+        call.ctx = ctx = rule.prepare(**arguments)
+        return _as_tensor(rule.forward(ctx))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.call, *tensors = inputs
         ctx.save_for_backward(*tensors)
-        ctx.save_for_forward(*tensors)
-        ctx.dtype = output.dtype  # for tangents
+        if compat.forward_mode_possible():  # (jvp reads them; saving costs every call)
+            ctx.save_for_forward(*tensors)
+            ctx.dtype = output.dtype  # for tangents
 
     @staticmethod
     def vmap(info, in_dims, call, *tensors):
-        return _vmapped(info, in_dims[1:], call, tensors)
+        """One call with one more batch dimension."""
+        batched = _Batched(info.batch_size, call.spec, tensors, in_dims[1:])
+        spec = batched.call
+        out = _Operation.apply(_Call(spec.op, spec.names, dict(spec.statics)), *batched.tensors)
+        return batched.reduce(out), 0
 
     @staticmethod
     def backward(ctx, cotangent):
         call, tensors = ctx.call, ctx.saved_tensors
-        if not torch.is_grad_enabled() and not _wrapped(cotangent, *tensors):
-            # the common case, kept lean: plain eager backward whose gradients are values
-            needs = ctx.needs_input_grad
-            out = [None] * len(needs)
-            values = None
+        needs = ctx.needs_input_grad[1:]
+        wrapped = _wrapped(cotangent, *tensors)
+        if wrapped:  # under torch.func the values reach NumPy only through a custom operator
+            spec = call.spec
+            grads = spec.select(
+                needs,
+                lambda: _backward_op(
+                    _encode(*spec), _detached(tensors), call.residual_tensors(), cotangent.detach()
+                ),
+            )
+        else:
+            grads, values = [None] * len(needs), None
             for i, position in gradient_positions(call.rule, call.names):
-                if needs[i + 1]:
+                if needs[i]:
                     if values is None:
                         values = call.rule.vjp(call.ctx, _as_array(cotangent))
-                    grad, like = values[position], tensors[i]
-                    if type(grad) is np.ndarray and grad.flags.c_contiguous and like.is_cpu:
-                        grad = torch.from_numpy(grad)  # (_gradient's common case, inline)
-                        out[i + 1] = grad if grad.dtype == like.dtype else grad.to(like.dtype)
-                    else:
-                        out[i + 1] = _gradient(grad, like)
-            return tuple(out)
-        if _wrapped(cotangent, *tensors):
-            # under torch.func the values reach NumPy only through a custom operator
-            def gradients():
-                return _backward_op(
-                    call.text, _detached(tensors), call.residual_tensors(), cotangent.detach()
-                )
-        else:
-
-            def gradients():
-                grads = spec.gradients(call.ctx, _as_array(cotangent))
-                wanted = spec.differentiable()
-                return [
-                    _gradient(g, tensors[call.names.index(n)])
-                    for n, g in zip(wanted, grads, strict=True)
-                ]
-
-        spec = call.spec
-        grads = spec.select(ctx.needs_input_grad[1:], gradients)
+                    grads[i] = _gradient(values[position], tensors[i])
+            if not torch.is_grad_enabled():  # plain eager backward: the gradients are values
+                return None, *grads
         return None, *_first_order_only(grads, (*tensors, cotangent))
 
     @staticmethod
@@ -586,7 +533,7 @@ class _Operation(compat.FastApplyFunction):
         saved = ctx.saved_tensors
         if _wrapped(*(t for _, t in given), *saved):
             out = _pushforward_op(
-                call.text,
+                _encode(*call.spec),
                 _detached(saved),
                 call.residual_tensors(),
                 json.dumps([name for name, _ in given]),
@@ -673,10 +620,10 @@ def _run(name: str, arguments: dict) -> Tensor:
         if not (type(dim) is int and -x.dim() <= dim < x.dim() and x.shape[dim]):
             dim = _check_dim(x, dim)  # (the common case passes without the call)
         arguments["axis"] = dim
+    if compiling:
+        arguments = {arg: _traceable(arg, value) for arg, value in arguments.items()}
     tensor_names, tensors, statics = [], [], {}
     for arg, value in arguments.items():
-        if compiling:
-            value = _traceable(arg, value)
         if type(value) in _PLAIN_TYPES:  # the common case, kept lean
             statics[arg] = value
         elif isinstance(value, Tensor):
