@@ -110,6 +110,27 @@ def _targets_to_user(ctx: Context, out, kind: str):
     return rows.to_user(out, kind)
 
 
+def _float32_cotangent(ctx: Context, cotangent, kind: str, core_shape: tuple):
+    """A float32 host cotangent of a float32 input as ``(rows, *core_shape)`` float32 (a view
+    where the layout allows), for a CPU kernel that reads float32 cotangents: 4 bytes per
+    element instead of a float64 copy's 8. ``None`` for anything else, which
+    :meth:`Rows.to_core_owned` converts (and checks: a wrong shape also gives ``None`` here).
+    """
+    rows = ctx.rows
+    if rows.dtype != np.float32 or type(cotangent) is not np.ndarray:
+        return None
+    if cotangent.dtype != np.float32 or not isinstance(rows.xs, np.ndarray):
+        return None
+    layout = rows.layout
+    if cotangent.shape != layout.user_shape(kind, core_shape):
+        return None
+    dst, ncore = layout._positions(kind)
+    nb = len(layout.batch_shape)
+    source = list(range(nb, nb + ncore))
+    moved = cotangent if source == dst else np.moveaxis(cotangent, dst, source)
+    return np.ascontiguousarray(moved).reshape((rows.rows,) + core_shape)
+
+
 def _x_tangent(tangents: dict, rows: Rows, name: str = "x") -> np.ndarray:
     if name in tangents:
         return rows.tangent_to_core(tangents[name], f"tangent of {name}")
@@ -445,12 +466,19 @@ class TopKRule(OrderRule):
     def vjp(self, ctx, cotangent):
         rows, targets, s = ctx.rows, ctx.params["targets"], ctx.saved
         core_shape = (targets.m, rows.n) if targets.multi else (rows.n,)
-        v, owned = rows.to_core_owned(cotangent, self._kind(ctx), core_shape, "cotangent")
+        # with one target per row the CPU kernel reads a float32 cotangent as it is and
+        # writes the gradient of a float32 input in float32 (the float64 one rounded once,
+        # as the cast gave it: 12 bytes per element less at the peak); and it gathers each
+        # row of v before it scatters that row of x_bar
+        one = targets.m == 1 and ctx.kernels is core
+        v = _float32_cotangent(ctx, cotangent, self._kind(ctx), core_shape) if one else None
+        narrow = v is not None
+        if narrow:
+            x_bar = ctx.empty(rows.xs.shape, np.float32)
+        else:
+            v, owned = rows.to_core_owned(cotangent, self._kind(ctx), core_shape, "cotangent")
+            x_bar = v.reshape(rows.xs.shape) if owned and one else ctx.empty(rows.xs.shape)
         v = v.reshape(rows.rows, targets.m, rows.n)
-        # with one target per row, topk_vjp gathers each row of v before it scatters that row
-        # of x_bar (the CPU kernel; the GPU twin is not written for it)
-        alias = owned and targets.m == 1 and ctx.kernels is core
-        x_bar = v.reshape(rows.xs.shape) if alias else ctx.empty(rows.xs.shape)
         w_bar = ctx.empty((rows.rows, targets.m))
         alpha_bar = ctx.empty(rows.rows)
         ctx.kernels.topk_vjp(
@@ -465,7 +493,13 @@ class TopKRule(OrderRule):
             w_bar,
             alpha_bar,
             # (the CPU VJP needs no tables; the GPU twin scans them)
-            ctx.work(core.topk.VJP_WORK if ctx.kernels is core else core.topk.GPU_VJP_WORK),
+            ctx.work(
+                core.topk.GPU_VJP_WORK
+                if ctx.kernels is not core
+                else core.topk.ONE_TARGET_VJP_WORK
+                if narrow
+                else core.topk.VJP_WORK
+            ),
         )
         k_bar = targets.grad_to_user(w_bar, rows, rows.dtype)
         return rows.grad_to_user(x_bar), k_bar, ctx.alpha_grad(alpha_bar)

@@ -39,6 +39,8 @@ GRADIENT_WORK = TABLES_WITH_MOMENTS + 5
 #: the relative weights of a target, a row the CPU VJP leaves untouched (it keeps the gradient
 #: in the row of ``x_bar``) and the cotangent in sorted order (the VJP needs no tables)
 VJP_WORK = 3
+#: the CPU VJP's into a float32 ``x_bar`` (one target per row): the relative weights alone
+ONE_TARGET_VJP_WORK = 1
 #: the GPU twin's VJP (:func:`softorder.core.cuda.topk.topk_vjp`): the tables with moments and
 #: the gradient
 GPU_VJP_WORK = TABLES_WITH_MOMENTS + 1
@@ -164,9 +166,17 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
     cotangent's sums, so ``1 / G`` enters after the pass; ``exp(-|z_i|)`` of ``kappa`` is
     ``e_i exp(-shift)`` (:data:`ONE_EXP_SHIFT`). Each target's ``omega_i phi = e_i phi / G``
     is added in the next target's pass, the last one's in the scatter: one pass per target.
+
+    ``x_bar`` (float64) holds the gradient in sorted order until the scatter; with one
+    target it may be ``v`` itself. A float32 ``x_bar`` (one target per row only, else
+    ``ValueError``) takes :func:`_one_target_vjp`, which needs no row of the gradient and
+    only the first row of ``work`` (:data:`ONE_TARGET_VJP_WORK`): a float32 input's
+    gradient without its float64 copy; ``v`` may then be float32 too.
     """
     rows, n = xs.shape
     m = anchor.shape[1]
+    if x_bar.itemsize == 4 and m != 1:
+        raise ValueError("softorder: topk_vjp takes a float32 x_bar with one target per row only")
     for row in prange(rows):
         r = xs[row]
         o = order[row]
@@ -177,6 +187,20 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
             continue
         a = alpha[row]
         inv_alpha = 1.0 / a
+        if x_bar.itemsize == 4:
+            alpha_bar[row] = _one_target_vjp(
+                r,
+                o,
+                inv_alpha,
+                anchor[row, 0],
+                offset[row, 0],
+                log,
+                v[row, 0],
+                x_bar[row],
+                w_bar[row],
+                work[row, 0, :n],
+            )
+            continue
         vs = work[row, 2, :n]  # the cotangent in sorted order
         # the last target's e_i, whose omega_i phi is still to add; with one target it goes
         # where v_i was (read first, never again)
@@ -254,6 +278,96 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
         xb = x_bar[row]
         for i in range(n):
             xb[o[i]] = 0.0 if abs(r[i]) == INF else vs[i]  # (no cotangent reaches +-inf)
+
+
+@helper
+def _one_target_vjp(r, o, inv_alpha, an, t, log, v, xb, w_bar, e):
+    """One row of :func:`topk_vjp` with one target: writes ``xb`` (the row of ``x_bar``) and
+    ``w_bar[0]``, returns ``alpha_bar``. The operations of the general loop, without its row
+    of the gradient: the first pass keeps each ``e_i`` where the sorted cotangent was read;
+    the second gathers the cotangent again, forms each element's term of the first pass anew
+    (the same arithmetic; no ``exp`` below :data:`ONE_EXP_SHIFT`) and writes it, with its
+    ``omega_i phi``, straight to its place in ``xb``. Scratch: ``e`` (n). ``v`` and ``xb``
+    may be float32 (the float64 gradient, rounded once); ``xb`` may be ``v`` itself (each
+    element is read before it is written).
+    """
+    n = r.shape[0]
+    w_bar[0] = 0.0
+    shift = target_shift(r, inv_alpha, an, t)
+    if shift == INF:  # G == 0: every term of this target is 0
+        xb[:] = 0.0
+        return 0.0
+    ra = r[an]
+    one_exp = shift < ONE_EXP_SHIFT
+    decay = math.exp(-shift) if one_exp else 0.0
+    gather(o, v, e)  # the cotangent in sorted order; e_i goes where v_i was read
+    G = 0.0
+    Z = 0.0
+    phi = 0.0
+    phi_z = 0.0
+    k_bar = 0.0  # times 1 / G
+    v_common = 0.0  # log: cotangents of the elements whose kappa_k is `common`
+    for i in range(n):
+        vi = e[i]
+        zi = offset_z(ra, r[i], inv_alpha, t)
+        az = abs(zi)
+        if az == INF:
+            e[i] = 0.0
+            continue
+        ei = 1.0 if az == shift else math.exp(shift - az)  # rel_weight
+        e[i] = ei
+        G += ei
+        Z += zi * ei
+        if vi == 0.0:
+            continue  # (kappa may underflow where kappa_k does not: keep going)
+        if log:
+            if zi <= 0.0:
+                vk = vi * inv_alpha  # hazard 1
+                v_common += vi
+            else:
+                h = 0.5 * (ei * decay if one_exp else math.exp(-zi))
+                q = 1.0 / (1.0 - h)
+                vk = vi * (h * q * inv_alpha)
+                k_bar += vi * (ei * q)
+        else:
+            ez = ei * decay if one_exp else math.exp(-az)
+            vk = vi * (0.5 * ez * inv_alpha)
+            k_bar += vi * ei
+        phi += vk
+        phi_z += vk * zi
+    inv_g = 1.0 / G
+    pg = phi * inv_g
+    k_bar *= inv_g
+    if v_common != 0.0:
+        k_bar += v_common * (2.0 * math.exp(shift) * inv_g)
+    w_bar[0] = k_bar
+    for i in range(n):
+        oi = o[i]
+        if abs(r[i]) == INF:
+            xb[oi] = 0.0  # (no cotangent reaches +-inf)
+            continue
+        vi = np.float64(v[oi])
+        zi = offset_z(ra, r[i], inv_alpha, t)
+        az = abs(zi)
+        ei = e[i]
+        term = 0.0  # what the general loop keeps in its row of the gradient
+        if az != INF and vi != 0.0:
+            term = 0.0 - _element_vk(vi, zi, az, ei, decay, one_exp, inv_alpha, log)
+        xb[oi] = term + ei * pg
+    return 0.0 + (phi * (Z * inv_g) - phi_z)
+
+
+@inner_helper
+def _element_vk(vi, zi, az, ei, decay, one_exp, inv_alpha, log):
+    """``v_i kappa_i`` of one element of :func:`topk_vjp`'s loop (``ei`` its relative weight)."""
+    if log:
+        if zi <= 0.0:
+            return vi * inv_alpha  # hazard 1
+        h = 0.5 * (ei * decay if one_exp else math.exp(-zi))
+        q = 1.0 / (1.0 - h)
+        return vi * (h * q * inv_alpha)
+    ez = ei * decay if one_exp else math.exp(-az)
+    return vi * (0.5 * ez * inv_alpha)
 
 
 @kernel

@@ -1,0 +1,127 @@
+"""The memory of the gradients (issue 13): what a pullback allocates, and that the paths that
+allocate less give the same results to the bit.
+
+NumPy's allocations are traced by ``tracemalloc`` (numba's are not: the kernels allocate
+nothing large of their own), so the bytes a pullback asks for are a deterministic figure,
+unlike the resident peak that ``benchmarks/bench_core.py`` reports.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import softorder
+from softorder import core
+
+N = 100_000
+
+
+def _pullback_peak(fn, x, *args, **kwargs) -> int:
+    """Peak bytes NumPy allocates during one pullback (the forward pass and the cotangent
+    come before the trace starts).
+    """
+    out, pullback = softorder.vjp(fn, x, *args, alpha=0.1, **kwargs)
+    cotangent = np.ones(np.shape(out), np.asarray(out).dtype)
+    pullback(cotangent)  # kernels compiled or loaded
+    tracemalloc.start()
+    try:
+        pullback(cotangent)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize(
+    ("fn", "k"),
+    [(softorder.soft_topk, 5), (softorder.soft_topk, N // 10), (softorder.log_soft_topk, 7)],
+)
+def test_float32_topk_pullback_allocates_a_float32_gradient_and_one_row(fn, k):
+    x = np.random.default_rng(0).standard_normal(N).astype(np.float32)
+    # the float32 gradient and one row of float64 scratch (was: a float64 copy of the
+    # cotangent and 3 rows of scratch, 32 bytes per element)
+    assert _pullback_peak(fn, x, k) <= 12 * N + 4096
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_topk_cross_entropy_pullback_allocates_the_gradient_and_one_row(dtype):
+    rng = np.random.default_rng(1)
+    logits = rng.standard_normal((2, N // 2)).astype(dtype)
+    labels = np.array([3, 11])
+    # float64 x_bar and E (was: 7 rows of scratch besides x_bar, 64 bytes per element), then
+    # the cast of a float32 gradient once the scratch is freed
+    peak = _pullback_peak(softorder.topk_cross_entropy, logits, labels, np.full(5, 0.2))
+    assert peak <= 16 * N + 4096
+
+
+def _rows(dtype) -> list[np.ndarray]:
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 300))
+    x[1, ::9] = x[1, 4]  # ties
+    x[2, 3], x[2, 8] = np.inf, -np.inf
+    x[3, 10] = np.nan
+    far = np.concatenate([rng.standard_normal(150), 400.0 + rng.standard_normal(150)])
+    return [x.astype(dtype), np.stack([far, -far]).astype(dtype)]
+
+
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("largest", [True, False])
+@pytest.mark.parametrize("k", [1, 150, 37.5])
+def test_float32_topk_gradient_is_the_float64_one_rounded(log, largest, k):
+    fn = softorder.log_soft_topk if log else softorder.soft_topk
+    rng = np.random.default_rng(3)
+    for x32 in _rows(np.float32):
+        x64 = x32.astype(np.float64)
+        for alpha in (0.1, 2.0):  # at 0.1 the far rows' targets are > 700 alphas from all
+            out32, pull32 = softorder.vjp(fn, x32, k, alpha=alpha, largest=largest)
+            out64, pull64 = softorder.vjp(fn, x64, k, alpha=alpha, largest=largest)
+            u = rng.standard_normal(out32.shape).astype(np.float32)
+            u[:, ::7] = 0.0
+            for cotangent in (u, u.astype(np.float64)):  # read in place / softorder's copy
+                # (the gradient of one k shared by rows sums -inf and inf for log far rows)
+                with np.errstate(invalid="ignore"):
+                    got = pull32(cotangent)
+                    want = pull64(u.astype(np.float64))
+                for g, w in zip(got, want, strict=True):
+                    g, w = np.asarray(g), np.asarray(w)
+                    assert g.dtype == np.float32
+                    with np.errstate(over="ignore", invalid="ignore"):
+                        rounded = w.astype(np.float32)
+                    np.testing.assert_array_equal(g.view(np.int32), rounded.view(np.int32))
+
+
+def test_float32_topk_gradient_along_a_leading_axis():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((50, 3)).astype(np.float32)
+    out, pullback = softorder.vjp(softorder.soft_topk, x, 4, alpha=0.3, axis=0)
+    u = rng.standard_normal(out.shape).astype(np.float32)
+    u_before = u.copy()
+    got = pullback(u)[0]
+    want = softorder.vjp(softorder.soft_topk, x.astype(np.float64), 4, alpha=0.3, axis=0)[1](
+        u.astype(np.float64)
+    )[0]
+    np.testing.assert_array_equal(got, want.astype(np.float32))
+    np.testing.assert_array_equal(u, u_before)  # the caller's cotangent is never written
+
+
+def test_topk_vjp_refuses_a_float32_gradient_of_several_targets():
+    rows, n, m = 2, 20, 2
+    rng = np.random.default_rng(6)
+    xs = np.sort(rng.standard_normal((rows, n)), axis=1)
+    order = np.tile(np.arange(n, dtype=np.int32), (rows, 1))
+    with pytest.raises(ValueError, match="softorder"):
+        core.topk_vjp(
+            xs,
+            order,
+            np.ones(rows),
+            np.zeros((rows, m), np.int64),
+            np.zeros((rows, m)),
+            False,
+            np.zeros((rows, m, n), np.float32),
+            np.empty((rows, n), np.float32),
+            np.empty((rows, m)),
+            np.empty(rows),
+            core.workspace(rows, core.topk.VJP_WORK, n),
+        )
