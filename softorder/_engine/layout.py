@@ -17,6 +17,8 @@ from softorder._engine.backend import NUMPY, backend_of
 from softorder._engine.backends.protocol import Backend
 from softorder._engine.checks import check_targets, refuse_masked
 
+_F64 = np.dtype(np.float64)
+
 #: where the core axes of a result go, by kind: ``row`` (n), ``targets_row`` (m, n),
 #: ``targets`` (m), ``none`` () and ``matrix`` (n, n).
 KINDS = ("row", "targets_row", "targets", "none", "matrix")
@@ -132,13 +134,16 @@ class Rows:
         layout = self.layout
         shaped = arr.reshape(layout.batch_shape + arr.shape[1:])
         nb = len(layout.batch_shape)
+        dtype = self.dtype if dtype is None else dtype
         if kind == "row" and layout.axis == nb:  # the common case: the axis is already last
+            if type(shaped) is np.ndarray and shaped.dtype == dtype and shaped.flags.c_contiguous:
+                return shaped  # what the cast returns (the kernels write C-ordered rows)
             moved = shaped
         else:
             dst, ncore = layout._positions(kind)
             source = list(range(nb, nb + ncore))
             moved = shaped if source == dst else self.backend.moveaxis(shaped, source, dst)
-        return self.backend.cast(moved, self.dtype if dtype is None else dtype)
+        return self.backend.cast(moved, dtype)
 
     def to_core(self, value, kind: str, core_shape: tuple, name: str) -> np.ndarray:
         """A cotangent or tangent given in the caller's layout, as ``(rows, *core_shape)``
@@ -154,16 +159,27 @@ class Rows:
         it before writing its output row may then write that output into it (one array of n
         float64 less at the peak of a float32 VJP).
         """
-        refuse_masked(value, name)
-        arr, _ = self.backend.float_input(value, name)
         layout = self.layout
         nb = len(layout.batch_shape)
         if kind == "row" and layout.axis == nb:  # the common case: the axis is already last
             expected = layout.batch_shape + core_shape
+            if (
+                type(value) is np.ndarray
+                and value.dtype is _F64
+                and value.flags.c_contiguous
+                and self.backend is NUMPY
+            ):  # already what the host kernels read: used as it is, never written (not owned)
+                if value.shape != expected:
+                    raise ValueError(f"{name} must have shape {expected}; got {value.shape}")
+                return value.reshape((self.rows,) + core_shape), False
+            refuse_masked(value, name)
+            arr, _ = self.backend.float_input(value, name)
             if tuple(arr.shape) != expected:
                 raise ValueError(f"{name} must have shape {expected}; got {tuple(arr.shape)}")
             moved = arr
         else:
+            refuse_masked(value, name)
+            arr, _ = self.backend.float_input(value, name)
             dst, ncore = layout._positions(kind)
             expected = layout.user_shape(kind, core_shape)
             if tuple(arr.shape) != expected:
