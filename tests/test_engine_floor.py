@@ -1,0 +1,219 @@
+"""The engine's per-call fast paths (argument binding, layouts, host arrays used as they are)
+give what the general paths give: the same values bit for bit, the same errors, inputs and
+cotangents never written.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+
+import softorder
+from softorder._engine.autodiff import bind
+from softorder._engine.layout import _MAX_LAYOUTS, Layout
+
+OPERATIONS = {
+    "soft_rank": (),
+    "soft_sort": (),
+    "soft_topk": (3,),
+    "log_soft_topk": (3,),
+    "soft_quantile": (0.3,),
+    "soft_permutation": (),
+}
+
+
+def _signature_bind(fn, args, kwargs) -> dict:
+    full = fn.signature.bind(*args, **kwargs)
+    full.apply_defaults()
+    return dict(full.arguments)
+
+
+CALLS = [
+    ((1.0,), {}),
+    ((1.0, 0.5), {}),
+    ((1.0,), {"alpha": 0.5, "axis": 0}),
+    ((), {"x": 1.0}),
+    ((), {"axis": 0, "x": 1.0, "alpha": 2.0}),
+]
+
+
+@pytest.mark.parametrize("name", sorted(OPERATIONS))
+@pytest.mark.parametrize("call", range(len(CALLS)))
+def test_bind_gives_what_signature_bind_gives(name, call):
+    fn = getattr(softorder, name)
+    args, kwargs = CALLS[call]
+    args = args[:1] + OPERATIONS[name] + args[1:] if args else args
+    if not args:
+        second = next(iter(list(fn.signature.parameters)[1:2]))
+        if OPERATIONS[name] and second != "alpha":
+            kwargs = {**kwargs, second: OPERATIONS[name][0]}
+    got = bind(fn.signature, args, kwargs)
+    expected = _signature_bind(fn, args, kwargs)
+    assert got == expected
+    assert list(got) == list(expected)  # in signature order
+
+
+BAD_CALLS = [
+    ((), {}),  # missing x
+    ((1.0, 0.5, 0.5, 0.5, 0.5), {}),  # too many positional
+    ((1.0,), {"bogus": 1}),  # unknown keyword
+    ((1.0,), {"x": 1.0}),  # x twice
+    ((1.0, 0.5, -1), {}),  # axis is keyword-only
+]
+
+
+@pytest.mark.parametrize("call", range(len(BAD_CALLS)))
+def test_a_bad_call_raises_signature_binds_error(call):
+    fn = softorder.soft_rank
+    args, kwargs = BAD_CALLS[call]
+    with pytest.raises(TypeError) as expected:
+        _signature_bind(fn, args, kwargs)
+    for attempt in (
+        lambda: bind(fn.signature, args, kwargs),
+        lambda: fn(*args, **kwargs),
+        lambda: softorder.vjp(fn, *args, **kwargs),
+    ):
+        with pytest.raises(TypeError) as got:
+            attempt()
+        assert str(got.value) == str(expected.value)
+
+
+def test_bind_of_any_signature():
+    def f(a, /, b, *c, d=1, **e): ...
+
+    signature = inspect.signature(f)
+    assert bind(signature, (1, 2, 3), {"g": 4}) == _bound(signature, (1, 2, 3), {"g": 4})
+
+    def g(a, b=2, *, c, d=4): ...
+
+    signature = inspect.signature(g)
+    assert bind(signature, (1,), {"c": 3}) == {"a": 1, "b": 2, "c": 3, "d": 4}
+    with pytest.raises(TypeError, match="missing a required argument: 'c'"):
+        bind(signature, (1,), {})
+
+
+def _bound(signature, args, kwargs):
+    full = signature.bind(*args, **kwargs)
+    full.apply_defaults()
+    return dict(full.arguments)
+
+
+def test_layouts_are_reused_and_errors_are_not():
+    assert Layout.of((3, 4), -1) is Layout.of((3, 4), -1)
+    assert Layout.of((3, 4), 0) == Layout(batch_shape=(4,), axis=0, ndim=2, n=3)
+    assert Layout.of([3, 4], np.int64(-1)) == Layout.of((3, 4), -1)  # not cached: same result
+    for _ in range(2):
+        with pytest.raises(ValueError, match="empty axis"):
+            Layout.of((3, 0), -1)
+        with pytest.raises(ValueError, match="out of range"):
+            Layout.of((3, 4), 2)
+        with pytest.raises(TypeError, match="axis must be an integer"):
+            Layout.of((3, 4), True)
+        with pytest.raises(ValueError, match="x must have at least one axis"):
+            Layout.of((), -1)
+    for n in range(1, 2 * _MAX_LAYOUTS):  # the cache stays bounded
+        Layout.of((n,), -1)
+    from softorder._engine.layout import _LAYOUTS
+
+    assert len(_LAYOUTS) <= _MAX_LAYOUTS
+
+
+def _forward_backward(name, x, v, **kwargs):
+    fn = getattr(softorder, name)
+    out, pullback = softorder.vjp(fn, x, *OPERATIONS[name], 0.5, **kwargs)
+    return out, pullback(v)
+
+
+CASES = ["soft_rank", "soft_sort", "soft_topk", "log_soft_topk"]
+
+
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("flag", [False, True])
+def test_the_fast_path_matches_the_general_one_bitwise(name, flag):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 7))
+    x[1, 2] = x[1, 4]  # a tie
+    x[2, :] = [np.inf, 0.0, -np.inf, 1.0, 1.0, 2.0, -3.0]
+    v = rng.standard_normal((3, 7))
+    kwargs = {"largest": flag} if "topk" in name else {"descending": flag}
+    x0, v0 = x.copy(), v.copy()
+    out, grads = _forward_backward(name, x, v, **kwargs)
+    # the same rows along axis 0 of a transposed copy, given as a non-contiguous view
+    xt, vt = np.asfortranarray(x.T), v.T[:, :]
+    out_t, grads_t = _forward_backward(name, xt, vt, axis=0, **kwargs)
+    np.testing.assert_array_equal(x, x0)  # inputs and cotangents never written
+    np.testing.assert_array_equal(v, v0)
+    assert out.tobytes() == np.ascontiguousarray(out_t.T).tobytes()
+    assert grads[0].tobytes() == np.ascontiguousarray(grads_t[0].T).tobytes()
+    for g, gt in zip(grads[1:], grads_t[1:], strict=True):
+        assert np.asarray(g).tobytes() == np.asarray(gt).tobytes()
+    # a list (converted) and a strided view of the same values give the same bits too
+    wide = np.zeros((3, 14))
+    wide[:, ::2] = x
+    out_s, grads_s = _forward_backward(name, wide[:, ::2], v.tolist(), **kwargs)
+    assert out.tobytes() == out_s.tobytes()
+    assert grads[0].tobytes() == grads_s[0].tobytes()
+    # results and gradients are new arrays: nothing aliases the caller's
+    for result in (out, grads[0]):
+        assert not np.may_share_memory(result, x) and not np.may_share_memory(result, v)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_float32_and_single_elements(name):
+    n_extra = OPERATIONS[name]
+    for n in ([1] if not n_extra else []) + [5]:
+        x = np.linspace(-1.0, 1.0, n).astype(np.float32)
+        out, (x_bar, *rest) = _forward_backward(name, x, np.ones(n, np.float32))
+        assert out.dtype == np.float32 and x_bar.dtype == np.float32
+        ref, (ref_bar, *_) = _forward_backward(name, x.astype(np.float64), np.ones(n))
+        np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(x_bar, ref_bar, rtol=1e-5, atol=1e-5)
+        assert isinstance(rest[-1], np.float32)  # alpha's gradient: a scalar of x's dtype
+
+
+def test_nan_rows_stay_in_their_row():
+    x = np.array([[0.0, np.nan, 1.0], [0.0, 2.0, 1.0]])
+    out, (x_bar, alpha_bar) = _forward_backward("soft_rank", x, np.ones((2, 3)))
+    assert np.isnan(out[0]).all() and np.isfinite(out[1]).all()
+    assert np.isfinite(x_bar[1]).all()
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_cotangent_errors_on_the_fast_path(name):
+    x = np.arange(5.0)
+    _, pullback = softorder.vjp(getattr(softorder, name), x, *OPERATIONS[name], 0.5)
+    with pytest.raises(ValueError, match=r"cotangent must have shape \(5,\); got \(4,\)"):
+        pullback(np.ones(4))
+    with pytest.raises(ValueError, match=r"cotangent must have shape \(5,\); got \(1, 5\)"):
+        pullback(np.ones((1, 5)))
+    with pytest.raises(TypeError, match="cotangent is a numpy.ma.MaskedArray"):
+        pullback(np.ma.masked_array(np.ones(5), mask=[0, 1, 0, 0, 0]))
+    with pytest.raises(TypeError, match="cotangent must be real"):
+        pullback(np.ones(5, complex))
+
+
+def test_input_errors_on_the_fast_path():
+    with pytest.raises(TypeError, match="x is a numpy.ma.MaskedArray"):
+        softorder.soft_rank(np.ma.masked_array(np.ones(3)))
+    with pytest.raises(TypeError, match="x must be real"):
+        softorder.soft_rank(np.ones(3, complex))
+    with pytest.raises(ValueError, match="alpha must be positive and finite"):
+        softorder.soft_rank(np.ones(3), -1.0)
+    with pytest.raises(ValueError, match="k must lie strictly between 0 and n=3"):
+        softorder.soft_topk(np.ones(3), 3)
+    with pytest.raises(TypeError, match="descending must be a bool"):
+        softorder.soft_sort(np.ones(3), descending="no")
+
+
+def test_alpha_gradient_has_alpha_shape():
+    x = np.random.default_rng(1).standard_normal((2, 4))
+    v = np.ones((2, 4))
+    for alpha, shape in [(0.5, ()), (np.float64(0.5), ()), (np.full(2, 0.5), (2,))]:
+        _, pullback = softorder.vjp(softorder.soft_rank, x, alpha)
+        alpha_bar = pullback(v)[1]
+        assert np.shape(alpha_bar) == shape
+    scalar = softorder.vjp(softorder.soft_rank, x, 0.5)[1](v)[1]
+    per_row = softorder.vjp(softorder.soft_rank, x, np.full(2, 0.5))[1](v)[1]
+    assert scalar == per_row.sum()
