@@ -44,7 +44,6 @@ import threading
 
 import llvmlite.binding
 import llvmlite.ir as ir
-import numba
 import numpy as np
 from numba import types
 from numba.core import cgutils, errors
@@ -104,19 +103,6 @@ def peek(typingctx, address, index, kind):
         return builder.load(builder.gep(_pointer(context, builder, args[0], dtype), [args[1]]))
 
     return dtype(types.int64, types.int64, kind), codegen
-
-
-@intrinsic
-def poke(typingctx, address, index, kind, value):
-    """Set element ``index`` of the ``kind`` values at ``address`` to ``value``."""
-    dtype = kind.instance_type
-
-    def codegen(context, builder, signature, args):
-        pointer = builder.gep(_pointer(context, builder, args[0], dtype), [args[1]])
-        builder.store(context.cast(builder, args[3], signature.args[3], dtype), pointer)
-        return context.get_dummy_value()
-
-    return types.none(types.int64, types.int64, kind, value), codegen
 
 
 @intrinsic
@@ -342,34 +328,69 @@ def _link(symbols) -> None:
 STAGE, ARG_COUNT, ARGS, RESULTS = 4, 7, 9, 14
 
 
-@numba.njit(inline="always", **_jit._OPTIONS)  # numba inlines its IR: no compilation of its own
-def begin(frame):
+@intrinsic
+def begin(typingctx, frame):
     """(whether to compute now, rows, n): False for XLA's metadata query (answered here: the
     API version) and for the stages before execution; the rows and their length n, from the
     shape of the first argument.
     """
-    ext = peek(frame, 1, np.int64)
-    while ext != 0:
-        if (peek(ext, 1, np.int64) & 0xFFFFFFFF) == METADATA:
-            md = peek(ext, 3, np.int64)
-            poke(md, 1, np.int64, 24)  # XLA_FFI_Api_Version's struct_size
-            poke(md, 2, np.int64, 0)
-            poke(md, 6, np.int32, API_MAJOR)
-            poke(md, 7, np.int32, API_MINOR)
-            poke(md, 8, np.int32, 0)  # traits
-            if peek(md, 0, np.int64) >= 48:
-                poke(md, 5, np.int64, 0)  # XLA_FFI_UNKNOWN_TYPE_ID: no state
-            return False, 0, 0
-        ext = peek(ext, 2, np.int64)
-    if (peek(frame, STAGE, np.int64) & 0xFFFFFFFF) != EXECUTE:
-        return False, 0, 0
-    x = peek(peek(frame, ARGS, np.int64), 0, np.int64)  # its XLA_FFI_Buffer
-    ndim, dims = peek(x, 4, np.int64), peek(x, 5, np.int64)
-    count = 1
-    for d in range(ndim):
-        count *= peek(dims, d, np.int64)
-    n = peek(dims, ndim - 1, np.int64) if ndim > 0 else 1
-    return True, count // n, n
+
+    def codegen(context, builder, signature, args):
+        word, half = ir.IntType(64), ir.IntType(32)
+
+        def at(address, index, kind=word):  # the address of a struct's word
+            index = word(index) if isinstance(index, int) else index
+            return builder.gep(builder.inttoptr(address, kind.as_pointer()), [index])
+
+        def field(address, index):
+            return builder.load(at(address, index))
+
+        run = cgutils.alloca_once_value(builder, cgutils.false_bit)
+        rows, n = (
+            cgutils.alloca_once_value(builder, word(0)),
+            cgutils.alloca_once_value(builder, word(0)),
+        )
+        ext = cgutils.alloca_once_value(builder, field(args[0], 1))
+        head, body, frame, end = (
+            builder.append_basic_block(f"begin.{name}") for name in ("head", "body", "frame", "end")
+        )
+        builder.branch(head)
+        builder.position_at_end(head)  # the extensions: a linked list
+        builder.cbranch(builder.icmp_unsigned("!=", builder.load(ext), word(0)), body, frame)
+        builder.position_at_end(body)
+        current = builder.load(ext)
+        kind = builder.and_(field(current, 1), word(0xFFFFFFFF))
+        with builder.if_then(builder.icmp_unsigned("==", kind, word(METADATA))):
+            md = field(current, 3)
+            builder.store(word(24), at(md, 1))  # XLA_FFI_Api_Version's struct_size
+            builder.store(word(0), at(md, 2))
+            builder.store(half(API_MAJOR), at(md, 6, half))
+            builder.store(half(API_MINOR), at(md, 7, half))
+            builder.store(half(0), at(md, 8, half))  # traits
+            with builder.if_then(builder.icmp_signed(">=", field(md, 0), word(48))):
+                builder.store(word(0), at(md, 5))  # XLA_FFI_UNKNOWN_TYPE_ID: no state
+            builder.branch(end)
+        builder.store(field(current, 2), ext)
+        builder.branch(head)
+        builder.position_at_end(frame)
+        stage = builder.and_(field(args[0], STAGE), word(0xFFFFFFFF))
+        with builder.if_then(builder.icmp_unsigned("==", stage, word(EXECUTE))):
+            x = field(field(args[0], ARGS), 0)  # its XLA_FFI_Buffer
+            ndim, dims = field(x, 4), field(x, 5)
+            count = cgutils.alloca_once_value(builder, word(1))
+            with cgutils.for_range(builder, ndim) as loop:
+                builder.store(builder.mul(builder.load(count), field(dims, loop.index)), count)
+            builder.store(word(1), n)
+            with builder.if_then(builder.icmp_signed(">", ndim, word(0))):
+                builder.store(field(dims, builder.sub(ndim, word(1))), n)
+            builder.store(cgutils.true_bit, run)
+            builder.store(builder.sdiv(builder.load(count), builder.load(n)), rows)
+        builder.branch(end)
+        builder.position_at_end(end)
+        values = (builder.load(run), builder.load(rows), builder.load(n))
+        return context.make_tuple(builder, signature.return_type, values)
+
+    return types.Tuple((types.boolean, types.int64, types.int64))(types.int64), codegen
 
 
 @helper
