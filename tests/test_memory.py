@@ -125,3 +125,63 @@ def test_topk_vjp_refuses_a_float32_gradient_of_several_targets():
             np.empty(rows),
             core.workspace(rows, core.topk.VJP_WORK, n),
         )
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_quantile_pullback_allocates_the_gradient_and_one_row(dtype):
+    x = np.random.default_rng(2).standard_normal(N).astype(dtype)
+    # float64 x_bar and E, and the 4 tables that the kernel allocates and writes at a few
+    # points only (was: also 6 more rows of scratch, 96 bytes per element in all)
+    assert _pullback_peak(softorder.soft_quantile, x, np.array([0.1, 0.5, 0.9])) <= 48 * N + 4096
+
+
+def _inverse_vjp(xs, order, alpha, targets, u):
+    rows, n = xs.shape
+    k = targets.shape[1]
+    anchor = np.empty((rows, k), np.int64)
+    offset = np.empty((rows, k))
+    core.inverse_kernel(
+        xs,
+        alpha,
+        targets,
+        np.argsort(targets, axis=1),
+        np.empty((rows, k)),
+        anchor,
+        offset,
+        core.workspace(rows, 4, n),
+    )
+    x_bar, w_bar, alpha_bar = np.empty((rows, n)), np.empty((rows, k)), np.empty(rows)
+    core.inverse_vjp(
+        *(xs, order, alpha, anchor, offset, np.empty((rows, 0), np.int64), u),
+        *(x_bar, w_bar, alpha_bar),
+        core.workspace(rows, core.sort.vjp_work(k, n), n),
+        core.workspace(rows, 0, k),
+    )
+    return x_bar, w_bar, alpha_bar
+
+
+@pytest.mark.parametrize("scale", [0.5, 1.0, 3.0, 1e-3])
+def test_few_targets_pullback_equals_the_general_one_bitwise_among_ties(scale):
+    """Blocks of equal values (targets inside them take the exact injection of
+    :func:`~softorder.core.kernel_sums.inject_exact`) and several targets injecting at one
+    point: the few-targets VJP (upward injections kept as a list) gives the general VJP's
+    values, bit for bit (signs of zero included).
+    """
+    rng = np.random.default_rng(int(scale * 1000))
+    rows, n = 3, 64
+    x = np.round(rng.standard_normal((rows, n)) * scale)
+    x[1, ::4] = np.inf
+    x[2, 1::5] = -np.inf
+    order = np.argsort(x, axis=1).astype(np.int32)
+    xs = np.take_along_axis(x, order, axis=1)
+    w = np.tile([17.0, 17.0, 3.5, 40.0, 17.0, 32.0, 31.99], (rows, 1))  # 7 * 8 <= 64
+    u = np.tile([1.0, -0.5, 2.0, -1.0, 0.25, 0.0, 3.0], (rows, 1))
+    pad = np.tile(np.linspace(0.5, n - 0.5, n), (rows, 1))
+    for alpha in (0.01, 0.3, 2.0):
+        alphas = np.full(rows, alpha)
+        few = _inverse_vjp(xs, order, alphas, w, u)
+        general = _inverse_vjp(
+            xs, order, alphas, np.concatenate([w, pad], 1), np.pad(u, ((0, 0), (0, n)))
+        )
+        for a, b in zip(few, (general[0], general[1][:, :7], general[2]), strict=True):
+            np.testing.assert_array_equal(a.view(np.int64), b.view(np.int64))

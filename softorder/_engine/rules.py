@@ -266,7 +266,7 @@ class InverseRule(OrderRule):
             x_bar,
             w_bar,
             alpha_bar,
-            ctx.work(core.sort.VJP_WORK),
+            ctx.work(core.sort.vjp_work(u.shape[1], rows.n) if cpu else core.sort.VJP_WORK),
             ctx.work(0 if cpu else core.lapsum.PULLBACK_WORK, u.shape[1]),
         )
         return x_bar, w_bar, alpha_bar

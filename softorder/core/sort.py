@@ -11,11 +11,14 @@ sorted targets, O(n + m) per row.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import prange
 
 from softorder.core._jit import helper, kernel
-from softorder.core.laplace import gap
+from softorder.core.kernel_sums import _first_at_or_above
+from softorder.core.laplace import INF, exp_nonpositive, gap, offset_z, rel_weight
 from softorder.core.lapsum import (
     TABLES_WITH_MOMENTS,
     inverse_pullback,
@@ -32,8 +35,9 @@ VJP_WORK = TABLES_WITH_MOMENTS + 1
 #: the tables and the tangent (the CPU kernel keeps it in the row of ``S``: one row untouched)
 JVP_WORK = TABLES_WITH_MOMENTS + 1
 #: With at most n / FEW_TARGETS targets per row (soft quantile) the VJP fills its tables only at
-#: two points per target (:func:`few_tables`): 2 rows of n resident instead of 7 (at n = 1e6,
-#: 40 MB less, with the upward injections in the row of ``x_bar``).
+#: two points per target (:func:`few_tables`) and keeps the upward injections as a list
+#: (:func:`few_pullback`): ``E`` and the row of ``x_bar`` resident instead of 7 rows of n and
+#: ``x_bar`` (at n = 1e6, 48 MB less).
 FEW_TARGETS = 8
 #: and at most this many (:func:`~softorder.core.lapsum.neighbour_sums` sorts them by
 #: insertion)
@@ -43,8 +47,9 @@ MAX_FEW_TARGETS = 64
 @kernel
 def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha_bar, work, twork):
     """Cotangent ``u`` (rows, m) on the targets -> ``x_bar`` (rows, n; original element order),
-    ``w_bar`` (rows, m) and ``alpha_bar`` (rows,). Scratch: ``work`` (rows, VJP_WORK, n),
-    ``twork`` (rows, PULLBACK_WORK, m; only the GPU twin uses it). A ``w_bar`` of width 0 asks
+    ``w_bar`` (rows, m) and ``alpha_bar`` (rows,). Scratch: ``work`` (rows, VJP_WORK, n;
+    :func:`vjp_work` rows suffice), ``twork`` (rows, PULLBACK_WORK, m; only the GPU twin uses
+    it). A ``w_bar`` of width 0 asks
     for no ``w_bar`` (soft sort discards it; it costs an ``exp`` per target). ``x_bar`` may be
     ``u`` itself (soft sort): each row of ``u`` is read before that row of ``x_bar`` is written.
     """
@@ -62,13 +67,18 @@ def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha
         a = alpha[row]
         w = work[row]
         if few:
-            tables = few_tables(r, 1.0 / a, anchor[row], offset[row], w)
-            # the upward injections go to the row of x_bar, written only after them (x_bar
-            # is never u here: u has fewer columns)
-            inj_up = x_bar[row]
-        else:
-            tables = row_tables(r, 1.0 / a, True, w)
-            inj_up = w[TABLES_WITH_MOMENTS, :n]
+            # E in the first row of work, the marks and then the gradient in sorted order in
+            # the row of x_bar (never u here: u has fewer columns); the gradient's last pass
+            # leaves it in the spent E, from where it is scattered into x_bar
+            E = w[0, :n]
+            tables = few_tables(r, 1.0 / a, anchor[row], offset[row], E, x_bar[row])
+            alpha_bar[row] = few_pullback(
+                r, a, tables, anchor[row], offset[row], u[row], x_bar[row], w_bar[row], want_wbar
+            )
+            scatter_finite(r, order[row], E, x_bar[row])
+            continue
+        tables = row_tables(r, 1.0 / a, True, w)
+        inj_up = w[TABLES_WITH_MOMENTS, :n]
         rbar = w[3, :n]  # S: the gradients do not read it
         rbar[:] = 0.0
         alpha_bar[row] = inverse_pullback(
@@ -160,19 +170,24 @@ def inverse_jvp(
         )
 
 
+def vjp_work(m: int, n: int) -> int:
+    """Rows of ``work`` that :func:`inverse_vjp` uses with ``m`` targets on rows of ``n``:
+    one with a few targets (:data:`FEW_TARGETS`), :data:`VJP_WORK` otherwise.
+    """
+    return 1 if m * FEW_TARGETS <= n and m <= MAX_FEW_TARGETS else VJP_WORK
+
+
 @helper
-def few_tables(r, inv_alpha, anchor, offset, work):
+def few_tables(r, inv_alpha, anchor, offset, E, marks):
     """The tables of :func:`~softorder.core.lapsum.row_tables` (with moments) as the
     pullback of a few targets reads them: ``E`` whole, ``A``, ``Ad`` at each target's left
     point and ``B``, ``Bd`` at its right one, by the same recurrences (the same values to the
     bit). The rest of those arrays is never written, so its pages never become resident: at
-    n = 1e6, 32 MB less than the full tables. The row of ``S`` in ``work`` marks the points
-    read (1: left, 2: right, 3: both); the caller reuses it.
+    n = 1e6, 32 MB less than the full tables. ``marks`` (n) marks the points read (1: left,
+    2: right, 3: both); the caller reuses it.
     """
     n = r.shape[0]
     m = anchor.shape[0]
-    E = work[0, :n]
-    marks = work[3, :n]
     # allocated here, not rows of work: NumPy asks for transparent huge pages on large
     # arrays, where one write makes 2 MB resident; these are written at a few points only
     A = np.empty(n)
@@ -204,3 +219,122 @@ def few_tables(r, inv_alpha, anchor, offset, work):
             B[i] = b
             Bd[i] = bd
     return E, A, B, Ad, Bd, marks
+
+
+@helper
+def few_pullback(r, alpha, tables, anchor, offset, u, rbar, wbar, want_wbar):
+    """:func:`~softorder.core.lapsum.inverse_pullback` of a few targets into a fresh
+    ``rbar``, which also takes the downward injections, with the upward ones kept as a list
+    (at most one per target) instead of a row of n: the same operations in the same order,
+    so the same values to the bit. The last pass leaves the gradient (sorted order) in ``E``
+    (``tables[0]``; each ``E[i]`` is read just before its slot is written) and ``rbar`` is
+    spent. Returns ``alpha_bar``.
+    """
+    E, A, B, Ad, Bd, S = tables
+    n = r.shape[0]
+    m = anchor.shape[0]
+    inv_alpha = 1.0 / alpha
+    up_at = np.empty(m, np.int64)  # the point of each target's upward injection (n: none)
+    up = np.empty(m)
+    rbar[:] = 0.0
+    alpha_bar = 0.0
+    for j in range(m):
+        up_at[j] = n
+        up[j] = 0.0
+        an = anchor[j]
+        t = offset[j]
+        uj = u[j]
+        if want_wbar:
+            wbar[j] = 0.0
+        ra = r[an]
+        position = ra if t == 0.0 or abs(ra) == INF else ra + alpha * t  # target_position
+        if uj == 0.0 or abs(position) == INF:
+            continue
+        # the usual target (inverse_pullback's branch-free case)
+        L = an - 1 if t <= 0.0 else an
+        R = L + 1
+        if L >= 0 and R < n:
+            zl = offset_z(ra, r[L], inv_alpha, t)
+            zr = offset_z(ra, r[R], inv_alpha, t)
+            if zl > 0.0 and zl != INF and zr <= 0.0 and zr != -INF:
+                e = math.exp(-abs(zl + zr))
+                left_nearer = zl <= -zr
+                el = 1.0 if left_nearer else e
+                er = e if left_nearer else 1.0
+                G = A[L] * el + B[R] * er
+                Z = (zl * A[L] + Ad[L]) * el + (zr * B[R] - Bd[R]) * er
+                cj = uj / G
+                up_at[j] = R
+                up[j] = cj * er
+                rbar[L] += cj * el
+                if want_wbar:
+                    wbar[j] = uj * 2.0 * alpha * math.exp(min(zl, -zr)) / G
+                alpha_bar += uj * Z / G
+                continue
+        if t <= 0.0:
+            R = an
+            L = an - 1
+        else:
+            L = an
+            R = an + 1
+        zl = offset_z(ra, r[L], inv_alpha, t) if L >= 0 else INF
+        zr = offset_z(ra, r[R], inv_alpha, t) if R < n else -INF
+        sh = min(zl, -zr)
+        if sh == INF:
+            continue
+        G = 0.0
+        Z = 0.0
+        el = rel_weight(zl, sh)
+        if el > 0.0:
+            G += A[L] * el
+            Z += (zl * A[L] + Ad[L]) * el
+        er = rel_weight(zr, sh)
+        if er > 0.0:
+            G += B[R] * er
+            Z += (zr * B[R] - Bd[R]) * er
+        if G == 0.0:
+            continue
+        cj = uj / G
+        if (L < 0 or zl > 0.0) and (R >= n or zr <= 0.0):
+            if R < n:
+                up_at[j] = R
+                up[j] = cj * er
+            if L >= 0:
+                rbar[L] += cj * el
+        else:  # ties or rounding: inject_exact's two points
+            i = _first_at_or_above(r, inv_alpha, ra, t, R)
+            if i < n:
+                up_at[j] = i
+                up[j] = cj * exp_nonpositive(sh + offset_z(ra, r[i], inv_alpha, t))
+            if i > 0:
+                rbar[i - 1] += cj * exp_nonpositive(sh - offset_z(ra, r[i - 1], inv_alpha, t))
+        if want_wbar:
+            wbar[j] = uj * 2.0 * alpha * math.exp(sh) / G
+        alpha_bar += uj * Z / G
+    # carry_injections: the downward pass in rbar, then the upward one with the list sorted
+    # by point (stably: the injections at one point add up in the order of the targets)
+    by_point = np.empty(m, np.int64)
+    for j in range(m):
+        k = j
+        while k > 0 and up_at[by_point[k - 1]] > up_at[j]:
+            by_point[k] = by_point[k - 1]
+            k -= 1
+        by_point[k] = j
+    acc = 0.0
+    for i in range(n - 1, -1, -1):
+        if i < n - 1:
+            acc *= E[i + 1]
+        acc += rbar[i]
+        rbar[i] = acc
+    acc = 0.0
+    p = 0
+    for i in range(n):
+        if i > 0:
+            acc *= E[i]
+        injected = 0.0  # (a row of injections holds 0 at the other points: the same sums)
+        while p < m and up_at[by_point[p]] == i:
+            injected += up[by_point[p]]
+            p += 1
+        acc += injected
+        E[i] = rbar[i] + acc
+    return alpha_bar
