@@ -9,7 +9,7 @@ caller's layout and dtype. The kernels only ever see C-contiguous float64 ``(row
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -93,24 +93,28 @@ _LAYOUTS: dict = {}
 _MAX_LAYOUTS = 256
 
 
-@dataclass
 class Rows:
-    """An input viewed as sorted rows: ``xs[r] = sort(sign * x[r])``, ``order[r]`` its argsort."""
+    """An input viewed as sorted rows: ``xs[r] = sort(sign * x[r])``, ``order[r]`` its argsort.
 
-    xs: np.ndarray
-    order: np.ndarray
-    layout: Layout
-    dtype: np.dtype
-    sign: float
-    backend: Backend = NUMPY  # where the arrays live (softorder._engine.backend)
-    # plain attributes, not properties: a small call reads them a few dozen times
-    batch_shape: tuple = field(init=False, repr=False)  # layout.batch_shape
-    rows: int = field(init=False, repr=False)  # xs.shape[0]
-    n: int = field(init=False, repr=False)  # xs.shape[1]
+    ``batch_shape`` (the layout's), ``rows`` and ``n`` (``xs.shape``) are plain attributes,
+    not properties: a small call reads them a few dozen times.
+    """
 
-    def __post_init__(self) -> None:
-        self.batch_shape = self.layout.batch_shape
-        self.rows, self.n = self.xs.shape
+    __slots__ = ("xs", "order", "layout", "dtype", "sign", "backend", "batch_shape", "rows", "n")
+
+    def __init__(
+        self,
+        xs: np.ndarray,
+        order: np.ndarray,
+        layout: Layout,
+        dtype: np.dtype,
+        sign: float,
+        backend: Backend = NUMPY,  # where the arrays live (softorder._engine.backend)
+    ) -> None:
+        self.xs, self.order, self.layout, self.dtype, self.sign = xs, order, layout, dtype, sign
+        self.backend = backend
+        self.batch_shape = layout.batch_shape
+        self.rows, self.n = xs.shape
 
     @classmethod
     def from_input(
