@@ -66,6 +66,53 @@ def _rows(dtype) -> list[np.ndarray]:
     return [x.astype(dtype), np.stack([far, -far]).astype(dtype)]
 
 
+def test_float32_rank_pullback_allocates_a_float32_gradient_and_one_row():
+    x = np.random.default_rng(8).standard_normal(N).astype(np.float32)
+    # the float32 gradient, where the sorted cotangent waits, and one row of float64 partial
+    # sums (was: a float64 copy of the cotangent and 3 rows of scratch)
+    assert _pullback_peak(softorder.soft_rank, x) <= 12 * N + 4096
+
+
+@pytest.mark.parametrize("descending", [False, True])
+def test_float32_rank_values_and_gradients_are_the_float64_ones_rounded(descending):
+    rng = np.random.default_rng(9)
+    for x32 in _rows(np.float32):
+        x64 = x32.astype(np.float64)
+        for alpha in (0.01, 0.5, 4.0):
+            out32, pull32 = softorder.vjp(
+                softorder.soft_rank, x32, alpha=alpha, descending=descending
+            )
+            out64, pull64 = softorder.vjp(
+                softorder.soft_rank, x64, alpha=alpha, descending=descending
+            )
+            np.testing.assert_array_equal(
+                out32.view(np.int32), out64.astype(np.float32).view(np.int32)
+            )
+            u = rng.standard_normal(out32.shape).astype(np.float32)
+            u[:, ::7] = 0.0
+            want = [np.asarray(g).astype(np.float32) for g in pull64(u.astype(np.float64))]
+            for cotangent in (u, u.astype(np.float64)):  # read in place / softorder's copy
+                for g, w in zip(pull32(cotangent), want, strict=True):
+                    assert np.asarray(g).dtype == np.float32
+                    np.testing.assert_array_equal(np.asarray(g).view(np.int32), w.view(np.int32))
+
+
+def test_rank_vjp_refuses_a_float32_gradient_of_a_float64_cotangent():
+    rows, n = 2, 20
+    xs = np.sort(np.random.default_rng(6).standard_normal((rows, n)), axis=1)
+    with pytest.raises(ValueError, match="softorder"):
+        core.rank_vjp(
+            xs,
+            np.tile(np.arange(n, dtype=np.int32), (rows, 1)),
+            np.ones(rows),
+            np.ones((rows, n)),
+            np.zeros((rows, n)),
+            np.empty((rows, n), np.float32),
+            np.empty(rows),
+            core.workspace(rows, core.rank.LINEAR_WORK, n),
+        )
+
+
 @pytest.mark.parametrize("log", [False, True])
 @pytest.mark.parametrize("largest", [True, False])
 @pytest.mark.parametrize("k", [1, 150, 37.5])

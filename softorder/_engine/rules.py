@@ -175,7 +175,10 @@ class RankRule(OrderRule):
 
     def forward(self, ctx):
         rows = ctx.rows
-        out = ctx.empty(rows.xs.shape)
+        # the CPU kernel writes a float32 input's ranks in float32 (rounded once, as the cast
+        # rounded them): no float64 row of results beside the decays
+        narrow = rows.dtype == np.float32 and ctx.kernels is core
+        out = ctx.empty(rows.xs.shape, np.float32 if narrow else np.float64)
         ctx.saved["decay"] = ctx.empty(rows.xs.shape)
         ctx.kernels.rank_forward(
             rows.xs,
@@ -189,10 +192,18 @@ class RankRule(OrderRule):
 
     def vjp(self, ctx, cotangent):
         rows = ctx.rows
-        v, owned = rows.to_core_owned(cotangent, "row", (rows.n,), "cotangent")
-        # rank_vjp gathers each row of v before it writes that row of x_bar
-        x_bar = v if owned and ctx.kernels is core else ctx.empty(rows.xs.shape)
+        cpu = ctx.kernels is core
+        # a float32 cotangent of a float32 input: the CPU kernel reads it as it is and
+        # writes the gradient in float32 (the float64 one rounded once, as the cast gave it)
+        v = _float32_cotangent(ctx, cotangent, "row", (rows.n,)) if cpu else None
+        if v is not None:
+            x_bar = ctx.empty(rows.xs.shape, np.float32)
+        else:
+            v, owned = rows.to_core_owned(cotangent, "row", (rows.n,), "cotangent")
+            # rank_vjp gathers each row of v before it writes that row of x_bar
+            x_bar = v if owned and cpu else ctx.empty(rows.xs.shape)
         alpha_bar = ctx.empty(rows.rows)
+        narrow = x_bar.dtype == np.float32
         ctx.kernels.rank_vjp(
             rows.xs,
             rows.order,
@@ -201,7 +212,7 @@ class RankRule(OrderRule):
             v,
             x_bar,
             alpha_bar,
-            ctx.work(core.rank.LINEAR_WORK),
+            ctx.work(core.rank.NARROW_VJP_WORK if narrow else core.rank.LINEAR_WORK),
         )
         return rows.grad_to_user(x_bar), ctx.alpha_grad(alpha_bar)
 

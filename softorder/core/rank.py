@@ -25,6 +25,8 @@ FORWARD_WORK = 2
 #: rows of scratch the rules allocate for the gradients: the GPU twins use three; the CPU
 #: kernels keep one intermediate in the output row and leave the third untouched
 LINEAR_WORK = 3
+#: the CPU VJP's into a float32 ``x_bar`` (:func:`_rank_vjp_narrow`)
+NARROW_VJP_WORK = 1
 
 
 @kernel
@@ -33,7 +35,7 @@ def rank_forward(xs, order, alpha, out, decay, work):
 
     Also writes ``decay[row, i] = exp(-(xs[row, i] - xs[row, i-1]) / alpha)`` (the ``E`` of the
     prefix sums), which the gradients reuse: the exponentials are most of the arithmetic.
-    ``work``: (rows, FORWARD_WORK, n).
+    ``work``: (rows, FORWARD_WORK, n). ``out`` may be float32 (the ranks rounded once).
     """
     rows, n = xs.shape
     for row in prange(rows):
@@ -142,17 +144,72 @@ def _rank_linear(r, order, alpha, E, v, alpha_v, out, work):
     return dot
 
 
+@helper
+def _rank_vjp_narrow(r, order, alpha, E, v, out, partial):
+    """:func:`_rank_linear` of a VJP (no tangent of alpha) with a float32 cotangent ``v`` and
+    a float32 gradient ``out``: the same operations on the same values, with the sorted
+    cotangent (exact in float32) kept in ``out``, the partial sums and then the gradient in
+    sorted order in ``partial`` (float64, n), which is scattered into ``out`` once spent.
+    """
+    n = r.shape[0]
+    inv_alpha = 1.0 / alpha
+    scale = 0.5 * inv_alpha
+    vs = out
+    gather_finite(r, order, v, vs)
+    a = 1.0
+    ad = 0.0
+    lv = np.float64(vs[0])
+    partial[0] = vs[0] - lv
+    v_ad = 0.0
+    c_ad = 0.0
+    for i in range(1, n):
+        e = E[i]
+        vi = np.float64(vs[i])
+        ad = e * (ad + gap(r[i], r[i - 1]) * inv_alpha * a) if e > 0.0 else 0.0
+        a = 1.0 + e * a
+        lv = vi + e * lv
+        partial[i] = vi * a - lv
+        v_ad, c_ad = _add_compensated(v_ad, c_ad, vi * ad)
+    b = 1.0
+    bd = 0.0
+    rv = 0.0
+    v_next = 0.0
+    v_bd = 0.0
+    c_bd = 0.0
+    for i in range(n - 1, -1, -1):
+        vi = np.float64(vs[i])
+        if i < n - 1:
+            e = E[i + 1]
+            bd = e * (bd + gap(r[i + 1], r[i]) * inv_alpha * b) if e > 0.0 else 0.0
+            b = 1.0 + e * b
+            rv = e * (v_next + rv)
+        v_next = vi
+        partial[i] = (partial[i] + vi * (b - 1.0) - rv) * scale
+        v_bd, c_bd = _add_compensated(v_bd, c_bd, vi * bd)
+    scatter_finite(r, order, partial, out)
+    return -((v_ad - v_bd) + (c_ad - c_bd)) * scale
+
+
 @kernel
 def rank_vjp(xs, order, alpha, decay, v, x_bar, alpha_bar, work):
     """Cotangent ``v`` (rows, n) -> ``x_bar`` (rows, n) and ``alpha_bar`` (rows,).
 
-    ``work``: (rows, LINEAR_WORK, n).
+    ``work``: (rows, LINEAR_WORK, n). A float32 ``x_bar`` needs a float32 ``v`` (else
+    ``ValueError``) and only the first row of ``work`` (:func:`_rank_vjp_narrow`): a float32
+    input's gradient without a float64 copy of the cotangent.
     """
     rows, n = xs.shape
+    if x_bar.itemsize == 4 and v.itemsize != 4:
+        raise ValueError("softorder: rank_vjp takes a float32 x_bar with a float32 v only")
     for row in prange(rows):
         if has_nan(xs[row]):
             x_bar[row, :] = np.nan
             alpha_bar[row] = np.nan
+            continue
+        if x_bar.itemsize == 4:
+            alpha_bar[row] = _rank_vjp_narrow(
+                xs[row], order[row], alpha[row], decay[row], v[row], x_bar[row], work[row, 0]
+            )
             continue
         alpha_bar[row] = _rank_linear(
             xs[row], order[row], alpha[row], decay[row], v[row], 0.0, x_bar[row], work[row]
