@@ -279,25 +279,28 @@ _FORWARD_MODE = (
 
 
 def _callback(fn, shapes: tuple, arrays: tuple, device: bool) -> tuple:
-    """``fn`` on ``arrays`` through ``buffer_callback`` (device) or ``pure_callback``; a
-    derivative of the callback itself (a second derivative) raises ``NotImplementedError``.
-    """
-    return _first_order_only(fn, shapes, device, *arrays)
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))
-def _first_order_only(fn, shapes: tuple, device: bool, *arrays) -> tuple:
+    """``fn`` on ``arrays`` through ``buffer_callback`` (device) or ``pure_callback``."""
     if device:
         from jax.experimental.buffer_callback import buffer_callback
 
-        return tuple(buffer_callback(_InPlace(fn), shapes, vmap_method=VMAP_METHOD)(*arrays))
-    return jax.pure_callback(fn, shapes, *arrays, vmap_method=VMAP_METHOD)
+        call = buffer_callback(_InPlace(fn), shapes, vmap_method=VMAP_METHOD)
+    else:
+        call = functools.partial(jax.pure_callback, fn, shapes, vmap_method=VMAP_METHOD)
+    return _first_order_only(call, *arrays)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _first_order_only(call: Callable, *arrays) -> tuple:
+    """``call(*arrays)``, a callback or an FFI call: a derivative of it (a second derivative)
+    raises ``NotImplementedError``.
+    """
+    return tuple(call(*arrays))
 
 
 @_first_order_only.defjvp
-def _refuse_second_order(fn, shapes, device, primals, tangents):
-    # JAX asks for this only when a callback's inputs carry tangents: the forward callback
-    # under an outer jvp (jax.hessian), or the backward one under a derivative of a gradient
+def _refuse_second_order(call, primals, tangents):
+    # JAX asks for this only when a call's inputs carry tangents: the forward call under an
+    # outer jvp (jax.hessian), or the backward one under a derivative of a gradient
     raise NotImplementedError(_SECOND_ORDER)
 
 
@@ -495,8 +498,6 @@ class _FfiSpec:
 
 
 def _ffi_forward(spec: _FfiSpec, x, alpha, flags, *rest):
-    from softorder.bridges import _jax_ffi
-
     moved = jnp.moveaxis(x, spec.axis, -1)
     rows2d = moved.reshape(-1, moved.shape[-1])
     rows, n = rows2d.shape
@@ -507,14 +508,8 @@ def _ffi_forward(spec: _FfiSpec, x, alpha, flags, *rest):
         saved = (_struct((rows, 2 * n), words), _struct((rows, 2 * n), words))
     else:
         saved = (_struct((rows, 2), words), _struct((rows, 2), words))  # anchors, offsets
-    operands = (rows2d, alpha, flags, *rest)
-    axes = _varying_axes((x,))
-    results = _ffi_first_order_only(
-        _jax_ffi.target(spec.handler),
-        (_struct((rows, n), rows2d.dtype), _struct((rows, n), np.int32), *saved),
-        *_vary(operands, axes),
-    )
-    out, *saved = _vary(results, axes)
+    shapes = (_struct((rows, n), rows2d.dtype), _struct((rows, n), np.int32), *saved)
+    out, *saved = _ffi(spec.handler, shapes, (rows2d, alpha, flags, *rest))
     out = jnp.moveaxis(out.reshape(moved.shape), -1, spec.axis)
     return out, (rows2d, alpha, flags, *saved)
 
@@ -529,20 +524,10 @@ def _ffi_apply_fwd(spec: _FfiSpec, x, alpha, flags, *rest):
 
 
 def _ffi_apply_bwd(spec: _FfiSpec, saved, cotangent):
-    from softorder.bridges import _jax_ffi
-
     rows2d = saved[0]
     moved = jnp.moveaxis(cotangent, spec.axis, -1)
     v = moved.reshape(rows2d.shape).astype(rows2d.dtype)
-    axes = _varying_axes((*saved, v))
-    (x_bar,) = _vary(
-        _ffi_first_order_only(
-            _jax_ffi.target(spec.handler),
-            (_struct(rows2d.shape, rows2d.dtype),),
-            *_vary((*saved, v), axes),
-        ),
-        axes,
-    )
+    (x_bar,) = _ffi(spec.handler, (_struct(rows2d.shape, rows2d.dtype),), (*saved, v))
     x_bar = jnp.moveaxis(x_bar.reshape(moved.shape), -1, spec.axis)
     return (x_bar, None, None) + ((None,) if spec.handler == "topk" else ())
 
@@ -550,14 +535,15 @@ def _ffi_apply_bwd(spec: _FfiSpec, saved, cotangent):
 _ffi_apply.defvjp(_ffi_apply_fwd, _ffi_apply_bwd)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
-def _ffi_first_order_only(target: str, shapes: tuple, *arrays) -> tuple:
-    return tuple(jax.ffi.ffi_call(target, shapes, vmap_method=VMAP_METHOD)(*arrays))
+def _ffi(handler: str, shapes: tuple, operands: tuple) -> tuple:
+    """The XLA FFI call of ``handler`` (registered on first use) on ``operands``; inside
+    :func:`jax.shard_map` its results vary over the mesh axes its operands vary over.
+    """
+    from softorder.bridges import _jax_ffi
 
-
-@_ffi_first_order_only.defjvp
-def _ffi_refuse_second_order(target, shapes, primals, tangents):
-    raise NotImplementedError(_SECOND_ORDER)
+    axes = _varying_axes(operands)
+    call = jax.ffi.ffi_call(_jax_ffi.target(handler), shapes, vmap_method=VMAP_METHOD)
+    return _vary(_first_order_only(call, *_vary(operands, axes)), axes)
 
 
 # --------------------------------------------------------------------------------------------
