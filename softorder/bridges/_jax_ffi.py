@@ -412,14 +412,14 @@ def sort_rows(values, xs, order):
         row = values[r]
         for i in range(n):
             v = row[i]
-            keys[i] = float_bits(0.0 if v == 0.0 else v)
-            o[i] = i
-        for i in range(n):
-            k = keys[i]
-            if row[i] != row[i]:
-                keys[i] = 0x7FFFFFFFFFFFFFFF  # above +inf (0x7FF0000000000000)
+            k = float_bits(0.0 if v == 0.0 else v)
+            if v != v:
+                k = 0x7FFFFFFFFFFFFFFF  # above +inf (0x7FF0000000000000)
             elif k < 0:
-                keys[i] = k ^ 0x7FFFFFFFFFFFFFFF
+                k ^= 0x7FFFFFFFFFFFFFFF
+            keys[i] = k
+            o[i] = i
+        src_o = o  # the argsort, once sorted
         if n <= 32:
             for i in range(1, n):
                 k, oi = keys[i], o[i]
@@ -439,8 +439,7 @@ def sort_rows(values, xs, order):
                 for b in range(7):
                     counts[b, (k >> (8 * b)) & 0xFF] += 1
                 counts[7, ((k >> 56) & 0xFF) ^ 0x80] += 1
-            src_k, src_o, dst_k, dst_o = keys, o, keys2, order2
-            swapped = False
+            src_k, dst_k, dst_o = keys, keys2, order2
             for b in range(8):
                 shift = 8 * b
                 flip = 0x80 if b == 7 else 0
@@ -459,13 +458,10 @@ def sort_rows(values, xs, order):
                     dst_k[j] = k
                     dst_o[j] = src_o[i]
                 src_k, src_o, dst_k, dst_o = dst_k, dst_o, src_k, src_o
-                swapped = not swapped
-            if swapped:
-                for i in range(n):
-                    o[i] = order2[i]
         for i in range(n):
-            order[r, i] = o[i]
-            xs[r, i] = row[o[i]]
+            j = src_o[i]
+            order[r, i] = j
+            xs[r, i] = row[j]
 
 
 _rank_forward = _native("softorder_ffi_rank_forward")
