@@ -210,14 +210,20 @@ class Rows:
         return self.backend.scale(self.to_core(x_dot, "row", (self.n,), name), self.sign)
 
 
-@dataclass
 class Targets:
-    """Per-row targets of an inversion (``k`` of top-k, ``q`` of quantile) as ``(rows, m)``."""
+    """Per-row targets of an inversion (``k`` of top-k, ``q`` of quantile) as ``(rows, m)``.
 
-    values: np.ndarray  # the user's values broadcast to (rows, m)
-    order: np.ndarray  # argsort of each row of values
-    multi: bool  # True when the user gave several targets per row (an extra trailing axis)
-    shape: tuple  # the user's argument shape, for reducing gradients back onto it
+    ``values``: the user's values broadcast to (rows, m); ``order``: the argsort of each row
+    of them; ``multi``: whether the user gave several targets per row (an extra trailing
+    axis); ``shape``: the user's argument shape, for reducing gradients back onto it; ``m``
+    (an attribute: it is read several times a call) the number of targets per row.
+    """
+
+    __slots__ = ("values", "order", "multi", "shape", "m")
+
+    def __init__(self, values: np.ndarray, order: np.ndarray, multi: bool, shape: tuple) -> None:
+        self.values, self.order, self.multi, self.shape = values, order, multi, shape
+        self.m = values.shape[1]
 
     @classmethod
     def parse(cls, value, rows: Rows, name: str, high: float, high_text: str) -> Targets:
@@ -232,10 +238,6 @@ class Targets:
         values, multi, shape = check_targets(value, rows.batch_shape, name, high, high_text)
         order = np.argsort(values, axis=1)
         return cls(rows.backend.from_host(values), rows.backend.from_host(order), multi, shape)
-
-    @property
-    def m(self) -> int:
-        return self.values.shape[1]
 
     @staticmethod
     def count(value, layout: Layout) -> int:

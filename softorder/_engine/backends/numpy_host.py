@@ -102,7 +102,7 @@ class NumpyBackend:
         return np.ascontiguousarray(a)
 
     def empty(self, shape, dtype=np.float64):
-        return np.empty(shape, dtype=dtype)
+        return np.empty(shape, dtype)
 
     def zeros(self, shape):
         return np.zeros(shape)
