@@ -132,7 +132,7 @@ def test_few_target_vjp_equals_many_target_path_bitwise(kind):
         x_bar = np.empty((rows, n))
         w_bar = np.empty((rows, k))
         alpha_bar = np.empty(rows)
-        core.inverse_vjp(
+        (core.few_inverse_vjp if core.sort.few_targets(k, n) else core.inverse_vjp)(
             xs,
             order,
             alpha,

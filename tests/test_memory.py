@@ -97,11 +97,11 @@ def test_float32_rank_values_and_gradients_are_the_float64_ones_rounded(descendi
                     np.testing.assert_array_equal(np.asarray(g).view(np.int32), w.view(np.int32))
 
 
-def test_rank_vjp_refuses_a_float32_gradient_of_a_float64_cotangent():
+def test_rank_vjp_narrow_refuses_a_float64_cotangent():
     rows, n = 2, 20
     xs = np.sort(np.random.default_rng(6).standard_normal((rows, n)), axis=1)
     with pytest.raises(ValueError, match="softorder"):
-        core.rank_vjp(
+        core.rank_vjp_narrow(
             xs,
             np.tile(np.arange(n, dtype=np.int32), (rows, 1)),
             np.ones(rows),
@@ -153,13 +153,13 @@ def test_float32_topk_gradient_along_a_leading_axis():
     np.testing.assert_array_equal(u, u_before)  # the caller's cotangent is never written
 
 
-def test_topk_vjp_refuses_a_float32_gradient_of_several_targets():
+def test_topk_vjp_narrow_refuses_several_targets():
     rows, n, m = 2, 20, 2
     rng = np.random.default_rng(6)
     xs = np.sort(rng.standard_normal((rows, n)), axis=1)
     order = np.tile(np.arange(n, dtype=np.int32), (rows, 1))
     with pytest.raises(ValueError, match="softorder"):
-        core.topk_vjp(
+        core.topk_vjp_narrow(
             xs,
             order,
             np.ones(rows),
@@ -198,10 +198,11 @@ def _inverse_vjp(xs, order, alpha, targets, u):
         core.workspace(rows, 4, n),
     )
     x_bar, w_bar, alpha_bar = np.empty((rows, n)), np.empty((rows, k)), np.empty(rows)
-    core.inverse_vjp(
+    few = core.sort.few_targets(k, n)
+    (core.few_inverse_vjp if few else core.inverse_vjp)(
         *(xs, order, alpha, anchor, offset, np.empty((rows, 0), np.int64), u),
         *(x_bar, w_bar, alpha_bar),
-        core.workspace(rows, core.sort.vjp_work(k, n), n),
+        core.workspace(rows, core.sort.FEW_VJP_WORK if few else core.sort.VJP_WORK, n),
         core.workspace(rows, 0, k),
     )
     return x_bar, w_bar, alpha_bar

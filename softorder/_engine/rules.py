@@ -204,7 +204,7 @@ class RankRule(OrderRule):
             x_bar = v if owned and cpu else ctx.empty(rows.xs.shape)
         alpha_bar = ctx.empty(rows.rows)
         narrow = x_bar.dtype == np.float32
-        ctx.kernels.rank_vjp(
+        (core.rank_vjp_narrow if narrow else ctx.kernels.rank_vjp)(
             rows.xs,
             rows.order,
             ctx.alpha,
@@ -266,7 +266,8 @@ class InverseRule(OrderRule):
         # the CPU kernel reads neither the targets' order nor per-target scratch (for soft
         # sort at n = 1e6 they were 24 MB)
         cpu = ctx.kernels is core
-        ctx.kernels.inverse_vjp(
+        few = cpu and core.sort.few_targets(u.shape[1], rows.n)
+        (core.few_inverse_vjp if few else ctx.kernels.inverse_vjp)(
             rows.xs,
             rows.order,
             ctx.alpha,
@@ -277,7 +278,7 @@ class InverseRule(OrderRule):
             x_bar,
             w_bar,
             alpha_bar,
-            ctx.work(core.sort.vjp_work(u.shape[1], rows.n) if cpu else core.sort.VJP_WORK),
+            ctx.work(core.sort.FEW_VJP_WORK if few else core.sort.VJP_WORK),
             ctx.work(0 if cpu else core.lapsum.PULLBACK_WORK, u.shape[1]),
         )
         return x_bar, w_bar, alpha_bar
@@ -492,7 +493,7 @@ class TopKRule(OrderRule):
         v = v.reshape(rows.rows, targets.m, rows.n)
         w_bar = ctx.empty((rows.rows, targets.m))
         alpha_bar = ctx.empty(rows.rows)
-        ctx.kernels.topk_vjp(
+        (core.topk_vjp_narrow if narrow else ctx.kernels.topk_vjp)(
             rows.xs,
             rows.order,
             ctx.alpha,

@@ -194,25 +194,37 @@ def _rank_vjp_narrow(r, order, alpha, E, v, out, partial):
 def rank_vjp(xs, order, alpha, decay, v, x_bar, alpha_bar, work):
     """Cotangent ``v`` (rows, n) -> ``x_bar`` (rows, n) and ``alpha_bar`` (rows,).
 
-    ``work``: (rows, LINEAR_WORK, n). A float32 ``x_bar`` needs a float32 ``v`` (else
-    ``ValueError``) and only the first row of ``work`` (:func:`_rank_vjp_narrow`): a float32
-    input's gradient without a float64 copy of the cotangent.
+    ``work``: (rows, LINEAR_WORK, n). :func:`rank_vjp_narrow` writes a float32 ``x_bar``.
     """
     rows, n = xs.shape
-    if x_bar.itemsize == 4 and v.itemsize != 4:
-        raise ValueError("softorder: rank_vjp takes a float32 x_bar with a float32 v only")
     for row in prange(rows):
         if has_nan(xs[row]):
             x_bar[row, :] = np.nan
             alpha_bar[row] = np.nan
             continue
-        if x_bar.itemsize == 4:
-            alpha_bar[row] = _rank_vjp_narrow(
-                xs[row], order[row], alpha[row], decay[row], v[row], x_bar[row], work[row, 0]
-            )
-            continue
         alpha_bar[row] = _rank_linear(
             xs[row], order[row], alpha[row], decay[row], v[row], 0.0, x_bar[row], work[row]
+        )
+
+
+@kernel
+def rank_vjp_narrow(xs, order, alpha, decay, v, x_bar, alpha_bar, work):
+    """:func:`rank_vjp` of a float32 cotangent ``v`` into a float32 ``x_bar`` (else
+    ``ValueError``): the float64 gradient rounded once, with only the first row of ``work``
+    (:data:`NARROW_VJP_WORK`; :func:`_rank_vjp_narrow`). A float32 input's gradient without
+    a float64 copy of the cotangent. A kernel of its own, so that :func:`rank_vjp`'s first
+    call does not compile it.
+    """
+    rows, n = xs.shape
+    if x_bar.itemsize != 4 or v.itemsize != 4:
+        raise ValueError("softorder: rank_vjp_narrow takes a float32 v and x_bar")
+    for row in prange(rows):
+        if has_nan(xs[row]):
+            x_bar[row, :] = np.nan
+            alpha_bar[row] = np.nan
+            continue
+        alpha_bar[row] = _rank_vjp_narrow(
+            xs[row], order[row], alpha[row], decay[row], v[row], x_bar[row], work[row, 0]
         )
 
 

@@ -34,11 +34,13 @@ from softorder.core.rows import gather_finite, has_nan, scatter_finite
 VJP_WORK = TABLES_WITH_MOMENTS + 1
 #: the tables and the tangent (the CPU kernel keeps it in the row of ``S``: one row untouched)
 JVP_WORK = TABLES_WITH_MOMENTS + 1
-#: With at most n / FEW_TARGETS targets per row (soft quantile) the VJP fills its tables only at
-#: two points per target (:func:`few_tables`) and keeps the upward injections as a list
-#: (:func:`few_pullback`): ``E`` and the row of ``x_bar`` resident instead of 7 rows of n and
-#: ``x_bar`` (at n = 1e6, 48 MB less).
+#: With at most n / FEW_TARGETS targets per row (soft quantile) the VJP (:func:`few_inverse_vjp`)
+#: fills its tables only at two points per target (:func:`few_tables`) and keeps the upward
+#: injections as a list (:func:`few_pullback`): ``E`` and the row of ``x_bar`` resident instead
+#: of 7 rows of n and ``x_bar`` (at n = 1e6, 48 MB less).
 FEW_TARGETS = 8
+#: the rows of ``work`` of :func:`few_inverse_vjp`
+FEW_VJP_WORK = 1
 #: and at most this many (:func:`~softorder.core.lapsum.neighbour_sums` sorts them by
 #: insertion)
 MAX_FEW_TARGETS = 64
@@ -47,16 +49,15 @@ MAX_FEW_TARGETS = 64
 @kernel
 def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha_bar, work, twork):
     """Cotangent ``u`` (rows, m) on the targets -> ``x_bar`` (rows, n; original element order),
-    ``w_bar`` (rows, m) and ``alpha_bar`` (rows,). Scratch: ``work`` (rows, VJP_WORK, n;
-    :func:`vjp_work` rows suffice), ``twork`` (rows, PULLBACK_WORK, m; only the GPU twin uses
-    it). A ``w_bar`` of width 0 asks
+    ``w_bar`` (rows, m) and ``alpha_bar`` (rows,). Scratch: ``work`` (rows, VJP_WORK, n),
+    ``twork`` (rows, PULLBACK_WORK, m; only the GPU twin uses it). A ``w_bar`` of width 0 asks
     for no ``w_bar`` (soft sort discards it; it costs an ``exp`` per target). ``x_bar`` may be
     ``u`` itself (soft sort): each row of ``u`` is read before that row of ``x_bar`` is written.
+    :func:`few_inverse_vjp` is the same VJP, lighter for a few targets.
     """
     rows, n = xs.shape
     m = anchor.shape[1]
     want_wbar = w_bar.shape[1] == m
-    few = m * FEW_TARGETS <= n and m <= MAX_FEW_TARGETS
     for row in prange(rows):
         r = xs[row]
         if has_nan(r):
@@ -66,17 +67,6 @@ def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha
             continue
         a = alpha[row]
         w = work[row]
-        if few:
-            # E in the first row of work, the marks and then the gradient in sorted order in
-            # the row of x_bar (never u here: u has fewer columns); the gradient's last pass
-            # leaves it in the spent E, from where it is scattered into x_bar
-            E = w[0, :n]
-            tables = few_tables(r, 1.0 / a, anchor[row], offset[row], E, x_bar[row])
-            alpha_bar[row] = few_pullback(
-                r, a, tables, anchor[row], offset[row], u[row], x_bar[row], w_bar[row], want_wbar
-            )
-            scatter_finite(r, order[row], E, x_bar[row])
-            continue
         tables = row_tables(r, 1.0 / a, True, w)
         inj_up = w[TABLES_WITH_MOMENTS, :n]
         rbar = w[3, :n]  # S: the gradients do not read it
@@ -170,11 +160,42 @@ def inverse_jvp(
         )
 
 
-def vjp_work(m: int, n: int) -> int:
-    """Rows of ``work`` that :func:`inverse_vjp` uses with ``m`` targets on rows of ``n``:
-    one with a few targets (:data:`FEW_TARGETS`), :data:`VJP_WORK` otherwise.
+def few_targets(m: int, n: int) -> bool:
+    """Whether ``m`` targets per row of ``n`` are few (:data:`FEW_TARGETS`): the VJP is then
+    :func:`few_inverse_vjp`'s.
     """
-    return 1 if m * FEW_TARGETS <= n and m <= MAX_FEW_TARGETS else VJP_WORK
+    return m * FEW_TARGETS <= n and m <= MAX_FEW_TARGETS
+
+
+@kernel
+def few_inverse_vjp(
+    xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha_bar, work, twork
+):
+    """:func:`inverse_vjp` of a few targets (:func:`few_targets`), the same values to the
+    bit: the tables only at the targets' points (:func:`few_tables`), the upward injections
+    as a list (:func:`few_pullback`). ``work`` (rows, >= 1, n): ``E``; the marks, then the
+    gradient in sorted order, go in the row of ``x_bar`` (never ``u``: it has m < n columns)
+    and the gradient's last pass into the spent ``E``, from where it is scattered into
+    ``x_bar``. ``worder`` and ``twork`` are not read. A kernel of its own, so that a first call
+    compiles only the path it takes.
+    """
+    rows, n = xs.shape
+    m = anchor.shape[1]
+    want_wbar = w_bar.shape[1] == m
+    for row in prange(rows):
+        r = xs[row]
+        if has_nan(r):
+            x_bar[row, :] = np.nan
+            w_bar[row, :] = np.nan
+            alpha_bar[row] = np.nan
+            continue
+        a = alpha[row]
+        E = work[row, 0, :n]
+        tables = few_tables(r, 1.0 / a, anchor[row], offset[row], E, x_bar[row])
+        alpha_bar[row] = few_pullback(
+            r, a, tables, anchor[row], offset[row], u[row], x_bar[row], w_bar[row], want_wbar
+        )
+        scatter_finite(r, order[row], E, x_bar[row])
 
 
 @helper

@@ -168,15 +168,10 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
     is added in the next target's pass, the last one's in the scatter: one pass per target.
 
     ``x_bar`` (float64) holds the gradient in sorted order until the scatter; with one
-    target it may be ``v`` itself. A float32 ``x_bar`` (one target per row only, else
-    ``ValueError``) takes :func:`_one_target_vjp`, which needs no row of the gradient and
-    only the first row of ``work`` (:data:`ONE_TARGET_VJP_WORK`): a float32 input's
-    gradient without its float64 copy; ``v`` may then be float32 too.
+    target it may be ``v`` itself. :func:`topk_vjp_narrow` writes a float32 ``x_bar``.
     """
     rows, n = xs.shape
     m = anchor.shape[1]
-    if x_bar.itemsize == 4 and m != 1:
-        raise ValueError("softorder: topk_vjp takes a float32 x_bar with one target per row only")
     for row in prange(rows):
         r = xs[row]
         o = order[row]
@@ -187,20 +182,6 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
             continue
         a = alpha[row]
         inv_alpha = 1.0 / a
-        if x_bar.itemsize == 4:
-            alpha_bar[row] = _one_target_vjp(
-                r,
-                o,
-                inv_alpha,
-                anchor[row, 0],
-                offset[row, 0],
-                log,
-                v[row, 0],
-                x_bar[row],
-                w_bar[row],
-                work[row, 0, :n],
-            )
-            continue
         vs = work[row, 2, :n]  # the cotangent in sorted order
         # the last target's e_i, whose omega_i phi is still to add; with one target it goes
         # where v_i was (read first, never again)
@@ -278,6 +259,38 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
         xb = x_bar[row]
         for i in range(n):
             xb[o[i]] = 0.0 if abs(r[i]) == INF else vs[i]  # (no cotangent reaches +-inf)
+
+
+@kernel
+def topk_vjp_narrow(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, work):
+    """:func:`topk_vjp` of one target per row (else ``ValueError``) into a float32 ``x_bar``
+    (the float64 gradient rounded once), ``v`` float32 or float64: no row of the gradient,
+    only the first row of ``work`` (:data:`ONE_TARGET_VJP_WORK`; :func:`_one_target_vjp`).
+    A float32 input's gradient without its float64 copy. A kernel of its own, so that
+    :func:`topk_vjp`'s first call does not compile it.
+    """
+    rows, n = xs.shape
+    if anchor.shape[1] != 1:
+        raise ValueError("softorder: topk_vjp_narrow takes one target per row")
+    for row in prange(rows):
+        r = xs[row]
+        if has_nan(r):
+            x_bar[row, :] = np.nan
+            w_bar[row, :] = np.nan
+            alpha_bar[row] = np.nan
+            continue
+        alpha_bar[row] = _one_target_vjp(
+            r,
+            order[row],
+            1.0 / alpha[row],
+            anchor[row, 0],
+            offset[row, 0],
+            log,
+            v[row, 0],
+            x_bar[row],
+            w_bar[row],
+            work[row, 0, :n],
+        )
 
 
 @helper
