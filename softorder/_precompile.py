@@ -41,10 +41,11 @@ def _numpy(name: str, x: np.ndarray) -> None:
     import softorder
 
     fn = getattr(softorder, name)
-    args = _arguments(name, x)
-    out, pullback = softorder.vjp(fn, *args)
-    pullback(np.ones_like(out))
-    softorder.jvp(fn, args, (np.ones_like(x),))
+    # (float32 inputs have kernels of their own for the forward and VJP of rank and top-k)
+    for dtype in (np.float64, np.float32):
+        out, pullback = softorder.vjp(fn, *_arguments(name, x.astype(dtype)))
+        pullback(np.ones_like(out))
+    softorder.jvp(fn, _arguments(name, x), (np.ones_like(x),))
 
 
 def _torch(name: str, x: np.ndarray) -> None:

@@ -8,6 +8,9 @@ unlike the resident peak that ``benchmarks/bench_core.py`` reports.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import tracemalloc
 
 import numpy as np
@@ -233,3 +236,38 @@ def test_few_targets_pullback_equals_the_general_one_bitwise_among_ties(scale):
         )
         for a, b in zip(few, (general[0], general[1][:, :7], general[2]), strict=True):
             np.testing.assert_array_equal(a.view(np.int64), b.view(np.int64))
+
+
+def test_precompile_covers_float32_inputs(tmp_path):
+    """float32 inputs of rank and top-k take kernels of their own (a float32 result, cotangent
+    and gradient): after ``precompile`` another process compiles nothing for them.
+    """
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    ops = "['soft_rank', 'soft_topk']"
+    first = subprocess.run(
+        [sys.executable, "-c", f"import softorder; softorder.precompile({ops})"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert first.returncode == 0, first.stderr
+    code = (
+        "import numpy as np, softorder\n"
+        "from numba.core import event\n"
+        "compiled = []\n"
+        "class L(event.Listener):\n"
+        "    def on_start(self, ev): compiled.append(ev.data['dispatcher'].py_func.__name__)\n"
+        "    def on_end(self, ev): pass\n"
+        "event.register('numba:compile', L())\n"
+        "x = np.random.rand(3, 40).astype(np.float32)\n"
+        "for fn, args in ((softorder.soft_rank, ()), (softorder.soft_topk, (4,))):\n"
+        "    out, pullback = softorder.vjp(fn, x, *args)\n"
+        "    pullback(np.ones_like(out))\n"
+        "print(compiled)\n"
+    )
+    second = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip() == "[]"
