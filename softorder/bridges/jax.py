@@ -47,7 +47,9 @@ dtypes
     keep their dtype, integer inputs give the default float dtype. float16 and bfloat16 inputs
     are computed in float32 and returned in their own dtype. The kernels always run in
     float64; residuals pass between the forward and backward callbacks bit for bit, also
-    without x64.
+    without x64. On the CPU, XLA runs the callbacks and FFI calls, as all its computations,
+    with subnormal numbers flushed to zero: a result that would be subnormal (below 1.2e-38
+    in float32) is 0, where the NumPy API keeps it.
 Threads
     Importing this module keeps the numba kernels on the calling thread
     (:func:`softorder.core.set_parallel`): next to XLA's thread pool, numba's parallel rows
