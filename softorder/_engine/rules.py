@@ -12,6 +12,7 @@ import numpy as np
 
 from softorder import core
 from softorder._engine.autodiff import Rule
+from softorder._engine.backend import NUMPY
 from softorder._engine.backends.protocol import Backend
 from softorder._engine.checks import (
     alpha_batch_shape,
@@ -41,7 +42,8 @@ class Context:
     @classmethod
     def of(cls, rows: Rows, alpha) -> Context:
         per_row, alpha_shape = check_alpha(alpha, rows.batch_shape, rows.layout.axis)
-        return cls(rows, rows.backend.from_host(per_row), alpha_shape)
+        backend = rows.backend
+        return cls(rows, per_row if backend is NUMPY else backend.from_host(per_row), alpha_shape)
 
     @property
     def backend(self) -> Backend:
@@ -60,8 +62,8 @@ class Context:
 
     def work(self, width: int, length: int | None = None) -> np.ndarray:
         """Scratch for one kernel call: (rows, width, length or n)."""
-        length = self.rows.n if length is None else length
-        return self.empty((self.rows.rows, width, max(length, 1)))
+        rows = self.rows
+        return rows.backend.empty((rows.rows, width, max(rows.n if length is None else length, 1)))
 
     def target_storage(self, m: int) -> tuple[np.ndarray, np.ndarray]:
         """Arrays (rows, m) that the forward kernels fill with each target's ``(anchor,
@@ -77,6 +79,8 @@ class Context:
 
     def alpha_grad(self, alpha_bar: np.ndarray) -> np.ndarray:
         """Per-row gradient of alpha -> gradient of the caller's alpha (its shape)."""
+        if not self.alpha_shape and not self.rows.batch_shape:  # one row, one alpha
+            return self.backend.to_result(alpha_bar.reshape(()), self.rows.dtype)
         shaped = alpha_bar.reshape(self.rows.batch_shape)
         reduced = self.backend.unbroadcast(shaped, self._alpha_aligned()).reshape(self.alpha_shape)
         return self.backend.to_result(reduced, self.rows.dtype)
