@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    python benchmarks/bench_torch.py [--repeats R]
+    python benchmarks/bench_torch.py [--repeats R] [--floor-only]
 
 For ``soft_rank`` and ``soft_topk`` (k = n / 10), float32, alpha = 0.1, on one row of n = 1e4
 and on a batch of 256 x 1000 (along the last axis), it times forward + backward:
@@ -28,7 +28,8 @@ processes weigh less. It prints the bridge's overhead over the NumPy API in micr
 ``soft_topk`` at 1 x 1e3: at most 10x). It also prints a minimal ``torch.autograd.Function``
 around the same rule (``floor``), the least any autograd bridge costs, and PyTorch's own
 ``x * 1.0`` forward + backward on the same row (``mul``), the least any differentiable PyTorch
-call costs through ``Tensor.backward``. A report, not a test.
+call costs through ``Tensor.backward``. ``--floor-only`` prints this table alone. A report, not a
+test.
 """
 
 from __future__ import annotations
@@ -183,7 +184,11 @@ def per_call_floor(repeats: int) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--floor-only", action="store_true", help="the per-call floor alone")
     args = parser.parse_args(argv)
+    if args.floor_only:
+        per_call_floor(args.repeats)
+        return 0
     rng = np.random.default_rng(0)
     print(f"torch {torch.__version__}, torchsort {'present' if torchsort else 'absent'}")
     print(f"{'operation':10s} {'shape':>11s} {'core ms':>8s}  ratios to core")
