@@ -224,6 +224,30 @@ def test_sort_rows_is_numpys_stable_argsort(rng):
             equal(xs, np.take_along_axis(values, expected, 1))
 
 
+def test_handlers_answer_the_metadata_query_and_skip_other_stages():
+    """XLA asks a handler for its API version through a metadata extension (here behind
+    another extension) and calls it at stages before execution: it answers, or returns,
+    without reading the (here absent) arguments.
+    """
+    import ctypes
+
+    call = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(_jax_ffi._compile("rank").address)
+    metadata = np.full(6, 7, np.int64)
+    metadata[0] = 48  # its struct_size
+    found = np.array([32, _jax_ffi.METADATA, 0, metadata.ctypes.data], np.int64)
+    other = np.array([32, 2, found.ctypes.data, 0], np.int64)
+    frame = np.zeros(22, np.int64)
+    frame[1] = other.ctypes.data
+    assert call(frame.ctypes.data) is None  # NULL: success
+    assert list(metadata[[1, 2, 5]]) == [24, 0, 0]
+    versions = metadata.view(np.int32)[6:9]
+    assert list(versions) == [_jax_ffi.API_MAJOR, _jax_ffi.API_MINOR, 0]  # and no traits
+    frame[1] = 0
+    for stage in (0, 1, 2):  # XLA's instantiate, prepare and initialize stages
+        frame[4] = stage
+        assert call(frame.ctypes.data) is None
+
+
 def test_second_derivatives_refused():
     x = jnp.array([0.3, -1.0, 2.0])
     with pytest.raises(NotImplementedError, match="softorder"):
