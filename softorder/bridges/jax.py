@@ -416,9 +416,9 @@ _apply.defvjp(_apply_fwd, _apply_bwd)
 
 
 # --------------------------------------------------------------------------------------------
-# The FFI route (CPU): XLA sorts the rows and calls numba C functions in place
-# (softorder.bridges._jax_ffi); chosen when a call is traced, for the operations and arguments
-# it covers. Everything it needs is validated then, so nothing can fail when it runs.
+# The FFI route (CPU): XLA calls numba C functions in place, which sort the rows and run the
+# kernels (softorder.bridges._jax_ffi); chosen when a call is traced, for the operations and
+# arguments it covers. Everything it needs is validated then, so nothing can fail when it runs.
 
 #: Which CPU calls take the FFI route: ``"auto"`` (the default) for ``soft_rank``,
 #: ``soft_sort``, ``soft_topk`` and ``log_soft_topk`` traced on the CPU backend with a concrete
