@@ -160,7 +160,7 @@ class _Forward:
     keep: bool  # return the residuals too (when a gradient will be asked for)
 
     def __call__(self, *arrays):
-        return tuple(self.call.forward(arrays, self.keep))
+        return tuple(self.call.forward(_writable(arrays), self.keep))
 
     def on_device(self, device: Launch, buffers: tuple) -> list:
         """The same on device arrays: the result (and residuals), on the device."""
@@ -172,13 +172,25 @@ class _Backward:
     call: Call
 
     def __call__(self, *flat):
-        return tuple(self.call.backward_flat(flat))
+        return tuple(self.call.backward_flat(_writable(flat)))
 
     def on_device(self, device: Launch, buffers: tuple) -> list:
         """The same on device arrays: the gradients, on the device (cast and reshaped to
         their arguments' buffers when written).
         """
         return self.call.backward_flat(buffers, device)
+
+
+def _writable(arrays) -> tuple:
+    """``arrays`` (JAX arrays on the host) as NumPy arrays the kernels can take without compiling
+    again: NumPy views of XLA's buffers are read-only, and numba compiles every kernel anew for
+    read-only arrays, so each read-only one is copied.
+    """
+    out = []
+    for value in arrays:
+        arr = np.asarray(value)
+        out.append(arr if arr.flags.writeable else arr.copy())
+    return tuple(out)
 
 
 # --------------------------------------------------------------------------------------------
