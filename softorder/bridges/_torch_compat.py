@@ -46,6 +46,7 @@ __all__ = [
 ]
 
 TORCH_VERSION = torch.__version__
+_forward_ad = torch.autograd.forward_ad  # (its _current_level: the open dual level, or -1)
 
 
 def _private(module: str, name: str):
@@ -100,7 +101,7 @@ def forward_mode_active() -> bool:
     where the custom operators would drop tangents. Without the private API, only the
     ``dual_level`` half is checked.
     """
-    if _dual_level() >= 0:
+    if getattr(_forward_ad, "_current_level", -1) >= 0:
         return True
     if _interpreters is None:  # pragma: no cover - depends on the torch release
         return False
@@ -115,11 +116,7 @@ def forward_mode_possible() -> bool:
     (:func:`transforms_active`), ``torch.func.jvp`` among them. Without the private level it
     answers ``True``.
     """
-    return _dual_level() >= 0 or transforms_active()
-
-
-def _dual_level() -> int:
-    return getattr(torch.autograd.forward_ad, "_current_level", 0)
+    return getattr(_forward_ad, "_current_level", 0) >= 0 or transforms_active()
 
 
 _unwrap_dead_wrappers = _private("torch._functorch.utils", "unwrap_dead_wrappers")

@@ -609,15 +609,15 @@ def _run(name: str, arguments: dict) -> Tensor:
     """
     input_name = _INPUT_NAMES[name]
     x = arguments[input_name]
-    if not isinstance(x, Tensor) or not x.is_floating_point():
+    if not isinstance(x, Tensor) or not x.dtype.is_floating_point:  # (getters: no arg parsing)
         _check_input(x, input_name)  # raises
     compiling = torch.compiler.is_compiling()
     if compiling:
         _plain_settings_when_compiling(arguments)
         _no_forward_mode_when_compiling()
     if "dim" in arguments:
-        dim = arguments.pop("dim")
-        if not (type(dim) is int and -x.dim() <= dim < x.dim() and x.shape[dim]):
+        dim, shape = arguments.pop("dim"), x.shape
+        if not (type(dim) is int and -len(shape) <= dim < len(shape) and shape[dim]):
             dim = _check_dim(x, dim)  # (the common case passes without the call)
         arguments["axis"] = dim
     if compiling:
