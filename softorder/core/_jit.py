@@ -244,6 +244,11 @@ _INTERNAL = {"no_cpython_wrapper": True, "no_cfunc_wrapper": True}
 def helper(fn):
     """Compile a per-row or scalar helper that kernels call (no parallelism of its own); it
     cannot be called from Python (its ``py_func`` can).
+
+    Helpers write the minimum or maximum of two scalars as a conditional expression
+    (``b if b < a else a``, which is what numba's ``min(a, b)`` computes, NaN included):
+    numba compiles the builtins ``min``, ``max`` and ``int`` as functions of their own, one
+    per combination of argument types, about 0.01 s each on a first call.
     """
     dispatcher = _jit(fn, **_INTERNAL)
     if hasattr(dispatcher, "get_call_template"):
@@ -358,17 +363,9 @@ def _native_caller(slot: int, dispatcher, arg_types):
 
     name = dispatcher.py_func.__name__
 
-    def accepted(given, wanted):
-        # read-only arrays (the JAX bridge's residuals) have the writable arrays' data model;
-        # kernels never write their inputs
-        given = types.unliteral(given)
-        if isinstance(given, types.Array) and not given.mutable:
-            given = given.copy(readonly=False)
-        return given == wanted
-
     @numba.extending.intrinsic
     def call(typingctx, native, *args):
-        if len(args) != len(arg_types) or not all(map(accepted, args, arg_types)):
+        if len(args) != len(arg_types) or not all(map(_accepted, args, arg_types)):
             raise errors.TypingError(f"softorder: {name} is called with {arg_types}; got {args}")
         dispatcher.compile(arg_types)
         restype = dispatcher.overloads[arg_types].signature.return_type
@@ -398,6 +395,144 @@ def _native_caller(slot: int, dispatcher, arg_types):
             return out
 
         return restype(native, types.StarArgTuple.from_types(args)), codegen
+
+    return call
+
+
+class SymbolCalls:
+    """Per-row helpers that kernels call by symbol, so that they are compiled once, not again
+    inside each kernel: :class:`NativeCalls` for kernels whose arguments are fixed (the JAX
+    bridge's handlers call them with set argument lists, which leave no room for a table of
+    addresses).
+
+    Each helper's address is registered with LLVM under a symbol of its own
+    (:func:`llvmlite.binding.add_symbol`), which the kernel's code declares and the JIT linker
+    resolves; the compiled (and cached) code holds the symbol, never an address. A kernel's
+    compilation registers the symbols it calls while typing the calls, and a kernel loaded
+    from the disk cache registers them first: the calls add a function that does to the
+    ``reload_init`` of the kernel's compiled result, which numba runs before it loads the
+    code. Numba does not carry those functions from a callee loaded from the cache into a
+    caller that links it, so only kernels, which no compiled code calls, make these calls.
+
+    ``SymbolCalls(name=(dispatcher, argument types), ...)``; in a kernel,
+    ``calls.name(*args)`` calls the helper, for exactly those argument types (read-only
+    arrays pass as writable ones; other types are a typing error naming softorder).
+    """
+
+    def __init__(self, **helpers):
+        self._helpers = helpers
+        self._callers = {}
+        for dispatcher, arg_types in helpers.values():
+            if hasattr(dispatcher, "overloads"):
+                _registry[_symbol(dispatcher, arg_types)] = (dispatcher, arg_types)
+
+    def __getattr__(self, name):
+        if name.startswith("_") or name not in self._helpers:
+            raise AttributeError(name)
+        if name not in self._callers:
+            self._callers[name] = _symbol_caller(*self._helpers[name])
+        return self._callers[name]
+
+
+#: symbol -> (dispatcher, argument types) of every :class:`SymbolCalls` helper
+_registry: dict = {}
+#: symbol -> address, for the symbols registered with LLVM in this process
+_symbols: dict = {}
+#: symbol -> the function that registers it, in the ``reload_init`` of the kernels calling it
+_relinkers: dict = {}
+
+
+def _symbol(dispatcher, arg_types) -> str:
+    """The symbol of a helper compiled for ``arg_types``: named after the helper, with a hash
+    of the types (one helper may be linked for several). Never numba's ``_ZN5numba`` prefix,
+    which numba requires to be defined in the same library.
+    """
+    fn = dispatcher.py_func
+    key = hashlib.sha256(repr(tuple(arg_types)).encode()).hexdigest()[:12]
+    return f"softorder_{fn.__module__.replace('.', '_')}_{fn.__name__}_{key}"
+
+
+def _link_symbol(dispatcher, arg_types) -> str:
+    """Compile (or load) the helper and register its symbol, once per process."""
+    symbol = _symbol(dispatcher, arg_types)
+    if symbol not in _symbols:
+        import llvmlite.binding
+
+        address = _native_address(dispatcher, arg_types)
+        llvmlite.binding.add_symbol(symbol, address)
+        _symbols[symbol] = address
+    return symbol
+
+
+def _relink(symbol: str) -> None:
+    """Register ``symbol`` before a kernel that calls it is loaded from the disk cache."""
+    if symbol not in _registry:
+        raise RuntimeError(f"softorder: no helper is known for the symbol {symbol}")
+    _link_symbol(*_registry[symbol])
+
+
+def _accepted(given, wanted) -> bool:
+    """Whether a helper compiled for ``wanted`` takes an argument of type ``given``: read-only
+    arrays (the JAX bridge's residuals) have the writable arrays' data model, and kernels never
+    write their inputs.
+    """
+    from numba.core import types
+
+    given = types.unliteral(given)
+    if isinstance(given, types.Array) and not given.mutable:
+        given = given.copy(readonly=False)
+    return given == wanted
+
+
+def _symbol_caller(dispatcher, arg_types):
+    """An intrinsic ``call(*args)``: the helper through its symbol (:class:`SymbolCalls`), with
+    numba's calling convention (NUMBA_DISABLE_JIT: the helper's Python function).
+    """
+    import numba
+
+    if not isinstance(dispatcher, numba.core.dispatcher.Dispatcher):
+
+        def call(*args):
+            return dispatcher(*args)
+
+        return call
+
+    from numba.core import cgutils, errors, types
+
+    name = dispatcher.py_func.__name__
+
+    @numba.extending.intrinsic
+    def call(typingctx, *args):
+        if len(args) != len(arg_types) or not all(map(_accepted, args, arg_types)):
+            raise errors.TypingError(f"softorder: {name} is called with {arg_types}; got {args}")
+        symbol = _link_symbol(dispatcher, arg_types)
+        restype = dispatcher.overloads[arg_types].signature.return_type
+
+        def codegen(context, builder, signature, llargs):
+            fnty = context.call_conv.get_function_type(restype, arg_types)
+            callee = cgutils.get_or_insert_function(builder.module, fnty, symbol)
+            values = [
+                value
+                if isinstance(actual, types.Array)
+                else context.cast(builder, value, actual, wanted)
+                for value, actual, wanted in zip(
+                    cgutils.unpack_tuple(builder, llargs[0], len(args)),
+                    args,
+                    arg_types,
+                    strict=True,
+                )
+            ]
+            status, out = context.call_conv.call_function(
+                builder, callee, restype, arg_types, values
+            )
+            with cgutils.if_unlikely(builder, status.is_error):
+                context.call_conv.return_status_propagate(builder, status)
+            if symbol not in _relinkers:
+                _relinkers[symbol] = functools.partial(_relink, symbol)
+            context.active_code_library._reload_init.add(_relinkers[symbol])
+            return out
+
+        return restype(types.StarArgTuple.from_types(args)), codegen
 
     return call
 

@@ -99,7 +99,9 @@ def _first_at_or_above(r, inv_alpha, ra, t, start):
     at most, galloping through a block of ties. ``offset_z`` is non-increasing in ``i``.
     """
     n = r.shape[0]
-    i = min(max(start, 0), n)
+    i = start if start > 0 else 0
+    if i > n:
+        i = n
     if i > 0 and offset_z(ra, r[i - 1], inv_alpha, t) <= 0.0:
         hi = i - 1  # z <= 0 here; find the first such point below
         step = 1
@@ -108,7 +110,8 @@ def _first_at_or_above(r, inv_alpha, ra, t, start):
             hi = lo
             step *= 2
             lo = hi - step
-        lo = max(lo, -1)  # z > 0 at lo (or lo == -1)
+        if lo < -1:  # z > 0 at lo (or lo == -1)
+            lo = -1
         while hi - lo > 1:
             mid = (lo + hi) // 2
             if offset_z(ra, r[mid], inv_alpha, t) <= 0.0:

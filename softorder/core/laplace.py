@@ -130,7 +130,7 @@ def exp_nonpositive(x):
 @helper
 def logaddexp(a, b):
     """``log(exp(a) + exp(b))``."""
-    m = max(a, b)
+    m = b if b > a else a
     if m == -INF:
         return -INF
     return m + math.log1p(math.exp(-abs(a - b)))

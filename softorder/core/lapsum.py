@@ -19,9 +19,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import prange
+from numba import prange, types
 
-from softorder.core._jit import helper, inner_helper, kernel
+from softorder.core._jit import SymbolCalls, helper, inner_helper, kernel
 from softorder.core.kernel_sums import carry_injections, gather_at_targets, inject_exact
 from softorder.core.laplace import INF, gap, logaddexp, offset_z, rel_weight
 from softorder.core.rows import has_nan
@@ -148,9 +148,19 @@ def invert_at(r, inv_alpha, e, A, B, w, J):
         if c >= 0.0:
             return J, math.log((c + d) / B[J])
         return J - 1, math.log(A[J - 1] / (d - c))
-    log_a = math.log(A[J - 1])
-    log_b = math.log(B[J])
-    log_abe = log_a + log_b - gap(r[J], r[J - 1]) * inv_alpha
+    return invert_far(A[J - 1], B[J], gap(r[J], r[J - 1]) * inv_alpha, c, J)
+
+
+@helper
+def invert_far(a, b, distance, c, J):
+    """:func:`invert_at` in log space, for an interval hundreds of alphas wide (``E[J] <
+    SMALL_E``): ``a = A[J - 1]``, ``b = B[J]``, ``distance = gap(r[J], r[J - 1]) / alpha``,
+    ``c = w - J``. A helper of scalars (no reference counting to call), not inlined by numba:
+    its inlining copied this code into every inverse on their first compilation.
+    """
+    log_a = math.log(a)
+    log_b = math.log(b)
+    log_abe = log_a + log_b - distance
     if c == 0.0:
         return J, 0.5 * log_abe - log_b
     log_c = math.log(abs(c))
@@ -270,14 +280,22 @@ def solve_ladder(r, alpha, inv_alpha, E, A, B, w0, anchor, t, out):
     for i in range(n):
         first = math.ceil(i + 0.5 + 0.5 * (B[i] - A[i]) - w0)
         if first < m:
-            anchor[int(max(first, 0.0))] += 1
+            anchor[first if first > 0 else 0] += 1
     positions = out.shape[0] == m
     J = 0
     for q in range(m):
         J += anchor[q]
         w = w0 + q
-        if J == 0 or J == n or E[J] < SMALL_E:
-            anchor[q], t[q] = invert(r, inv_alpha, E, A, B, w, J)
+        # invert's cases written out (numba's inlining of invert was a third of this
+        # function's compilation)
+        if J == 0:
+            anchor[q] = 0
+            t[q] = math.log(2.0 * w / B[0])
+        elif J == n:
+            anchor[q] = n - 1
+            t[q] = -math.log(2.0 * (n - w) / A[n - 1])
+        elif E[J] < SMALL_E:
+            anchor[q], t[q] = invert_far(A[J - 1], B[J], gap(r[J], r[J - 1]) * inv_alpha, w - J, J)
         else:
             c = w - J
             a = A[J - 1]
@@ -337,7 +355,7 @@ def target_sums_at(r, inv_alpha, anchor, t, a_left, ad_left, b_right, bd_right):
     R = L + 1
     zl = offset_z(r[anchor], r[L], inv_alpha, t) if L >= 0 else INF
     zr = offset_z(r[anchor], r[R], inv_alpha, t) if R < n else -INF
-    shift = min(zl, -zr)
+    shift = -zr if -zr < zl else zl  # min(zl, -zr)
     if shift == INF:
         return 0.0, 0.0, 0.0
     G = 0.0
@@ -550,7 +568,7 @@ def inverse_pullback(
                 inj_up[R] += cj * er
                 inj_down[L] += cj * el
                 if want_wbar:
-                    wbar[j] = uj * 2.0 * alpha * math.exp(min(zl, -zr)) / G
+                    wbar[j] = uj * 2.0 * alpha * math.exp(-zr if -zr < zl else zl) / G
                 alpha_bar += uj * Z / G
                 continue
         if t <= 0.0:
@@ -561,7 +579,7 @@ def inverse_pullback(
             R = an + 1
         zl = offset_z(ra, r[L], inv_alpha, t) if L >= 0 else INF
         zr = offset_z(ra, r[R], inv_alpha, t) if R < n else -INF
-        sh = min(zl, -zr)
+        sh = -zr if -zr < zl else zl  # min(zl, -zr)
         if sh == INF:
             continue
         G = 0.0
@@ -652,6 +670,19 @@ def inverse_kernel(xs, alpha, w, worder, out, anchor, offset, work):
             out[row, j] = target_position(r, a, anchor[row, j], offset[row, j])
 
 
+_F, _F1, _L1 = types.float64, types.Array(types.float64, 1, "C"), types.Array(types.int64, 1, "C")
+#: the per-row helpers of :func:`sort_kernel`, called by symbol: compiled once, not again inside
+#: the kernel (the first call's compilation)
+_SORT_CALLS = SymbolCalls(
+    # r, inv_alpha, E, A, B
+    prefix_sums=(prefix_sums, (_F1, _F, _F1, _F1, _F1)),
+    # r, alpha, inv_alpha, E, A, B, w0, anchor, t, out
+    solve_ladder=(solve_ladder, (_F1, _F, _F, _F1, _F1, _F1, _F, _L1, _F1, _F1)),
+)
+_call_prefix_sums = _SORT_CALLS.prefix_sums
+_call_solve_ladder = _SORT_CALLS.solve_ladder
+
+
 @kernel
 def sort_kernel(xs, alpha, out, anchor, offset, work):
     """Soft sort: :func:`inverse_kernel` at the targets ``w = k - 1/2`` (k = 1..n), which
@@ -669,5 +700,5 @@ def sort_kernel(xs, alpha, out, anchor, offset, work):
         A = work[row, 1]
         B = work[row, 2]
         a = alpha[row]
-        prefix_sums(r, 1.0 / a, E, A, B)
-        solve_ladder(r, a, 1.0 / a, E, A, B, 0.5, anchor[row], offset[row], out[row])
+        _call_prefix_sums(r, 1.0 / a, E, A, B)
+        _call_solve_ladder(r, a, 1.0 / a, E, A, B, 0.5, anchor[row], offset[row], out[row])

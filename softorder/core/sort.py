@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import prange
+from numba import prange, types
 
-from softorder.core._jit import helper, kernel
+from softorder.core._jit import SymbolCalls, helper, kernel
 from softorder.core.kernel_sums import _first_at_or_above
 from softorder.core.laplace import INF, exp_nonpositive, gap, offset_z, rel_weight
 from softorder.core.lapsum import (
@@ -88,6 +88,24 @@ def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha
         scatter_finite(r, order[row], rbar, x_bar[row])
 
 
+_F, _B = types.float64, types.boolean
+_F1, _F2 = types.Array(_F, 1, "C"), types.Array(_F, 2, "C")
+_L1 = types.Array(types.int64, 1, "C")
+#: the per-row helpers of :func:`sort_vjp`, called by symbol: compiled once, not again inside
+#: the kernel (the first call's compilation)
+_VJP_CALLS = SymbolCalls(
+    # r, inv_alpha, moments, work
+    row_tables=(row_tables, (_F1, _F, _B, _F2)),
+    # r, a, tables, anchor, offset, u, rbar, w_bar, injections up and down, two flags
+    inverse_pullback=(
+        inverse_pullback,
+        (_F1, _F, types.UniTuple(_F1, 6), _L1, _F1, _F1, _F1, _F1, _F1, _F1, _B, _B),
+    ),
+)
+_call_row_tables = _VJP_CALLS.row_tables
+_call_inverse_pullback = _VJP_CALLS.inverse_pullback
+
+
 @kernel
 def sort_vjp(xs, order, alpha, anchor, offset, u, x_bar, alpha_bar, work):
     """Soft sort's :func:`inverse_vjp` (n targets, no ``w_bar``): cotangent ``u`` (rows, n) ->
@@ -106,11 +124,11 @@ def sort_vjp(xs, order, alpha, anchor, offset, u, x_bar, alpha_bar, work):
             continue
         a = alpha[row]
         w = work[row]
-        tables = row_tables(r, 1.0 / a, True, w)
+        tables = _call_row_tables(r, 1.0 / a, True, w)
         # the gradient in the row of S (the gradients do not read it); the pullback zeroes it
         # as its downward injections
         rbar = w[3, :n]
-        alpha_bar[row] = inverse_pullback(
+        alpha_bar[row] = _call_inverse_pullback(
             r,
             a,
             tables,
@@ -289,7 +307,7 @@ def few_pullback(r, alpha, tables, anchor, offset, u, rbar, wbar, want_wbar):
                 up[j] = cj * er
                 rbar[L] += cj * el
                 if want_wbar:
-                    wbar[j] = uj * 2.0 * alpha * math.exp(min(zl, -zr)) / G
+                    wbar[j] = uj * 2.0 * alpha * math.exp(-zr if -zr < zl else zl) / G
                 alpha_bar += uj * Z / G
                 continue
         if t <= 0.0:
@@ -300,7 +318,7 @@ def few_pullback(r, alpha, tables, anchor, offset, u, rbar, wbar, want_wbar):
             R = an + 1
         zl = offset_z(ra, r[L], inv_alpha, t) if L >= 0 else INF
         zr = offset_z(ra, r[R], inv_alpha, t) if R < n else -INF
-        sh = min(zl, -zr)
+        sh = -zr if -zr < zl else zl  # min(zl, -zr)
         if sh == INF:
             continue
         G = 0.0

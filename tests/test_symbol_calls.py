@@ -1,0 +1,95 @@
+"""Kernels that call their per-row helpers by symbol (``softorder.core._jit.SymbolCalls``):
+the helpers' code is not compiled again inside the kernel, and a kernel loaded from the disk
+cache in a fresh process finds its helpers (issue 14, the first call with an empty cache).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import softorder
+from softorder.core import _jit, lapsum, sort
+
+CALLS = [
+    (lapsum.sort_kernel, lapsum._SORT_CALLS),
+    (sort.sort_vjp, sort._VJP_CALLS),
+]
+
+
+def _run_soft_sort():
+    """soft_sort forward and backward through the NumPy API (the two kernels)."""
+    x = np.random.default_rng(0).normal(size=(2, 50))
+    x[1] *= 1e4  # far apart: the log-space inverse
+    out, pullback = softorder.vjp(softorder.soft_sort, x, 0.01)
+    x_bar, alpha_bar = pullback(np.cos(out))
+    return out, x_bar, alpha_bar
+
+
+@pytest.mark.parametrize("run, calls", CALLS, ids=["sort_kernel", "sort_vjp"])
+def test_the_kernel_declares_its_helpers_instead_of_compiling_them(run, calls):
+    if not hasattr(run.serial, "overloads"):
+        pytest.skip("NUMBA_DISABLE_JIT: no compiled code")
+    import numba
+
+    _run_soft_sort()
+    assert run.serial.signatures
+    for signature in run.serial.signatures:
+        # compiled afresh: numba cannot show the code of a kernel loaded from the cache
+        fresh = numba.njit(**_jit._OPTIONS)(run.serial.py_func)
+        fresh.compile(signature)
+        ir = fresh.inspect_llvm(signature)
+        for dispatcher, arg_types in calls._helpers.values():
+            symbol = _jit._symbol(dispatcher, arg_types)
+            assert symbol in _jit._symbols
+            assert re.search(rf'declare [^\n]*@"?{symbol}"?\(', ir), symbol
+            # the helper's own function is not defined in the kernel's module
+            name = dispatcher.overloads[arg_types].fndesc.llvm_func_name
+            assert not re.search(rf'define [^\n]*@"?{re.escape(name)}"?\(', ir), name
+
+
+CHILD = """
+import json, sys
+import numpy as np
+sys.path.insert(0, {root!r})
+from tests.test_symbol_calls import _run_soft_sort
+from softorder.core import lapsum, sort
+out, x_bar, alpha_bar = _run_soft_sort()
+stats = {{
+    name: [len(k.serial.stats.cache_hits), len(k.serial.stats.cache_misses)]
+    for name, k in (("sort_kernel", lapsum.sort_kernel), ("sort_vjp", sort.sort_vjp))
+}}
+print(json.dumps({{"bits": [a.tobytes().hex() for a in (out, x_bar, np.asarray(alpha_bar))],
+                  "stats": stats}}))
+"""
+
+
+def test_kernels_loaded_from_the_cache_find_their_helpers(tmp_path):
+    """The first fresh process compiles the kernels into an empty cache; the second loads
+    them from it (no compilation) and registers the helpers' symbols before it links them:
+    the same bits, without "symbol not found" from LLVM."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("NUMBA_DISABLE_JIT", None)
+    runs = []
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, "-c", CHILD.format(root=root)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+            cwd=root,
+        )
+        assert done.returncode == 0, done.stderr
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert first["stats"] == {"sort_kernel": [0, 1], "sort_vjp": [0, 1]}
+    assert second["stats"] == {"sort_kernel": [1, 0], "sort_vjp": [1, 0]}
+    assert first["bits"] == second["bits"]
