@@ -63,3 +63,41 @@ def test_kernels_never_write_their_inputs(rng):
     np.testing.assert_array_equal(xs, xs0)
     np.testing.assert_array_equal(order, order0)
     np.testing.assert_array_equal(v, v0)
+
+
+@pytest.mark.parametrize("alpha", [1e-3, 0.7])
+def test_row_tables_are_sum_tables_or_moment_tables(rng, alpha):
+    """``row_tables`` (kernels call its two halves) against the naive sums: the same ``E``,
+    ``A``, ``B``, ``S`` either way, and ``Ad``, ``Bd`` with the moments."""
+    import numba
+
+    from softorder.core import lapsum
+
+    @numba.njit
+    def tables(r, inv_alpha, moments, work):
+        return lapsum.row_tables(r, inv_alpha, moments, work)
+
+    r = np.sort(rng.normal(size=12))
+    r[4] = r[5]  # a tie
+    out = {}
+    for moments in (False, True):
+        work = np.full((lapsum.TABLES_WITH_MOMENTS, 12), np.nan)
+        out[moments] = [np.array(t) for t in tables(r, 1.0 / alpha, moments, work)]
+    d = np.abs(r[:, None] - r[None, :]) / alpha
+    lower = np.tril(np.ones((12, 12), dtype=bool))  # j <= i
+    A = np.where(lower, np.exp(-d), 0.0).sum(axis=1)
+    B = np.where(lower.T, np.exp(-d), 0.0).sum(axis=1)
+    Ad = np.where(lower, d * np.exp(-d), 0.0).sum(axis=1)
+    Bd = np.where(lower.T, d * np.exp(-d), 0.0).sum(axis=1)
+    S = np.arange(12) + 0.5 + 0.5 * (B - A)
+    for moments, (E_, A_, B_, Ad_, Bd_, S_) in out.items():
+        np.testing.assert_allclose(E_[1:], np.exp(-np.diff(r) / alpha), rtol=1e-12)
+        for got, expected in ((A_, A), (B_, B), (S_, S)):
+            np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-300)
+        if moments:
+            np.testing.assert_allclose(Ad_, Ad, rtol=1e-12, atol=1e-300)
+            np.testing.assert_allclose(Bd_, Bd, rtol=1e-12, atol=1e-300)
+        else:
+            assert Ad_.size == Bd_.size == 0
+    for a, b in zip(out[False][:3], out[True][:3], strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -456,7 +456,7 @@ def lapsum_kernel(xs, alpha, points, out, work):
             out[row, :] = np.nan
             continue
         inv_alpha = 1.0 / alpha[row]
-        E, A, B, Ad, Bd, S = row_tables(r, inv_alpha, False, work[row])
+        E, A, B, Ad, Bd, S = sum_tables(r, inv_alpha, work[row])
         for j in range(m):
             x = points[row, j]
             J = np.searchsorted(r, x, side="right")
@@ -471,25 +471,45 @@ def lapsum_kernel(xs, alpha, points, out, work):
 @helper
 def row_tables(r, inv_alpha, moments, work):
     """Fill the prefix arrays of one sorted row into ``work`` and return views
-    ``(E, A, B, Ad, Bd, S)``; ``Ad``/``Bd`` (only gradients need them) only if ``moments``.
+    ``(E, A, B, Ad, Bd, S)``; ``Ad``/``Bd`` (only gradients need them) only if ``moments``:
+    :func:`moment_tables` or :func:`sum_tables`. Kernels call those two, so that a first call
+    compiles only the one it uses (the two in one function cost twice the compilation).
 
     Scratch memory comes from the caller (NumPy allocations of large arrays are several times
     cheaper than fresh ones inside numba, which page-fault on every call).
+    """
+    if moments:
+        return moment_tables(r, inv_alpha, work)
+    return sum_tables(r, inv_alpha, work)
+
+
+@helper
+def sum_tables(r, inv_alpha, work):
+    """:func:`row_tables` without the moments: ``Ad``, ``Bd`` are empty views."""
+    n = r.shape[0]
+    E = work[0, :n]
+    A = work[1, :n]
+    B = work[2, :n]
+    S = work[3, :n]
+    prefix_sums(r, inv_alpha, E, A, B)
+    lapsum_at_points(A, B, S)
+    return E, A, B, work[0, :0], work[0, :0], S
+
+
+@helper
+def moment_tables(r, inv_alpha, work):
+    """:func:`row_tables` with the moments: :func:`prefix_sums`, :func:`lapsum_at_points` and
+    :func:`prefix_moments` in two passes instead of five (the same operations on the same
+    values; without the moments, fused passes are slower than the separate ones, so only this
+    case is fused).
     """
     n = r.shape[0]
     E = work[0, :n]
     A = work[1, :n]
     B = work[2, :n]
     S = work[3, :n]
-    Ad = work[4, :n] if moments else work[0, :0]
-    Bd = work[5, :n] if moments else work[0, :0]
-    if not moments:
-        prefix_sums(r, inv_alpha, E, A, B)
-        lapsum_at_points(A, B, S)
-        return E, A, B, Ad, Bd, S
-    # :func:`prefix_sums`, :func:`lapsum_at_points` and :func:`prefix_moments` in two passes
-    # instead of five (the same operations on the same values; without the moments, fused
-    # passes are slower than the separate ones, so only this case is fused)
+    Ad = work[4, :n]
+    Bd = work[5, :n]
     A[0] = 1.0
     E[0] = 0.0
     Ad[0] = 0.0

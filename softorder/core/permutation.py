@@ -25,8 +25,9 @@ from softorder.core.lapsum import (
     TABLES_WITH_MOMENTS,
     inverse_pullback,
     inverse_pushforward,
-    row_tables,
+    moment_tables,
     solve_ladder,
+    sum_tables,
 )
 from softorder.core.rows import gather_finite, has_nan, scatter_finite
 
@@ -48,8 +49,9 @@ _L1 = types.Array(types.int64, 1, "C")
 #: the per-row helpers the kernels call through their addresses (``native``), compiled once
 #: for all of them instead of once more inside each
 _NATIVE = NativeCalls(
-    # r, inv_alpha, moments, work
-    row_tables=(row_tables, (_F1, _F, _B, _F2)),
+    # r, inv_alpha, work
+    sum_tables=(sum_tables, (_F1, _F, _F2)),
+    moment_tables=(moment_tables, (_F1, _F, _F2)),
     # r, alpha, inv_alpha, E, A, B, w0, anchor, t, out
     solve_ladder=(solve_ladder, (_F1, _F, _F, _F1, _F1, _F1, _F, _L1, _F1, _F1)),
     # r, a, tables, anchor, offset, beta, rbar, w_bar, injections up and down, two flags
@@ -58,7 +60,8 @@ _NATIVE = NativeCalls(
         (_F1, _F, types.UniTuple(_F1, 6), _L1, _F1, _F1, _F1, _F1, _F1, _F1, _B, _B),
     ),
 )
-_row_tables = _NATIVE.row_tables
+_sum_tables = _NATIVE.sum_tables
+_moment_tables = _NATIVE.moment_tables
 _solve_ladder = _NATIVE.solve_ladder
 _inverse_pullback = _NATIVE.inverse_pullback
 
@@ -211,7 +214,7 @@ def permutation_forward(xs, order, alpha, w, worder, out, anchor, offset, work, 
             offset[row, :] = np.nan
             continue
         inv_alpha = 1.0 / alpha[row]
-        E, A, B, Ad, Bd, S = _row_tables(native, r, inv_alpha, False, work[row])
+        E, A, B, Ad, Bd, S = _sum_tables(native, r, inv_alpha, work[row])
         # b_k = S^-1(k) for k = 1..n-1: a ladder, which solve_ladder inverts without reading w
         # or worder (no values wanted: alpha is not read)
         _solve_ladder(native, r, 1.0, inv_alpha, E, A, B, 1.0, anchor[row], offset[row], S[:0])
@@ -241,7 +244,7 @@ def permutation_vjp(
             continue
         a = alpha[row]
         inv_alpha = 1.0 / a
-        tables = _row_tables(native, r, inv_alpha, True, work[row])
+        tables = _moment_tables(native, r, inv_alpha, work[row])
         beta = twork[row, 0]  # the cotangent on the boundaries
         beta[:] = 0.0
         rbar = work[row, TABLES_WITH_MOMENTS]
@@ -333,7 +336,7 @@ def permutation_loss_forward(
             offset[row, :] = np.nan
             continue
         inv_alpha = 1.0 / alpha[row]
-        E, A, B, Ad, Bd, S = _row_tables(native, r, inv_alpha, False, work[row])
+        E, A, B, Ad, Bd, S = _sum_tables(native, r, inv_alpha, work[row])
         _solve_ladder(native, r, 1.0, inv_alpha, E, A, B, 1.0, anchor[row], offset[row], S[:0])
         # the tables are spent once the boundaries are solved
         terms = work[row, 0]
@@ -369,7 +372,7 @@ def _loss_vjp_repeated(
             continue
         a = alpha[row]
         inv_alpha = 1.0 / a
-        tables = _row_tables(native, r, inv_alpha, True, work[row])
+        tables = _moment_tables(native, r, inv_alpha, work[row])
         beta = twork[row, 0]
         beta[:] = 0.0
         rbar = work[row, TABLES_WITH_MOMENTS]
@@ -443,7 +446,7 @@ def permutation_loss_vjp(
             beta,
             rbar,
         )
-        tables = _row_tables(native, r, inv_alpha, True, work[row])
+        tables = _moment_tables(native, r, inv_alpha, work[row])
         # beta through the boundaries into rbar
         alpha_bar[row] = abar + _inverse_pullback(
             native,
@@ -480,7 +483,7 @@ def permutation_jvp(xs, order, alpha, anchor, offset, worder, x_dot, alpha_dot, 
             continue
         a = alpha[row]
         inv_alpha = 1.0 / a
-        tables = row_tables(r, inv_alpha, True, work[row])
+        tables = moment_tables(r, inv_alpha, work[row])
         rdot = work[row, TABLES_WITH_MOMENTS]
         gather_finite(r, order[row], x_dot[row], rdot)
         m = n - 1

@@ -25,7 +25,7 @@ from softorder.core.lapsum import (
     inverse_pushforward,
     moment_step_down,
     moment_step_up,
-    row_tables,
+    moment_tables,
 )
 from softorder.core.rows import gather_finite, has_nan, scatter_finite
 
@@ -67,7 +67,7 @@ def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha
             continue
         a = alpha[row]
         w = work[row]
-        tables = row_tables(r, 1.0 / a, True, w)
+        tables = moment_tables(r, 1.0 / a, w)
         inj_up = w[TABLES_WITH_MOMENTS, :n]
         rbar = w[3, :n]  # S: the gradients do not read it
         rbar[:] = 0.0
@@ -94,15 +94,15 @@ _L1 = types.Array(types.int64, 1, "C")
 #: the per-row helpers of :func:`sort_vjp`, called by symbol: compiled once, not again inside
 #: the kernel (the first call's compilation)
 _VJP_CALLS = SymbolCalls(
-    # r, inv_alpha, moments, work
-    row_tables=(row_tables, (_F1, _F, _B, _F2)),
+    # r, inv_alpha, work
+    moment_tables=(moment_tables, (_F1, _F, _F2)),
     # r, a, tables, anchor, offset, u, rbar, w_bar, injections up and down, two flags
     inverse_pullback=(
         inverse_pullback,
         (_F1, _F, types.UniTuple(_F1, 6), _L1, _F1, _F1, _F1, _F1, _F1, _F1, _B, _B),
     ),
 )
-_call_row_tables = _VJP_CALLS.row_tables
+_call_moment_tables = _VJP_CALLS.moment_tables
 _call_inverse_pullback = _VJP_CALLS.inverse_pullback
 
 
@@ -124,7 +124,7 @@ def sort_vjp(xs, order, alpha, anchor, offset, u, x_bar, alpha_bar, work):
             continue
         a = alpha[row]
         w = work[row]
-        tables = _call_row_tables(r, 1.0 / a, True, w)
+        tables = _call_moment_tables(r, 1.0 / a, w)
         # the gradient in the row of S (the gradients do not read it); the pullback zeroes it
         # as its downward injections
         rbar = w[3, :n]
@@ -160,7 +160,7 @@ def inverse_jvp(
             out[row, :] = np.nan
             continue
         a = alpha[row]
-        tables = row_tables(r, 1.0 / a, True, work[row])
+        tables = moment_tables(r, 1.0 / a, work[row])
         rdot = work[row, 3, :n]  # S: the gradients do not read it (row 6 stays untouched)
         gather_finite(r, order[row], x_dot[row], rdot)
         inverse_pushforward(
@@ -218,7 +218,7 @@ def few_inverse_vjp(
 
 @helper
 def few_tables(r, inv_alpha, anchor, offset, E, marks):
-    """The tables of :func:`~softorder.core.lapsum.row_tables` (with moments) as the
+    """The tables of :func:`~softorder.core.lapsum.moment_tables` as the
     pullback of a few targets reads them: ``E`` whole, ``A``, ``Ad`` at each target's left
     point and ``B``, ``Bd`` at its right one, by the same recurrences (the same values to the
     bit). The rest of those arrays is never written, so its pages never become resident: at

@@ -21,8 +21,8 @@ from softorder.core.laplace import INF, cdf, hazard, log_cdf, offset_z, rel_weig
 from softorder.core.lapsum import (
     TABLES,
     TABLES_WITH_MOMENTS,
+    moment_tables,
     prefix_sums_ab,
-    row_tables,
     solve_targets_ab,
     target_sums,
 )
@@ -394,7 +394,7 @@ def topk_jvp(xs, order, alpha, anchor, offset, log, x_dot, w_dot, alpha_dot, out
             out[row, :, :] = np.nan
             continue
         a = alpha[row]
-        tables = row_tables(r, 1.0 / a, True, work[row])
+        tables = moment_tables(r, 1.0 / a, work[row])
         z, kappa, omega, kappa_k, rdot = gradient_scratch(work[row], n)
         gather_finite(r, order[row], x_dot[row], rdot)
         sorted_out = work[row, 0, :n]  # E: the gradients do not read it
