@@ -306,7 +306,8 @@ def _loss_vjp(
                 rbar[i] -= cs * math.exp(-r[i] - top_logit) / s
             rbar[iy] += cs
         alpha_bar[row] = abar
-        E[:] = rbar  # E is spent
+        for i in range(n):  # E is spent (a loop: an array assignment compiles for ~1 s)
+            E[i] = rbar[i]
         scatter_finite(r, order[row], E, x_bar[row])
 
 
