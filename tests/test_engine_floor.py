@@ -217,3 +217,41 @@ def test_alpha_gradient_has_alpha_shape():
     scalar = softorder.vjp(softorder.soft_rank, x, 0.5)[1](v)[1]
     per_row = softorder.vjp(softorder.soft_rank, x, np.full(2, 0.5))[1](v)[1]
     assert scalar == per_row.sum()
+
+
+def _read_only_signatures() -> set:
+    """Every (kernel, signature) compiled so far that takes a read-only array."""
+    from numba import types
+
+    from softorder import core
+
+    found = set()
+    for name in core._KERNELS:
+        for signature in getattr(core, name).serial.signatures:
+            if any(isinstance(t, types.Array) and not t.mutable for t in signature):
+                found.add((name, signature))
+    return found
+
+
+def test_per_row_alpha_and_read_only_arguments_compile_no_second_kernel():
+    """A per-row ``alpha`` (``broadcast_to`` gives a read-only view) or a caller's read-only
+    ``alpha`` or labels reach the kernels as writable arrays: numba would otherwise compile each
+    kernel again for read-only arrays (seconds on a first call), and ``alpha`` is never aliased.
+    """
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 9))
+    alpha = np.full(3, 0.5)
+    frozen = np.full(3, 0.5)
+    frozen.flags.writeable = False
+    labels = np.array([0, 2, 1])
+    labels.flags.writeable = False
+    before = _read_only_signatures()
+    for a in (alpha, frozen):
+        out, pullback = softorder.vjp(softorder.soft_quantile, x, 0.3, alpha=a)
+        pullback(np.ones_like(out))
+        out, pullback = softorder.vjp(
+            softorder.topk_cross_entropy, x, labels, np.array([0.5, 0.5]), alpha=a
+        )
+        pullback(np.ones_like(out))
+    assert _read_only_signatures() == before
+    assert np.array_equal(alpha, np.full(3, 0.5)) and alpha.flags.writeable

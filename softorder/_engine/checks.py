@@ -108,7 +108,7 @@ def check_alpha(
             f"alpha must be at least {_SMALLEST_ALPHA:.3g} (1/alpha must be finite); "
             f"got alpha={arr[arr < _SMALLEST_ALPHA].flat[0].item()!r}"
         )
-    return np.ascontiguousarray(full).reshape(-1), arr.shape
+    return _writable(np.ascontiguousarray(full).reshape(-1)), arr.shape
 
 
 def check_labels(
@@ -127,7 +127,16 @@ def check_labels(
     if arr.size and (arr.min() < low or arr.max() > high):
         bad = arr[(arr < low) | (arr > high)].flat[0]
         raise ValueError(f"{name} must lie in [{low}, {high}]; got {bad.item()}")
-    return np.ascontiguousarray(arr, dtype=np.int64).reshape((math.prod(batch_shape),) + core_shape)
+    return _writable(
+        np.ascontiguousarray(arr, dtype=np.int64).reshape((math.prod(batch_shape),) + core_shape)
+    )
+
+
+def _writable(arr: np.ndarray) -> np.ndarray:
+    """``arr``, or a copy where it is read-only (a ``broadcast_to`` view, a caller's read-only
+    array): numba types read-only arrays apart and would compile every kernel a second time.
+    """
+    return arr if arr.flags.writeable else arr.copy()
 
 
 def check_target_ranks(target_ranks, batch_shape: tuple, n: int) -> np.ndarray:
