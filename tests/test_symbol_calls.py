@@ -93,3 +93,25 @@ def test_kernels_loaded_from_the_cache_find_their_helpers(tmp_path):
     assert first["stats"] == {"sort_kernel": [0, 1], "sort_vjp": [0, 1]}
     assert second["stats"] == {"sort_kernel": [1, 0], "sort_vjp": [1, 0]}
     assert first["bits"] == second["bits"]
+
+
+def test_a_helper_making_symbol_calls_refuses_direct_calls():
+    """``inverse_pullback`` calls its own helpers by symbol: a kernel that linked it in
+    would lose their symbols when it came from the cache, so compiled code reaches it by
+    address only (``address_only``), and a direct call is a typing error naming softorder."""
+    import numba
+
+    from softorder.core.lapsum import inverse_pullback
+
+    if not hasattr(inverse_pullback, "overloads"):
+        pytest.skip("NUMBA_DISABLE_JIT: no compiled code")
+
+    @numba.njit
+    def direct(r, tables, anchor, offset, u, rbar, inj):
+        return inverse_pullback(
+            r, 1.0, tables, anchor, offset, u, rbar, rbar[:0], inj, rbar, False, True
+        )
+
+    r = np.zeros(3)
+    with pytest.raises(numba.core.errors.TypingError, match="softorder: inverse_pullback"):
+        direct(r, (r, r, r, r, r, r), np.zeros(3, np.int64), r, r, r.copy(), r.copy())

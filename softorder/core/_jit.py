@@ -256,6 +256,27 @@ def helper(fn):
     return dispatcher
 
 
+def address_only(dispatcher):
+    """Refuse compiled code's direct calls of a helper that makes :class:`SymbolCalls`: its
+    callers reach it through :class:`NativeCalls` or :class:`SymbolCalls`, which load it
+    (and register its symbols) themselves. A caller that linked it in would lose those
+    symbols when the helper came from the disk cache (see :class:`SymbolCalls`).
+    """
+    if not hasattr(dispatcher, "get_call_template"):
+        return dispatcher  # NUMBA_DISABLE_JIT
+    from numba.core import errors
+
+    name = dispatcher.py_func.__name__
+
+    def get_call_template(args, kws):
+        raise errors.TypingError(
+            f"softorder: {name} is called through NativeCalls or SymbolCalls only"
+        )
+
+    dispatcher.get_call_template = get_call_template
+    return dispatcher
+
+
 def inner_helper(fn):
     """Compile a small helper called once per element with array arguments, inlined into its
     callers: a call that passes arrays costs their reference counting, which made
@@ -412,7 +433,8 @@ class SymbolCalls:
     from the disk cache registers them first: the calls add a function that does to the
     ``reload_init`` of the kernel's compiled result, which numba runs before it loads the
     code. Numba does not carry those functions from a callee loaded from the cache into a
-    caller that links it, so only kernels, which no compiled code calls, make these calls.
+    caller that links it, so only kernels, which no compiled code calls, and helpers marked
+    :func:`address_only` make these calls.
 
     ``SymbolCalls(name=(dispatcher, argument types), ...)``; in a kernel,
     ``calls.name(*args)`` calls the helper, for exactly those argument types (read-only

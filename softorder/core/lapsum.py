@@ -21,7 +21,7 @@ import math
 import numpy as np
 from numba import prange, types
 
-from softorder.core._jit import SymbolCalls, helper, inner_helper, kernel
+from softorder.core._jit import SymbolCalls, address_only, helper, inner_helper, kernel
 from softorder.core.kernel_sums import carry_injections, gather_at_targets, inject_exact
 from softorder.core.laplace import INF, gap, logaddexp, offset_z, rel_weight
 from softorder.core.rows import has_nan
@@ -530,6 +530,21 @@ def moment_tables(r, inv_alpha, work):
     return E, A, B, Ad, Bd, S
 
 
+_F, _B, _I = types.float64, types.boolean, types.int64
+_F1, _L1 = types.Array(_F, 1, "C"), types.Array(_I, 1, "C")
+#: the helpers of :func:`inverse_pullback`, called by symbol: compiled once, not again inside
+#: it (its callers reach it by address, so it registers them itself: :func:`address_only`)
+_PULLBACK_CALLS = SymbolCalls(
+    # r, inv_alpha, ra, t, shift, c, start, injections up and down
+    inject_exact=(inject_exact, (_F1, _F, _F, _F, _F, _F, _I, _F1, _F1)),
+    # E, injections up and down, out, fresh_out
+    carry_injections=(carry_injections, (_F1, _F1, _F1, _F1, _B)),
+)
+_call_inject_exact = _PULLBACK_CALLS.inject_exact
+_call_carry_injections = _PULLBACK_CALLS.carry_injections
+
+
+@address_only
 @helper
 def inverse_pullback(
     r, alpha, tables, anchor, offset, u, rbar, wbar, inj_up, inj_down, want_wbar, fresh_rbar
@@ -623,11 +638,11 @@ def inverse_pullback(
             if L >= 0:
                 inj_down[L] += cj * el
         else:  # ties or rounding: find those two points
-            inject_exact(r, inv_alpha, ra, t, sh, cj, R, inj_up, inj_down)
+            _call_inject_exact(r, inv_alpha, ra, t, sh, cj, R, inj_up, inj_down)
         if want_wbar:
             wbar[j] = uj * 2.0 * alpha * math.exp(sh) / G
         alpha_bar += uj * Z / G
-    carry_injections(E, inj_up, inj_down, rbar, fresh_rbar)
+    _call_carry_injections(E, inj_up, inj_down, rbar, fresh_rbar)
     return alpha_bar
 
 
@@ -690,7 +705,6 @@ def inverse_kernel(xs, alpha, w, worder, out, anchor, offset, work):
             out[row, j] = target_position(r, a, anchor[row, j], offset[row, j])
 
 
-_F, _F1, _L1 = types.float64, types.Array(types.float64, 1, "C"), types.Array(types.int64, 1, "C")
 #: the per-row helpers of :func:`sort_kernel`, called by symbol: compiled once, not again inside
 #: the kernel (the first call's compilation)
 _SORT_CALLS = SymbolCalls(

@@ -46,6 +46,24 @@ FEW_VJP_WORK = 1
 MAX_FEW_TARGETS = 64
 
 
+_F, _B = types.float64, types.boolean
+_F1, _F2 = types.Array(_F, 1, "C"), types.Array(_F, 2, "C")
+_L1 = types.Array(types.int64, 1, "C")
+#: the per-row helpers of :func:`sort_vjp` and :func:`inverse_vjp`, called by symbol:
+#: compiled once, not again inside each kernel (the first call's compilation)
+_VJP_CALLS = SymbolCalls(
+    # r, inv_alpha, work
+    moment_tables=(moment_tables, (_F1, _F, _F2)),
+    # r, a, tables, anchor, offset, u, rbar, w_bar, injections up and down, two flags
+    inverse_pullback=(
+        inverse_pullback,
+        (_F1, _F, types.UniTuple(_F1, 6), _L1, _F1, _F1, _F1, _F1, _F1, _F1, _B, _B),
+    ),
+)
+_call_moment_tables = _VJP_CALLS.moment_tables
+_call_inverse_pullback = _VJP_CALLS.inverse_pullback
+
+
 @kernel
 def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha_bar, work, twork):
     """Cotangent ``u`` (rows, m) on the targets -> ``x_bar`` (rows, n; original element order),
@@ -67,11 +85,11 @@ def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha
             continue
         a = alpha[row]
         w = work[row]
-        tables = moment_tables(r, 1.0 / a, w)
+        tables = _call_moment_tables(r, 1.0 / a, w)
         inj_up = w[TABLES_WITH_MOMENTS, :n]
         rbar = w[3, :n]  # S: the gradients do not read it
         rbar[:] = 0.0
-        alpha_bar[row] = inverse_pullback(
+        alpha_bar[row] = _call_inverse_pullback(
             r,
             a,
             tables,
@@ -86,24 +104,6 @@ def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha
             True,
         )
         scatter_finite(r, order[row], rbar, x_bar[row])
-
-
-_F, _B = types.float64, types.boolean
-_F1, _F2 = types.Array(_F, 1, "C"), types.Array(_F, 2, "C")
-_L1 = types.Array(types.int64, 1, "C")
-#: the per-row helpers of :func:`sort_vjp`, called by symbol: compiled once, not again inside
-#: the kernel (the first call's compilation)
-_VJP_CALLS = SymbolCalls(
-    # r, inv_alpha, work
-    moment_tables=(moment_tables, (_F1, _F, _F2)),
-    # r, a, tables, anchor, offset, u, rbar, w_bar, injections up and down, two flags
-    inverse_pullback=(
-        inverse_pullback,
-        (_F1, _F, types.UniTuple(_F1, 6), _L1, _F1, _F1, _F1, _F1, _F1, _F1, _B, _B),
-    ),
-)
-_call_moment_tables = _VJP_CALLS.moment_tables
-_call_inverse_pullback = _VJP_CALLS.inverse_pullback
 
 
 @kernel
