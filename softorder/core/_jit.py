@@ -352,6 +352,25 @@ def _watch_compilation() -> None:
     event.register("numba:compiler_lock", PauseCollector())
 
 
+def _emit_call(context, builder, callee, restype, arg_types, args, packed):
+    """Emit a call of a compiled helper ``callee`` (numba's calling convention) with the
+    arguments ``packed`` in a star-args tuple of types ``args``, cast to ``arg_types``; an
+    exception the helper raised propagates to the caller.
+    """
+    from numba.core import cgutils, types
+
+    values = [
+        value if isinstance(actual, types.Array) else context.cast(builder, value, actual, wanted)
+        for value, actual, wanted in zip(
+            cgutils.unpack_tuple(builder, packed, len(args)), args, arg_types, strict=True
+        )
+    ]
+    status, out = context.call_conv.call_function(builder, callee, restype, arg_types, values)
+    with cgutils.if_unlikely(builder, status.is_error):
+        context.call_conv.return_status_propagate(builder, status)
+    return out
+
+
 class NativeCalls:
     """Per-row helpers that kernels call through addresses handed to them, not linked in.
 
@@ -416,7 +435,7 @@ def _native_caller(slot: int, dispatcher, arg_types):
 
         return call
 
-    from numba.core import cgutils, errors, types
+    from numba.core import errors, types
 
     name = dispatcher.py_func.__name__
 
@@ -433,23 +452,7 @@ def _native_caller(slot: int, dispatcher, arg_types):
             address = builder.load(builder.gep(table.data, [slot_value]))
             fnty = context.call_conv.get_function_type(restype, arg_types)
             callee = builder.inttoptr(address, fnty.as_pointer())
-            values = [
-                value
-                if isinstance(actual, types.Array)
-                else context.cast(builder, value, actual, wanted)
-                for value, actual, wanted in zip(
-                    cgutils.unpack_tuple(builder, llargs[1], len(args)),
-                    args,
-                    arg_types,
-                    strict=True,
-                )
-            ]
-            status, out = context.call_conv.call_function(
-                builder, callee, restype, arg_types, values
-            )
-            with cgutils.if_unlikely(builder, status.is_error):
-                context.call_conv.return_status_propagate(builder, status)
-            return out
+            return _emit_call(context, builder, callee, restype, arg_types, args, llargs[1])
 
         return restype(native, types.StarArgTuple.from_types(args)), codegen
 
@@ -569,22 +572,7 @@ def _symbol_caller(dispatcher, arg_types):
         def codegen(context, builder, signature, llargs):
             fnty = context.call_conv.get_function_type(restype, arg_types)
             callee = cgutils.get_or_insert_function(builder.module, fnty, symbol)
-            values = [
-                value
-                if isinstance(actual, types.Array)
-                else context.cast(builder, value, actual, wanted)
-                for value, actual, wanted in zip(
-                    cgutils.unpack_tuple(builder, llargs[0], len(args)),
-                    args,
-                    arg_types,
-                    strict=True,
-                )
-            ]
-            status, out = context.call_conv.call_function(
-                builder, callee, restype, arg_types, values
-            )
-            with cgutils.if_unlikely(builder, status.is_error):
-                context.call_conv.return_status_propagate(builder, status)
+            out = _emit_call(context, builder, callee, restype, arg_types, args, llargs[0])
             if symbol not in _relinkers:
                 _relinkers[symbol] = functools.partial(_relink, symbol)
             context.active_code_library._reload_init.add(_relinkers[symbol])
