@@ -34,13 +34,15 @@ last axis) and on one row of n = 1e3 (where ott-jax finishes), for
 Ratios are to the bridge in the same run; they, not absolute times, compare across machines.
 The script is a report, not a test: it always exits with 0.
 
-A second table gives the per-call floor at small sizes: ``jax.jit(jax.grad(...))`` of
-``soft_rank``, ``soft_topk`` (k = 10) and ``soft_sort`` on one row of n = 1e2 and 1e3, through
-the bridge's FFI route (the default on the CPU) and through ``pure_callback`` (the route of
-traced ``alpha`` or ``k``), against the NumPy API's forward + VJP, as ratios to the NumPy API. Each
-call takes the next of 16 different inputs: sorting the same row over and over lets the
-branch predictor learn it, which flatters comparison sorts. ``--floor-only`` prints only
-this table.
+A second table gives the per-call floor at small sizes: ``jax.jit(jax.grad(...))`` of every
+operation (``soft_topk`` with k = 10, ``soft_quantile`` at q = 0.25, 0.5, 0.75, the losses on
+one row) on one row of n = 1e2 and 1e3, through the bridge's default route on the CPU (the FFI
+route for ``soft_rank``, ``soft_topk`` and ``soft_sort``), through ``buffer_callback`` (the CPU
+kernels in place: the other operations' default, and every operation's with a traced
+``alpha`` or ``k``) and through ``pure_callback`` (``_IN_PLACE = False``), against the NumPy
+API's forward + VJP, as ratios to the NumPy API. Each call takes the next of 16 different
+inputs: sorting the same row over and over lets the branch predictor learn it, which flatters
+comparison sorts. ``--floor-only`` prints only this table.
 """
 
 from __future__ import annotations
@@ -139,47 +141,75 @@ def time_ott(x, w, args, repeats):
     return None, lines[-1]
 
 
+#: the operations of the floor table: (name, extra arguments before alpha, as JAX / NumPy)
+FLOOR_OPS = (
+    ("soft_rank", (), ()),
+    ("soft_topk", (10,), (10,)),
+    ("soft_sort", (), ()),
+    ("soft_quantile", (jnp.array([0.25, 0.5, 0.75]),), (np.array([0.25, 0.5, 0.75]),)),
+    ("soft_permutation", (), ()),
+    ("topk_cross_entropy", "labels", "labels"),
+    ("permutation_cross_entropy", "ranks", "ranks"),
+)
+#: the bridge's routes on the CPU: (column, _FFI_CALLS, _IN_PLACE)
+ROUTES = (
+    ("JAX default", "auto", True),
+    ("JAX buffer_callback", False, True),
+    ("JAX pure_callback", False, False),
+)
+
+
 def floor_table(repeats):
-    """The per-call floor at n = 1e2 and 1e3: the bridge's two routes and the NumPy API."""
+    """The per-call floor at n = 1e2 and 1e3: the bridge's routes and the NumPy API."""
     import itertools
 
     rng = np.random.default_rng(20250102)
     print(f"per-call floor, float32, alpha = {ALPHA}, best of {repeats} interleaved repeats\n")
-    print("| operation | n | JAX FFI route us | JAX pure_callback us | NumPy API us | FFI/NumPy |")
-    print("|---|---:|---:|---:|---:|---:|")
+    columns = " | ".join(f"{label} us" for label, _, _ in ROUTES)
+    print(f"| operation | n | {columns} | NumPy API us | default/NumPy |")
+    print("|---|---:|" + "---:|" * (len(ROUTES) + 2))
     for n in (100, 1000):
         inputs = [rng.standard_normal(n).astype(np.float32) for _ in range(16)]
         w_np = rng.standard_normal(n).astype(np.float32)
         w = jnp.asarray(w_np)
-        for name, extra in (("soft_rank", ()), ("soft_topk", (10,)), ("soft_sort", ())):
+        for name, extra, extra_np in FLOOR_OPS:
+            if extra == "labels":  # a loss of one row: the labels' class among n
+                extra, extra_np = (jnp.array([3]), [0.5, 0.5]), (np.array([3]), [0.5, 0.5])
+            elif extra == "ranks":
+                ranks = rng.permutation(n)[None] + 1
+                extra, extra_np = (jnp.asarray(ranks),), (ranks,)
+            loss_op = "cross_entropy" in name
             bridge, numpy_op = getattr(soj, name), getattr(softorder, name)
+            host = [x[None] if loss_op else x for x in inputs]
 
-            def loss(x, bridge=bridge, extra=extra, w=w):
-                return jnp.sum(bridge(x, *extra, ALPHA) * w)
+            def loss(x, bridge=bridge, extra=extra, w=w, loss_op=loss_op):
+                out = bridge(x, *extra, ALPHA)
+                return jnp.sum(out) if loss_op else jnp.sum(out * w[: out.shape[-1]])
 
             steps = []
-            for route in ("auto", False):
-                soj._FFI_CALLS = route  # read when the step is traced, just below
+            for _, ffi, in_place in ROUTES:
+                soj._FFI_CALLS, soj._IN_PLACE = ffi, in_place  # read when the step is traced
                 step = jax.jit(jax.grad(loss))
-                step(jnp.asarray(inputs[0])).block_until_ready()
+                step(jnp.asarray(host[0])).block_until_ready()
                 steps.append(step)
-            soj._FFI_CALLS = "auto"
-            device_inputs = itertools.cycle([jnp.asarray(x) for x in inputs])
-            host_inputs = itertools.cycle(inputs)
+            soj._FFI_CALLS, soj._IN_PLACE = "auto", True
+            device_inputs = itertools.cycle([jnp.asarray(x) for x in host])
+            host_inputs = itertools.cycle(host)
 
-            def numpy_call(numpy_op=numpy_op, extra=extra, host_inputs=host_inputs, w_np=w_np):
-                _, pullback = softorder.vjp(numpy_op, next(host_inputs), *extra, ALPHA)
-                return pullback(w_np)
+            out = numpy_op(host[0], *extra_np, ALPHA)  # the JAX loss's cotangent, below
+            v = 1.0 if loss_op else np.broadcast_to(w_np[: out.shape[-1]], out.shape).copy()
+
+            def numpy_call(numpy_op=numpy_op, extra=extra_np, inputs=host_inputs, v=v):
+                _, pullback = softorder.vjp(numpy_op, next(inputs), *extra, ALPHA)
+                return pullback(v)
 
             calls = [
                 lambda step=step, inputs=device_inputs: step(next(inputs)).block_until_ready()
                 for step in steps
             ]
-            t_ffi, t_callback, t_numpy = best_times([*calls, numpy_call], repeats)
-            print(
-                f"| {name} | {n} | {t_ffi * 1e6:.1f} | {t_callback * 1e6:.1f} | "
-                f"{t_numpy * 1e6:.1f} | {t_ffi / t_numpy:.2f} |"
-            )
+            *times, t_numpy = best_times([*calls, numpy_call], repeats)
+            cells = " | ".join(f"{t * 1e6:.1f}" for t in times)
+            print(f"| {name} | {n} | {cells} | {t_numpy * 1e6:.1f} | {times[0] / t_numpy:.2f} |")
     print()
 
 

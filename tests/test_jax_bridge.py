@@ -434,15 +434,15 @@ def test_traced_bad_shapes_raise_at_trace_time():
         (lambda x, q: soj.soft_quantile(x, q, 0.5), 0.0, "q must lie strictly"),
     ],
 )
-def test_traced_bad_values_raise_when_the_callback_runs(call, bad, match, caplog):
+def test_traced_bad_values_raise_when_the_callback_runs(call, bad, match):
     """A traced value can only be checked on the host: jax.errors.JaxRuntimeError carrying
-    the NumPy API's message.
+    the NumPy API's message and the callback's traceback.
     """
     x = jnp.arange(10.0).reshape(2, 5)
     f = jax.jit(call)
-    with pytest.raises(jax.errors.JaxRuntimeError, match=match):
+    with pytest.raises(jax.errors.JaxRuntimeError, match=match) as raised:
         f(x, bad).block_until_ready()
-    assert "pure_callback failed" in caplog.text  # JAX logs the callback's traceback
+    assert "Traceback" in str(raised.value)  # buffer_callback's error carries it
 
 
 def test_nan_row_gives_nan_for_that_row_only():
@@ -621,7 +621,7 @@ def test_primal_call_skips_the_residuals(rng, monkeypatch):
     def callbacks(jaxpr):
         found = []
         for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "pure_callback":
+            if eqn.primitive.name == "buffer_callback":  # the CPU's callbacks
                 found.append([v.aval.dtype.name for v in eqn.outvars])
             for param in eqn.params.values():  # nested jaxprs (pjit, custom_vjp_call)
                 sub = getattr(param, "jaxpr", param)
@@ -699,3 +699,52 @@ def test_callbacks_run_the_numpy_apis_kernels(rng, dtype):
             grad = jax.jit(jax.grad(lambda u, a, fn=fn, args=args: fn(u, *args, a).sum(), (0, 1)))
             jax.block_until_ready(grad(jnp.asarray(x), 0.5))
     assert _read_only_signatures() == before
+
+
+#: the operations without an FFI route: (function, extra arguments, argnums to differentiate)
+IN_PLACE_CASES = {
+    "soft_quantile": (soj.soft_quantile, (np.array([[0.2, 0.5, 0.9]]),), (0, 1, 2)),
+    "soft_permutation": (soj.soft_permutation, (), (0, 1)),
+    "topk_cross_entropy": (soj.topk_cross_entropy, (np.array([0, 4, 2]), [0.5, 0.5]), (0, 3)),
+    "permutation_cross_entropy": (
+        soj.permutation_cross_entropy,
+        (np.array([[3, 1, 2, 5, 4], [1, 2, 3, 4, 5], [5, 4, 3, 2, 1]]),),
+        (0, 2),
+    ),
+    "soft_rank traced alpha": (soj.soft_rank, (), (0, 1)),
+}
+
+
+@pytest.mark.parametrize("case", IN_PLACE_CASES)
+@pytest.mark.parametrize("x64_on", [False, True])
+def test_in_place_callbacks_equal_pure_callback_bitwise(case, x64_on, rng, monkeypatch):
+    """On the CPU the callbacks run the kernels on XLA's buffers (buffer_callback); with
+    ``_IN_PLACE = False`` they take pure_callback: the same values and gradients to the bit,
+    under jit, grad (every differentiable argument) and vmap.
+    """
+    fn, extra, argnums = IN_PLACE_CASES[case]
+    x = distinct(rng, (3, 5))
+    with jax.enable_x64(x64_on):
+        args = (jnp.asarray(x), *(jnp.asarray(a) for a in extra), jnp.asarray(0.7))
+
+        def loss(*a):
+            out = fn(*a)
+            return jnp.sum(out * jnp.arange(1.0, out.size + 1.0).reshape(out.shape))
+
+        def run():
+            value = jax.jit(fn)(*args)
+            grads = jax.jit(jax.grad(loss, argnums))(*args)
+            rows = jax.jit(jax.vmap(jax.grad(loss), in_axes=(0,) + (None,) * (len(args) - 1)))
+            batched = rows(jnp.stack([args[0], -args[0]]), *args[1:])
+            return jax.tree.map(np.asarray, (value, grads, batched))
+
+        in_place = run()
+        text = jax.jit(jax.grad(loss, argnums)).lower(*args).as_text()
+        assert "xla_buffer_python_cpu_callback" in text and "xla_ffi_python" not in text
+        monkeypatch.setattr(soj, "_IN_PLACE", False)
+        copied = run()
+        text = jax.jit(jax.grad(loss, argnums)).lower(*args).as_text()
+        assert "xla_ffi_python_cpu_callback" in text and "buffer_callback" not in text
+    for got, expected in zip(jax.tree.leaves(in_place), jax.tree.leaves(copied), strict=True):
+        np.testing.assert_array_equal(got, expected, strict=True)
+        assert np.isfinite(got).all()

@@ -1,8 +1,8 @@
 """The JAX bridge's FFI route (softorder.bridges._jax_ffi) against its callbacks and the NumPy API.
 
 On the CPU, ``soft_rank``, ``soft_topk``, ``log_soft_topk`` and ``soft_sort`` with a concrete
-``alpha`` (and ``k``) run as XLA FFI calls into numba C functions; everything else takes
-``pure_callback``.
+``alpha`` (and ``k``) run as XLA FFI calls into numba C functions; everything else takes the
+callbacks (``buffer_callback``, the CPU kernels on XLA's buffers in place).
 Both routes call the same kernels on the same float64 rows, so their values and gradients
 must agree bit for bit (and with the NumPy API), under ``jit``, ``grad`` and ``vmap``.
 """
@@ -24,7 +24,8 @@ from softorder.bridges import _jax_ffi  # noqa: E402
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="the FFI route is CPU only")
 
-CALLBACK = "xla_ffi_python_cpu_callback"
+CALLBACK = "xla_buffer_python_cpu_callback"  # buffer_callback, the CPU's callbacks
+PURE_CALLBACK = "xla_ffi_python_cpu_callback"  # pure_callback (_IN_PLACE = False)
 
 #: (bridge function, NumPy function, extra positional arguments, keyword arguments)
 CASES = {
@@ -92,6 +93,9 @@ def test_routing_is_decided_at_trace_time(monkeypatch):
     assert CALLBACK in lowered(lambda x: soj.soft_quantile(x, 0.5, 0.5), x)
     monkeypatch.setattr(soj, "_FFI_CALLS", False)
     assert CALLBACK in lowered(lambda x: soj.soft_rank(x, 0.5), x)
+    monkeypatch.setattr(soj, "_IN_PLACE", False)
+    text = lowered(lambda x: soj.soft_quantile(x, 0.5, 0.5), x)
+    assert PURE_CALLBACK in text and CALLBACK not in text
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -9,8 +9,9 @@ Usage::
 The functions take the same arguments as the NumPy API (:mod:`softorder.operations`) with
 JAX conventions, and compute the same values through the same rules: the bridge holds no
 mathematics. Each operation is a :func:`jax.custom_vjp` function whose forward and backward
-passes are :func:`jax.pure_callback` calls into the numba core (on a CUDA backend,
-``buffer_callback`` calls into its GPU kernels: see "Devices"), or XLA FFI calls (see "FFI
+passes are callbacks into the numba core
+(:func:`jax.experimental.buffer_callback.buffer_callback` calls, into the CPU kernels on the
+CPU and into the GPU kernels on a CUDA backend: see "Devices"), or XLA FFI calls (see "FFI
 route"); the forward pass keeps the O(n)-per-row residuals of the rule (the argsort of each
 row and the inversion targets), so the backward pass never sorts again.
 
@@ -24,8 +25,8 @@ FFI route
     NumPy API's bit for bit, except that with ties the order among equal elements, and with
     it the rounding of their gradients, can differ (these sorts are stable, NumPy's is not).
     The route is chosen when a function is traced; every other call (a traced ``alpha`` or
-    ``k``, several ``k`` per row, the other operations) takes ``pure_callback``. Timings
-    against ``pure_callback`` and the NumPy API: the JAX page of the docs. The handlers are
+    ``k``, several ``k`` per row, the other operations) takes the callbacks. Timings
+    against the callbacks and the NumPy API: the JAX page of the docs. The handlers are
     compiled on first use (seconds, once: cached on disk next to the kernels;
     ``softorder.precompile(apis=["jax"])`` compiles them ahead).
 
@@ -55,9 +56,12 @@ Threads
     (:func:`softorder.core.set_parallel`): next to XLA's thread pool, numba's parallel rows
     made calls slower (figures: the JAX page of the docs).
 Devices
-    On the CPU backend the callbacks are :func:`jax.pure_callback` calls into the CPU
-    kernels. When JAX's default backend is CUDA and ``numba-cuda`` is installed, they are
-    :func:`jax.experimental.buffer_callback.buffer_callback` calls instead: the input, the
+    On the CPU backend the callbacks are ``buffer_callback`` calls into the CPU kernels:
+    they run on NumPy views of XLA's buffers and write their results into XLA's output
+    buffers, without the host copies of :func:`jax.pure_callback` (which cost more than the
+    kernels at n = 1e2; ``_IN_PLACE = False`` takes it, with the same values to the bit).
+    When JAX's default backend is CUDA and ``numba-cuda`` is installed, the
+    ``buffer_callback`` calls run the GPU kernels instead: the input, the
     cotangent and the residuals stay in XLA's buffers, seen as numba device arrays; the rules
     run on them through the numba device backend
     (:mod:`softorder._engine.backends.numba_cuda`), with the GPU kernels of
@@ -71,7 +75,7 @@ Devices
     (``jax.default_backend()``); a computation placed on the CPU under a GPU default runs the
     CPU kernels in place. ``_DEVICE_CALLBACKS = True`` forces the ``buffer_callback`` path on
     the CPU backend, where numba's simulator runs the GPU kernels on host buffers (the tests
-    compare it with the ``pure_callback`` path; what has run on a GPU: the JAX page of the
+    compare it with the CPU kernels' path; what has run on a GPU: the JAX page of the
     docs).
 Bad input
     Shapes, ``axis``, flags and every concrete (non-traced) value are checked when the
@@ -83,8 +87,8 @@ Bad input
     Values that are traced (e.g. an ``alpha`` that is an argument of a jitted function) can
     only be checked when the callback runs: a bad value then raises
     :class:`jax.errors.JaxRuntimeError` whose message contains the NumPy API's error (e.g.
-    ``ValueError: alpha must be positive and finite; got alpha=-1.0``), and JAX logs the
-    callback's traceback. NaN in the input is not an error: it gives NaN for its row, as in
+    ``ValueError: alpha must be positive and finite; got alpha=-1.0``) and the callback's
+    traceback. NaN in the input is not an error: it gives NaN for its row, as in
     the NumPy API.
 """
 
@@ -141,12 +145,18 @@ core.set_parallel(False)  # see "Threads" above
 VMAP_METHOD = "broadcast_all"
 
 #: Which callbacks a call is traced with (see "Devices" above): ``"auto"`` takes
-#: ``buffer_callback`` and the GPU kernels when JAX's default backend is CUDA and
-#: ``pure_callback`` and the CPU kernels otherwise; ``True`` / ``False`` force one of them
+#: ``buffer_callback`` and the GPU kernels when JAX's default backend is CUDA and the CPU
+#: kernels otherwise (see :data:`_IN_PLACE`); ``True`` / ``False`` force one of them
 #: (``True`` on the CPU backend runs the GPU kernels in numba's simulator when
 #: ``NUMBA_ENABLE_CUDASIM=1``, and the CPU kernels in place otherwise). Read when a call is
 #: traced: functions already jitted keep the path they were traced with.
 _DEVICE_CALLBACKS: str | bool = "auto"
+
+#: Whether the CPU backend's callbacks run the CPU kernels in place on XLA's buffers
+#: (``buffer_callback``, the default) or take :func:`jax.pure_callback`, which copies the
+#: arguments and results (``False``; the values are the same to the bit). Read when a call is
+#: traced.
+_IN_PLACE: bool = True
 
 
 # --------------------------------------------------------------------------------------------
@@ -213,9 +223,10 @@ class _InPlace:
     """
 
     fn: _Forward | _Backward
+    device: bool = True  # False: the CPU kernels always (the CPU route, see "Devices")
 
     def __call__(self, ctx, out, *buffers) -> None:
-        if _on_host(buffers[0]) and not _simulator():
+        if not self.device or (_on_host(buffers[0]) and not _simulator()):
             for target, value in zip(out, self.fn(*buffers), strict=True):
                 np.asarray(target)[...] = value
             return
@@ -292,14 +303,37 @@ _FORWARD_MODE = (
 )
 
 
-def _callback(fn, shapes: tuple, arrays: tuple, device: bool) -> tuple:
-    """``fn`` on ``arrays`` through ``buffer_callback`` (device) or ``pure_callback``."""
-    if device:
+def _route() -> str:
+    """The callbacks a call traced now takes: ``"device"`` (the GPU kernels, see "Devices"),
+    ``"host"`` (``buffer_callback`` running the CPU kernels on XLA's CPU buffers) or
+    ``"copy"`` (``pure_callback``: JAX copies the arguments to the host and the results back).
+    """
+    if _device_callbacks():
+        return "device"
+    if _IN_PLACE and jax.default_backend() == "cpu" and _buffer_callbacks():
+        return "host"
+    return "copy"
+
+
+@functools.cache
+def _buffer_callbacks() -> bool:
+    """Whether this JAX has :func:`jax.experimental.buffer_callback.buffer_callback`."""
+    try:
+        from jax.experimental import buffer_callback  # noqa: F401
+    except ImportError:  # pragma: no cover - depends on the JAX version
+        return False
+    return True
+
+
+def _callback(fn, shapes: tuple, arrays: tuple, route: str) -> tuple:
+    """``fn`` on ``arrays`` through ``buffer_callback`` or ``pure_callback`` (:func:`_route`)."""
+    if route == "copy":
+        call = functools.partial(jax.pure_callback, fn, shapes, vmap_method=VMAP_METHOD)
+    else:
         from jax.experimental.buffer_callback import buffer_callback
 
-        call = buffer_callback(_InPlace(fn), shapes, vmap_method=VMAP_METHOD)
-    else:
-        call = functools.partial(jax.pure_callback, fn, shapes, vmap_method=VMAP_METHOD)
+        callback = _InPlace(fn, device=route == "device")
+        call = buffer_callback(callback, shapes, vmap_method=VMAP_METHOD)
     return _first_order_only(call, *arrays)
 
 
@@ -360,10 +394,10 @@ def _struct(shape, dtype) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))
 
 
-def _forward(call: Call, device: bool, arrays: tuple, keep: bool) -> tuple:
+def _forward(call: Call, route: str, arrays: tuple, keep: bool) -> tuple:
     residuals = [_struct(shape, dtype) for shape, dtype in call.stored_shapes()]
     shapes = (_struct(*call.result), *(residuals if keep else ()))
-    return _callback(_Forward(call, keep), shapes, arrays, device)
+    return _callback(_Forward(call, keep), shapes, arrays, route)
 
 
 def _varying(value) -> frozenset:
@@ -404,19 +438,19 @@ def _vary(values, axes: tuple) -> tuple:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _apply(call: Call, device: bool, *arrays):
-    return _vary(_forward(call, device, arrays, keep=False), _varying_axes(arrays))[0]
+def _apply(call: Call, route: str, *arrays):
+    return _vary(_forward(call, route, arrays, keep=False), _varying_axes(arrays))[0]
 
 
-def _apply_fwd(call: Call, device: bool, *arrays):
-    out, *residuals = _vary(_forward(call, device, arrays, keep=True), _varying_axes(arrays))
+def _apply_fwd(call: Call, route: str, *arrays):
+    out, *residuals = _vary(_forward(call, route, arrays, keep=True), _varying_axes(arrays))
     return out, (arrays, tuple(residuals))
 
 
-def _apply_bwd(call: Call, device: bool, saved, cotangent):
+def _apply_bwd(call: Call, route: str, saved, cotangent):
     arrays, residuals = saved
     shapes = tuple(_struct(arrays[i].shape, arrays[i].dtype) for i in call.differentiable)
-    grads = _callback(_Backward(call), shapes, (*arrays, *residuals, cotangent), device)
+    grads = _callback(_Backward(call), shapes, (*arrays, *residuals, cotangent), route)
     grads = _vary(grads, _varying_axes(arrays))
     out: list = [None] * len(arrays)  # None: no gradient (labels, p_k, target_ranks)
     for i, grad in zip(call.differentiable, grads, strict=True):
@@ -435,7 +469,7 @@ _apply.defvjp(_apply_fwd, _apply_bwd)
 #: Which CPU calls take the FFI route: ``"auto"`` (the default) for ``soft_rank``,
 #: ``soft_sort``, ``soft_topk`` and ``log_soft_topk`` traced on the CPU backend with a concrete
 #: (not traced) ``alpha`` and ``k`` and one ``k`` per row; ``False`` sends every call through
-#: ``pure_callback``. Read when a call is traced.
+#: the callbacks. Read when a call is traced.
 _FFI_CALLS: str | bool = "auto"
 
 #: the operations the FFI route covers: (handler, log)
@@ -647,7 +681,7 @@ def _run(op: Callable, **kwargs: Any) -> jax.Array:
     words = jax.dtypes.canonicalize_dtype(np.int64) != np.int64  # no x64: 64-bit as 2 words
     call = Call.plan(spec, arrays, compute.name, words)
     operands = tuple(arrays[name] for name in names)
-    out = _apply(call, _device_callbacks(), *_vary(operands, _varying_axes(operands)))
+    out = _apply(call, _route(), *_vary(operands, _varying_axes(operands)))
     if arguments.get("reduction", "none") != "none":
         out = jnp.sum(out) if arguments["reduction"] == "sum" else jnp.mean(out)
     return out.astype(out_dtype)
@@ -681,7 +715,7 @@ _JAX = Dialect(
 _FFI_NOTE = (
     "FFI route: on the CPU backend, with a concrete (not traced) ``alpha`` (and ``k``, one per "
     "row), this is an XLA FFI call into numba C functions, with no Python per call; otherwise "
-    'a ``pure_callback`` (see the module\'s "FFI route").'
+    'a callback (see the module\'s "FFI route").'
 )
 #: a note of the losses
 _LOSS_NOTE = "Under ``vmap`` the reduction applies to each vmapped element separately."

@@ -4,8 +4,8 @@ end, in numba's simulator.
 Without a GPU, the switch ``softorder.bridges.jax._DEVICE_CALLBACKS = True`` routes the CPU
 backend through the device path: ``buffer_callback`` hands the callbacks XLA's host buffers,
 which become the simulator's device arrays, and the GPU kernels run in the simulator. Values
-and gradients (under ``jax.jit``) must equal the ``pure_callback`` path's, and the GPU kernels
-must be the ones that ran.
+and gradients (under ``jax.jit``) must equal those of the CPU backend's own path (also
+``buffer_callback``, into the CPU kernels), and the GPU kernels must be the ones that ran.
 """
 
 from __future__ import annotations
@@ -85,10 +85,10 @@ def assert_close(got, expected, rtol, atol):
 
 
 def check(monkeypatch, fn, args, argnums, kernels, rtol=1e-10, atol=1e-12):
-    """The device path equals the pure_callback path: value and gradients under jit."""
+    """The device path equals the CPU kernels' path: value and gradients under jit."""
     args = tuple(jnp.asarray(a) for a in args)
     expected, expected_grads, jaxpr = value_and_grads(fn, args, argnums)
-    assert "pure_callback" in jaxpr and "buffer_callback" not in jaxpr
+    assert "buffer_callback" in jaxpr and "pure_callback" not in jaxpr
     with device_path(monkeypatch) as calls:
         out, grads, jaxpr = value_and_grads(fn, args, argnums)
     assert "buffer_callback" in jaxpr and "pure_callback" not in jaxpr
@@ -229,9 +229,9 @@ def test_host_buffers_without_simulator_run_the_cpu_kernels(monkeypatch, x64):
         assert_close(g, e, 0, 0)
 
 
-def test_auto_on_the_cpu_backend_keeps_pure_callback_without_numba_cuda():
-    """The default on a CPU backend: pure_callback (or the FFI route for a concrete alpha),
-    and numba.cuda is never imported.
+def test_auto_on_the_cpu_backend_keeps_the_cpu_kernels_without_numba_cuda():
+    """The default on a CPU backend: buffer_callback into the CPU kernels (or the FFI route
+    for a concrete alpha), and numba.cuda is never imported.
     """
     code = textwrap.dedent(
         """
@@ -240,7 +240,7 @@ def test_auto_on_the_cpu_backend_keeps_pure_callback_without_numba_cuda():
         f = lambda x: soj.soft_rank(x, 0.5).sum()
         g = lambda x, a: soj.soft_rank(x, a).sum()
         assert "ffi_call" in str(jax.make_jaxpr(jax.grad(f))(jnp.ones(3)))
-        assert "pure_callback" in str(jax.make_jaxpr(jax.grad(g))(jnp.ones(3), 0.5))
+        assert "buffer_callback" in str(jax.make_jaxpr(jax.grad(g))(jnp.ones(3), 0.5))
         jax.jit(jax.grad(f))(jnp.arange(3.0)).block_until_ready()
         jax.jit(jax.grad(g))(jnp.arange(3.0), 0.5).block_until_ready()
         loaded = [m for m in sys.modules if m.startswith(("numba.cuda", "softorder.core.cuda"))]
