@@ -249,7 +249,7 @@ def helper(fn):
     Helpers write the minimum or maximum of two scalars as a conditional expression
     (``b if b < a else a``, which is what numba's ``min(a, b)`` computes, NaN included):
     numba compiles the builtins ``min``, ``max`` and ``int`` as functions of their own, one
-    per combination of argument types, about 0.01 s each on a first call.
+    per combination of argument types, each compiled on a first call.
     """
     dispatcher = _jit(fn, **_INTERNAL)
     if hasattr(dispatcher, "get_call_template"):

@@ -306,7 +306,7 @@ def _loss_vjp(
                 rbar[i] -= cs * math.exp(-r[i] - top_logit) / s
             rbar[iy] += cs
         alpha_bar[row] = abar
-        for i in range(n):  # E is spent (a loop: an array assignment compiles for ~1 s)
+        for i in range(n):  # E is spent (a loop: an array assignment compiles NumPy's setitem)
             E[i] = rbar[i]
         scatter_finite(r, order[row], E, x_bar[row])
 
