@@ -35,14 +35,14 @@ Ratios are to the bridge in the same run; they, not absolute times, compare acro
 The script is a report, not a test: it always exits with 0.
 
 A second table gives the per-call floor at small sizes: ``jax.jit(jax.grad(...))`` of every
-operation (``soft_topk`` with k = 10, ``soft_quantile`` at q = 0.25, 0.5, 0.75, the losses on
-one row) on one row of n = 1e2 and 1e3, through the bridge's default route on the CPU (the FFI
-route for ``soft_rank``, ``soft_topk`` and ``soft_sort``), through ``buffer_callback`` (the CPU
-kernels in place: the other operations' default, and every operation's with a traced
-``alpha`` or ``k``) and through ``pure_callback`` (``_IN_PLACE = False``), against the NumPy
-API's forward + VJP, as ratios to the NumPy API. Each call takes the next of 16 different
-inputs: sorting the same row over and over lets the branch predictor learn it, which flatters
-comparison sorts. ``--floor-only`` prints only this table.
+operation (``soft_topk`` with k = 10, ``soft_quantile`` at q = 0.3 and at q = 0.25, 0.5, 0.75,
+the losses on one row) on one row of n = 1e2 and 1e3, through the bridge's default route on
+the CPU (the FFI route where it covers the call: see :mod:`softorder.bridges.jax`), through
+``buffer_callback`` (the CPU kernels in place: the other calls' default, and every
+operation's with a traced ``alpha``, ``k`` or ``q``) and through ``pure_callback``
+(``_IN_PLACE = False``), against the NumPy API's forward + VJP, as ratios to the NumPy API.
+Each call takes the next of 16 different inputs: sorting the same row over and over lets the
+branch predictor learn it, which flatters comparison sorts. ``--floor-only`` prints only this table.
 """
 
 from __future__ import annotations
@@ -141,12 +141,14 @@ def time_ott(x, w, args, repeats):
     return None, lines[-1]
 
 
-#: the operations of the floor table: (name, extra arguments before alpha, as JAX / NumPy)
+#: the rows of the floor table: (operation and what differs, extra arguments before alpha, as
+#: JAX / NumPy)
 FLOOR_OPS = (
     ("soft_rank", (), ()),
     ("soft_topk", (10,), (10,)),
     ("soft_sort", (), ()),
-    ("soft_quantile", (jnp.array([0.25, 0.5, 0.75]),), (np.array([0.25, 0.5, 0.75]),)),
+    ("soft_quantile q=0.3", (0.3,), (0.3,)),
+    ("soft_quantile 3 q", (jnp.array([0.25, 0.5, 0.75]),), (np.array([0.25, 0.5, 0.75]),)),
     ("soft_permutation", (), ()),
     ("topk_cross_entropy", "labels", "labels"),
     ("permutation_cross_entropy", "ranks", "ranks"),
@@ -172,7 +174,8 @@ def floor_table(repeats):
         inputs = [rng.standard_normal(n).astype(np.float32) for _ in range(16)]
         w_np = rng.standard_normal(n).astype(np.float32)
         w = jnp.asarray(w_np)
-        for name, extra, extra_np in FLOOR_OPS:
+        for label, extra, extra_np in FLOOR_OPS:
+            name = label.split()[0]
             if extra == "labels":  # a loss of one row: the labels' class among n
                 extra, extra_np = (jnp.array([3]), [0.5, 0.5]), (np.array([3]), [0.5, 0.5])
             elif extra == "ranks":
@@ -184,7 +187,8 @@ def floor_table(repeats):
 
             def loss(x, bridge=bridge, extra=extra, w=w, loss_op=loss_op):
                 out = bridge(x, *extra, ALPHA)
-                return jnp.sum(out) if loss_op else jnp.sum(out * w[: out.shape[-1]])
+                weights = w[: out.shape[-1]] if out.ndim else w[0]  # (one quantile: a scalar)
+                return jnp.sum(out) if loss_op else jnp.sum(out * weights)
 
             steps = []
             for _, ffi, in_place in ROUTES:
@@ -197,7 +201,9 @@ def floor_table(repeats):
             host_inputs = itertools.cycle(host)
 
             out = numpy_op(host[0], *extra_np, ALPHA)  # the JAX loss's cotangent, below
-            v = 1.0 if loss_op else np.broadcast_to(w_np[: out.shape[-1]], out.shape).copy()
+            out = np.asarray(out)
+            v = w_np[: out.shape[-1]] if out.ndim else w_np[0]
+            v = 1.0 if loss_op else np.broadcast_to(v, out.shape).copy()
 
             def numpy_call(numpy_op=numpy_op, extra=extra_np, inputs=host_inputs, v=v):
                 _, pullback = softorder.vjp(numpy_op, next(inputs), *extra, ALPHA)
@@ -209,7 +215,7 @@ def floor_table(repeats):
             ]
             *times, t_numpy = best_times([*calls, numpy_call], repeats)
             cells = " | ".join(f"{t * 1e6:.1f}" for t in times)
-            print(f"| {name} | {n} | {cells} | {t_numpy * 1e6:.1f} | {times[0] / t_numpy:.2f} |")
+            print(f"| {label} | {n} | {cells} | {t_numpy * 1e6:.1f} | {times[0] / t_numpy:.2f} |")
     print()
 
 
