@@ -172,6 +172,9 @@ class FastApplyFunction(torch.autograd.Function):
     transforms (:func:`transforms_active`) this goes straight to the C implementation
     (``torch._C._FunctionBase.apply``), which is what ``Function.apply`` ends up calling. Under
     transforms, or when a private API is missing, it is ``Function.apply`` unchanged.
+
+    ``c_apply(*args)`` is that C implementation itself, for a caller that has made
+    :meth:`apply`'s checks already: no transform is active and no argument is a wrapped tensor.
     """
 
     def __init_subclass__(cls, **kwargs):
@@ -179,7 +182,7 @@ class FastApplyFunction(torch.autograd.Function):
         # the C implementation bound to the subclass, looked up once (a super() per call
         # costs); a docs build mocks torch, where Function is no type and nothing runs
         base = torch.autograd.Function
-        cls._c_apply = super(base, cls).apply if isinstance(base, type) else None
+        cls.c_apply = super(base, cls).apply if isinstance(base, type) else None
 
     @classmethod
     def apply(cls, *args):
@@ -192,7 +195,7 @@ class FastApplyFunction(torch.autograd.Function):
                     return super().apply(*args)
                 args = unwrapped
                 break
-        return cls._c_apply(*args)
+        return cls.c_apply(*args)
 
 
 # --- public APIs used in one form that every declared torch accepts ---------------------------
