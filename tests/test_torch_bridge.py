@@ -157,6 +157,36 @@ def test_inputs_are_never_modified_and_non_contiguous_input_works():
     torch.testing.assert_close(base, before, rtol=0, atol=0)
 
 
+def _in_dual_level(dual: bool, fn):
+    if not dual:
+        return fn()
+    with torch.autograd.forward_ad.dual_level():
+        return fn()
+
+
+def test_plain_and_forward_mode_calls_take_their_functions_with_equal_values():
+    """A plain eager call takes the older-form Function (the lean path), a call inside a dual
+    level the one with a jvp; values and gradients are bitwise equal, and an in-place change
+    of the input between forward and backward is refused on both.
+    """
+    results = []
+    for dual in (False, True):
+        x = X.clone().requires_grad_()
+        out = _in_dual_level(dual, lambda x=x: sot.soft_topk(x, 2.5, 0.6, dim=0))
+        expected = sot._Operation if dual else sot._PlainOperation
+        assert type(out.grad_fn).__name__ == expected.__name__ + "Backward"
+        (grad,) = torch.autograd.grad(out, x, X)
+        results.append((out.detach(), grad))
+        z = X.clone().requires_grad_().clone()
+        ranks = _in_dual_level(dual, lambda z=z: sot.soft_rank(z, 0.5))
+        with torch.no_grad():
+            z.add_(1.0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            ranks.sum().backward()
+    for a, b in zip(results[0], results[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_backward_can_run_twice_with_retain_graph():
     x = X.clone().requires_grad_()
     out = sot.soft_rank(x, 0.5).sum(dim=0)[2]

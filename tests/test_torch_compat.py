@@ -87,6 +87,15 @@ def test_forward_mode_possible_under_transforms_and_dual_levels(monkeypatch):
     assert compat.forward_mode_possible() is True  # without the private level: always
 
 
+def test_dual_level_open_inside_dual_levels_only(monkeypatch):
+    assert compat.dual_level_open() is False
+    with torch.autograd.forward_ad.dual_level():
+        assert compat.dual_level_open() is True
+    assert compat.dual_level_open() is False
+    monkeypatch.delattr(torch.autograd.forward_ad, "_current_level")
+    assert compat.dual_level_open() is True  # without the private level: always
+
+
 def _dead_wrapper() -> torch.Tensor:
     """A tensor wrapped by a torch.func transform that has finished."""
     leaked = []

@@ -36,6 +36,7 @@ __all__ = [
     "TORCH_VERSION",
     "FastApplyFunction",
     "custom_op",
+    "dual_level_open",
     "is_fake",
     "is_wrapped",
     "mark_constant",
@@ -117,6 +118,15 @@ def forward_mode_possible() -> bool:
     answers ``True``.
     """
     return getattr(_forward_ad, "_current_level", 0) >= 0 or transforms_active()
+
+
+def dual_level_open() -> bool:
+    """Whether a ``torch.autograd.forward_ad.dual_level`` is open
+    (``torch.autograd.forward_ad._current_level``): :func:`forward_mode_possible` without
+    the transforms, for a caller that asked :func:`transforms_active` already. Without the
+    private level it answers ``True``.
+    """
+    return getattr(_forward_ad, "_current_level", 0) >= 0
 
 
 _unwrap_dead_wrappers = _private("torch._functorch.utils", "unwrap_dead_wrappers")

@@ -489,7 +489,11 @@ def _values(call: _Call, *tensors: Tensor) -> Tensor:
     for name, t in zip(call.names, tensors, strict=True):
         # (a CPU tensor's view: _as_array's common case without its checks; forward
         # receives no wrapped tensors, the Function unwraps them)
-        arguments[name] = t.numpy(force=True) if t.is_cpu else _as_array(t, name == rule.input_name)
+        arguments[name] = (
+            t.numpy(force=True)
+            if t.is_cpu and "cpu" not in _ON_DEVICE
+            else _as_array(t, name == rule.input_name)
+        )
     call.ctx = ctx = rule.prepare(**arguments)
     out = rule.forward(ctx)
     if type(out) is np.ndarray and out.flags.c_contiguous:  # the common case
@@ -537,7 +541,11 @@ class _Operation(compat.FastApplyFunction):
         for i, position in _gradient_positions(call):
             if needs[i + 1]:
                 if values is None:
-                    v = cotangent.numpy(force=True) if cotangent.is_cpu else _as_array(cotangent)
+                    v = (
+                        cotangent.numpy(force=True)
+                        if cotangent.is_cpu and "cpu" not in _ON_DEVICE
+                        else _as_array(cotangent)
+                    )
                     values = call.rule.vjp(call.ctx, v)
                 grads[i + 1] = _gradient(values[position], tensors[i])
         if not torch.is_grad_enabled():  # plain eager backward: the gradients are values
@@ -681,7 +689,7 @@ def _run(name: str, arguments: dict) -> Tensor:
         call = _Call(name, tuple(tensor_names), statics)
         if compat.transforms_active() or any(map(compat.is_wrapped, tensors)):
             out = _Operation.apply(call, *tensors)
-        elif compat.forward_mode_possible():  # (FastApplyFunction.apply's checks, made)
+        elif compat.dual_level_open():  # (FastApplyFunction.apply's checks, made)
             out = _Operation.c_apply(call, *tensors)
         else:
             out = _PlainOperation.c_apply(call, *tensors)
@@ -689,7 +697,7 @@ def _run(name: str, arguments: dict) -> Tensor:
 
 
 #: the types :func:`plain` passes as they are
-_PLAIN_TYPES = (bool, int, float, str, type(None))
+_PLAIN_TYPES = frozenset((bool, int, float, str, type(None)))
 
 
 def _traceable(arg: str, value):
