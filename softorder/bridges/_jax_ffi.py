@@ -11,8 +11,8 @@ Each handler is one C function of XLA's typed FFI (``api_version=1``,
 ``XLA_FFI_Error* handler(XLA_FFI_CallFrame*)``, see ``xla/ffi/api/c_api.h`` in
 ``jax.ffi.include_dir()``), written with numba; it never fails (it returns NULL), since
 everything was validated when the call was traced. It sorts the rows itself
-(:func:`sort_rows`: XLA's sort, in the traced graph, took 114 us for one row of 1e3 and
-1.6 ms at 1e4, this one 11 us and 0.1 ms) and calls the
+(:func:`sort_rows`, a radix sort: XLA's own sort in the traced graph was about ten times
+slower on rows of 1e3 to 1e5; figures in CHANGELOG.md) and calls the
 same serial kernels as the NumPy API on the same float64 rows and int32 orders (the very same
 compilations, through their addresses: :func:`_native`), so its results are bitwise
 those of the NumPy API when the rows have no ties (with ties, only the order of equal
@@ -86,8 +86,8 @@ def float_bits(typingctx, value):
 
 
 # The handlers reach XLA's call frame and buffers through the intrinsics below: code emitted
-# in place, where a numba function (``carray``, a helper) would cost a compilation of its own,
-# 0.05-0.1 s each however small (figures in CHANGELOG.md).
+# in place, where a numba function (``carray``, a helper) would cost a compilation of its own
+# on the first call, however small (figures in CHANGELOG.md).
 
 
 def _pointer(context, builder, address, dtype):
@@ -123,7 +123,7 @@ def new(typingctx, shape, kind):
     """A new C-contiguous ``kind`` array of ``shape`` (a tuple), uninitialised.
 
     ``np.empty(...)`` compiles a function of its own per shape type and ``.reshape`` a
-    subroutine (0.3 s cold); this emits the allocation in place.
+    subroutine of its own on the first call; this emits the allocation in place.
     """
     array_type = types.Array(kind.instance_type, len(shape), "C")
 
