@@ -255,3 +255,25 @@ def test_per_row_alpha_and_read_only_arguments_compile_no_second_kernel():
         pullback(np.ones_like(out))
     assert _read_only_signatures() == before
     assert np.array_equal(alpha, np.full(3, 0.5)) and alpha.flags.writeable
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])
+def test_per_row_alpha_is_checked_like_any_alpha(dtype):
+    """One alpha per row, shaped like the batch (the common case of a bridge's call): the same
+    per-row values as a list gives, a writable copy that never aliases the caller's array, and
+    the same errors for a zero, negative, subnormal-in-float64, infinite or NaN entry.
+    """
+    from softorder._engine.checks import check_alpha
+
+    alpha = np.array([[0.5, 2.0], [1e-3, 7.0]], dtype=dtype)
+    per_row, shape = check_alpha(alpha, (2, 2))
+    listed, _ = check_alpha(alpha.tolist(), (2, 2))
+    assert shape == (2, 2) and per_row.dtype == np.float64
+    assert np.array_equal(per_row, listed) and per_row.flags.writeable
+    assert not np.shares_memory(per_row, alpha)
+    for bad in (0.0, -1.0, np.inf, np.nan):
+        wrong = np.array([0.5, bad], dtype=dtype)
+        with pytest.raises(ValueError, match="alpha must be"):
+            check_alpha(wrong, (2,))
+    with pytest.raises(ValueError, match="alpha must be at least"):
+        check_alpha(np.array([0.5, 1e-310]), (2,))

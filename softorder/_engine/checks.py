@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 REDUCTIONS = ("mean", "sum", "none")
 
 _SMALLEST_ALPHA = float(np.finfo(np.float64).tiny)
+#: the largest finite float64: a per-row alpha above it is inf (refused by the general path)
+_LARGEST_FLOAT = float(np.finfo(np.float64).max)
 
 
 def refuse_masked(value, name: str) -> None:
@@ -78,6 +80,15 @@ def check_alpha(
         per_row = np.empty(rows)  # (np.full's Python wrapper costs twice as much)
         per_row.fill(value)
         return per_row, ()
+    if (
+        type(alpha) is np.ndarray
+        and alpha.shape == batch_shape
+        and alpha.dtype.kind == "f"
+        and rows
+    ):  # one alpha per row already (a bridge's call, or x.std(axis)): checked in two passes
+        per_row = alpha.reshape(-1).astype(np.float64)  # (a copy: writable, never aliased)
+        if per_row.min() >= _SMALLEST_ALPHA and per_row.max() <= _LARGEST_FLOAT:
+            return per_row, alpha.shape
     refuse_masked(alpha, "alpha")
     if isinstance(alpha, bool) or (
         not isinstance(alpha, numbers.Real) and np.asarray(alpha).dtype.kind not in "iuf"
