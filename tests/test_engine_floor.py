@@ -6,6 +6,7 @@ cotangents never written.
 from __future__ import annotations
 
 import inspect
+import math
 
 import numpy as np
 import pytest
@@ -277,3 +278,22 @@ def test_per_row_alpha_is_checked_like_any_alpha(dtype):
             check_alpha(wrong, (2,))
     with pytest.raises(ValueError, match="alpha must be at least"):
         check_alpha(np.array([0.5, 1e-310]), (2,))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape", [(2,), (2, 3)])
+def test_per_row_targets_are_checked_like_any_targets(dtype, shape):
+    """Targets already shaped one (or m) per row, as the bridges' callbacks pass them: the same
+    values, flag and shape as a list gives, and the same errors for an entry out of range."""
+    from softorder._engine.checks import check_targets
+
+    q = np.linspace(0.1, 0.9, math.prod(shape)).reshape(shape).astype(dtype)
+    fast = check_targets(q, (2,), "q", 1.0, "1")
+    general = check_targets(q.tolist(), (2,), "q", 1.0, "1")
+    assert np.array_equal(fast[0], general[0]) and fast[1:] == general[1:]
+    assert fast[0].flags.writeable and not np.shares_memory(fast[0], q)
+    for bad in (0.0, 1.0, -0.5, np.nan, np.inf):
+        wrong = q.copy()
+        wrong.flat[-1] = bad
+        with pytest.raises(ValueError, match="q must lie strictly between 0 and 1"):
+            check_targets(wrong, (2,), "q", 1.0, "1")
