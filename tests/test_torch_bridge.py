@@ -187,6 +187,17 @@ def test_plain_and_forward_mode_calls_take_their_functions_with_equal_values():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def test_calls_with_nothing_to_differentiate_give_the_same_values_without_a_graph():
+    x = X.clone().requires_grad_()
+    with_graph = sot.soft_topk(x, 2.5, 0.6, dim=0)
+    with torch.no_grad():
+        no_grad = sot.soft_topk(x, 2.5, 0.6, dim=0)
+    constant = sot.soft_topk(X, 2.5, 0.6, dim=0)
+    for out in (no_grad, constant):
+        assert out.grad_fn is None and not out.requires_grad
+        torch.testing.assert_close(out, with_graph.detach(), rtol=0, atol=0)
+
+
 def test_backward_can_run_twice_with_retain_graph():
     x = X.clone().requires_grad_()
     out = sot.soft_rank(x, 0.5).sum(dim=0)[2]

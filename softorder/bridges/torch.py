@@ -669,6 +669,24 @@ def _run(name: str, arguments: dict) -> Tensor:
         arguments["axis"] = dim
     if compiling:
         arguments = {arg: _traceable(arg, value) for arg, value in arguments.items()}
+    elif (
+        type(x) is Tensor
+        and x.is_cpu
+        and x.dtype in _WIDE_FLOATS
+        and "cpu" not in _ON_DEVICE
+        and not (compat.transforms_active() or compat.is_wrapped(x) or compat.dual_level_open())
+    ):
+        # the common case, decided with few operations (each counts at n = 1e2): one plain
+        # CPU tensor and plain settings, no transform; the loop below would make the same
+        # call, with the same statics in the same order (the input is every function's first
+        # argument)
+        del arguments[input_name]
+        if all(map(_PLAIN_TYPES.__contains__, map(type, arguments.values()))):
+            call = _Call(name, (input_name,), arguments)
+            if x.requires_grad and torch.is_grad_enabled():
+                return _PlainOperation.c_apply(call, x)
+            return _values(call, x)  # nothing to differentiate: no Function (about 2 us)
+        arguments = {input_name: x, **arguments}
     tensor_names, tensors, statics = [], [], {}
     for arg, value in arguments.items():
         if type(value) in _PLAIN_TYPES:  # the common case, kept lean
@@ -698,6 +716,8 @@ def _run(name: str, arguments: dict) -> Tensor:
 
 #: the types :func:`plain` passes as they are
 _PLAIN_TYPES = frozenset((bool, int, float, str, type(None)))
+#: the input dtypes computed as they are (no conversion of the input or the result)
+_WIDE_FLOATS = frozenset((torch.float32, torch.float64))
 
 
 def _traceable(arg: str, value):
