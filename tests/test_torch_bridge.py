@@ -165,15 +165,16 @@ def _in_dual_level(dual: bool, fn):
 
 
 def test_plain_and_forward_mode_calls_take_their_functions_with_equal_values():
-    """A plain eager call takes the older-form Function (the lean path), a call inside a dual
-    level the one with a jvp; values and gradients are bitwise equal, and an in-place change
-    of the input between forward and backward is refused on both.
+    """A plain eager call takes an older-form Function (the lean path; with a tensor argument
+    besides the input, the general one), a call inside a dual level the one with a jvp;
+    values and gradients are bitwise equal, and an in-place change of the input between
+    forward and backward is refused.
     """
     results = []
     for dual in (False, True):
         x = X.clone().requires_grad_()
         out = _in_dual_level(dual, lambda x=x: sot.soft_topk(x, 2.5, 0.6, dim=0))
-        expected = sot._Operation if dual else sot._PlainOperation
+        expected = sot._Operation if dual else sot._InputOnlyOperation
         assert type(out.grad_fn).__name__ == expected.__name__ + "Backward"
         (grad,) = torch.autograd.grad(out, x, X)
         results.append((out.detach(), grad))
@@ -183,8 +184,13 @@ def test_plain_and_forward_mode_calls_take_their_functions_with_equal_values():
             z.add_(1.0)
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             ranks.sum().backward()
-    for a, b in zip(results[0], results[1], strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    x, alpha = X.clone().requires_grad_(), _f64(0.6)  # two tensors: the general plain path
+    out = sot.soft_topk(x, 2.5, alpha, dim=0)
+    assert type(out.grad_fn).__name__ == "_PlainOperationBackward"
+    results.append((out.detach(), torch.autograd.grad(out, x, X)[0]))
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_calls_with_nothing_to_differentiate_give_the_same_values_without_a_graph():

@@ -593,6 +593,27 @@ class _PlainOperation(compat.FastApplyFunction):
     backward = _Operation.backward
 
 
+class _InputOnlyOperation(_PlainOperation):
+    """:class:`_PlainOperation` for :func:`_run`'s short path, whose only tensor argument is
+    the input: its backward, in the common case (a plain CPU cotangent, grad mode off),
+    goes straight to the rule's VJP.
+    """
+
+    @staticmethod
+    def backward(ctx, cotangent):
+        (x,) = ctx.saved_tensors  # (also PyTorch's check that x was not changed in place)
+        if (
+            torch.is_grad_enabled()  # (create_graph: the gradient is tied to x)
+            or not cotangent.is_cpu
+            or "cpu" in _ON_DEVICE
+            or compat.is_wrapped(cotangent)
+        ):
+            return _Operation.backward(ctx, cotangent)
+        call = ctx.call
+        ((_, position),) = _gradient_positions(call)
+        return None, _gradient(call.rule.vjp(call.ctx, cotangent.numpy(force=True))[position], x)
+
+
 # --- the public functions -------------------------------------------------------------------
 
 
@@ -684,7 +705,7 @@ def _run(name: str, arguments: dict) -> Tensor:
         if all(map(_PLAIN_TYPES.__contains__, map(type, arguments.values()))):
             call = _Call(name, (input_name,), arguments)
             if x.requires_grad and torch.is_grad_enabled():
-                return _PlainOperation.c_apply(call, x)
+                return _InputOnlyOperation.c_apply(call, x)
             return _values(call, x)  # nothing to differentiate: no Function (about 2 us)
         arguments = {input_name: x, **arguments}
     tensor_names, tensors, statics = [], [], {}
