@@ -297,3 +297,23 @@ def test_per_row_targets_are_checked_like_any_targets(dtype, shape):
         wrong.flat[-1] = bad
         with pytest.raises(ValueError, match="q must lie strictly between 0 and 1"):
             check_targets(wrong, (2,), "q", 1.0, "1")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_per_row_p_k_is_checked_like_any_p_k(dtype):
+    """``p_k`` already one distribution per row (as the bridges' callbacks pass it): the same
+    float64 array as a list gives, never aliased, and the same errors for a negative, NaN or
+    infinite entry, a sum off 1, or K >= n."""
+    from softorder._engine.checks import check_p_k
+
+    p_k = np.array([[0.25, 0.75], [0.5, 0.5], [1.0, 0.0]], dtype=dtype)
+    fast = check_p_k(p_k, (3,), 5)
+    assert np.array_equal(fast, check_p_k(p_k.tolist(), (3,), 5))
+    assert fast.dtype == np.float64 and not np.shares_memory(fast, p_k)
+    for bad in (-0.25, np.nan, np.inf, 0.6):
+        wrong = p_k.copy()
+        wrong[1, 1] = bad
+        with pytest.raises(ValueError, match="p_k must be a probability distribution"):
+            check_p_k(wrong, (3,), 5)
+    with pytest.raises(ValueError, match="top-k needs k < number of classes"):
+        check_p_k(p_k, (3,), 2)
