@@ -14,6 +14,7 @@ import pytest
 import softorder
 from softorder._engine.autodiff import bind
 from softorder._engine.layout import _MAX_LAYOUTS, Layout
+from tests.compiled import read_only_signatures
 
 OPERATIONS = {
     "soft_rank": (),
@@ -220,20 +221,6 @@ def test_alpha_gradient_has_alpha_shape():
     assert scalar == per_row.sum()
 
 
-def _read_only_signatures() -> set:
-    """Every (kernel, signature) compiled so far that takes a read-only array."""
-    from numba import types
-
-    from softorder import core
-
-    found = set()
-    for name in core._KERNELS:
-        for signature in getattr(core, name).serial.signatures:
-            if any(isinstance(t, types.Array) and not t.mutable for t in signature):
-                found.add((name, signature))
-    return found
-
-
 def test_per_row_alpha_and_read_only_arguments_compile_no_second_kernel():
     """A per-row ``alpha`` (``broadcast_to`` gives a read-only view) or a caller's read-only
     ``alpha`` or labels reach the kernels as writable arrays: numba would otherwise compile each
@@ -246,7 +233,7 @@ def test_per_row_alpha_and_read_only_arguments_compile_no_second_kernel():
     frozen.flags.writeable = False
     labels = np.array([0, 2, 1])
     labels.flags.writeable = False
-    before = _read_only_signatures()
+    before = read_only_signatures()
     for a in (alpha, frozen):
         out, pullback = softorder.vjp(softorder.soft_quantile, x, 0.3, alpha=a)
         pullback(np.ones_like(out))
@@ -254,7 +241,7 @@ def test_per_row_alpha_and_read_only_arguments_compile_no_second_kernel():
             softorder.topk_cross_entropy, x, labels, np.array([0.5, 0.5]), alpha=a
         )
         pullback(np.ones_like(out))
-    assert _read_only_signatures() == before
+    assert read_only_signatures() == before
     assert np.array_equal(alpha, np.full(3, 0.5)) and alpha.flags.writeable
 
 

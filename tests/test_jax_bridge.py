@@ -11,6 +11,7 @@ from jax.test_util import check_grads  # noqa: E402
 
 import softorder  # noqa: E402
 import softorder.bridges.jax as soj  # noqa: E402
+from tests.compiled import read_only_signatures  # noqa: E402
 
 
 @pytest.fixture
@@ -663,20 +664,6 @@ def test_alpha_in_the_keepdims_shape(rng, x64, count_calls):
         np.testing.assert_allclose(batched[i], soj.soft_rank(xs[i], alphas[i]), rtol=1e-12)
 
 
-def _read_only_signatures() -> set:
-    """Every (kernel, signature) compiled so far that takes a read-only array."""
-    from numba import types
-
-    from softorder import core
-
-    found = set()
-    for name in core._KERNELS:
-        for signature in getattr(core, name).serial.signatures:
-            if any(isinstance(t, types.Array) and not t.mutable for t in signature):
-                found.add((name, signature))
-    return found
-
-
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_callbacks_run_the_numpy_apis_kernels(rng, dtype):
     """NumPy sees XLA's buffers as read-only arrays, for which numba would compile every kernel
@@ -684,7 +671,7 @@ def test_callbacks_run_the_numpy_apis_kernels(rng, dtype):
     NumPy API has compiled (in a fresh cache: half the first call's compile time).
     """
     x = distinct(rng, (3, 9)).astype(dtype)
-    before = _read_only_signatures()
+    before = read_only_signatures()
     cases = [
         ("soft_quantile", (np.array([[0.3, 0.8]]),)),
         ("soft_permutation", ()),
@@ -698,7 +685,7 @@ def test_callbacks_run_the_numpy_apis_kernels(rng, dtype):
             args = [jnp.asarray(a) for a in extras]
             grad = jax.jit(jax.grad(lambda u, a, fn=fn, args=args: fn(u, *args, a).sum(), (0, 1)))
             jax.block_until_ready(grad(jnp.asarray(x), 0.5))
-    assert _read_only_signatures() == before
+    assert read_only_signatures() == before
 
 
 #: the operations without an FFI route: (function, extra arguments, argnums to differentiate)
