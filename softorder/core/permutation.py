@@ -17,7 +17,7 @@ import numpy as np
 from numba import prange, types
 
 from softorder.core._jit import NativeCalls, helper, inner_helper, kernel
-from softorder.core.laplace import INF, cdf_diff, log_cdf_diff, log_density, offset_z
+from softorder.core.laplace import INF, cdf_diff, hazard, log_cdf_diff, offset_z
 from softorder.core.lapsum import (
     PULLBACK_WORK,
     PUSHFORWARD_WORK,
@@ -112,6 +112,35 @@ def _loss_row(r, inv_alpha, order, target, anchor, offset):
 
 
 @helper
+def density_ratios(z0, z1):
+    """``(f(z0) / P, f(z1) / P)`` with ``P = F(z1) - F(z0)`` for ``z0 <= z1``: the loss's
+    derivatives ``d(-log P)/dz0`` and ``-d(-log P)/dz1`` in closed form, without ``log P``.
+
+    With both on one side of 0 (an element away from its two boundaries, the usual case) the
+    ratios are ``1/u`` and ``1 + 1/u``, ``u = expm1(z1 - z0)``: one ``expm1``, where
+    ``exp(log f(z) - log P)`` took four transcendentals. Both are inf where ``P = 0``
+    (``z0 == z1``), as that form gives; the ratio of an infinite ``z`` is 0 (callers skip it).
+    """
+    if z0 == z1:
+        return INF, INF
+    if z0 == -INF:  # P = F(z1)
+        return 0.0, hazard(z1)
+    if z1 == INF:  # P = 1 - F(z0) = F(-z0), f symmetric
+        return hazard(-z0), 0.0
+    if z1 <= 0.0 or z0 >= 0.0:
+        # z1 <= 0: P = f(z1) (1 - exp(z0 - z1)); z0 >= 0: P = f(z0) (1 - exp(z0 - z1))
+        far = 1.0 / math.expm1(z1 - z0)  # 0 once expm1 overflows: the far density underflows
+        near = 1.0 + far
+        if z1 <= 0.0:
+            return far, near
+        return near, far
+    e0 = 0.5 * math.exp(z0)  # f(z0) = F(z0) for z0 < 0
+    e1 = 0.5 * math.exp(-z1)  # f(z1) = 1 - F(z1) for z1 > 0
+    p = 1.0 - (e0 + e1)
+    return e0 / p, e1 / p
+
+
+@helper
 def _loss_row_vjp(r, inv_alpha, order, target, anchor, offset, c, beta, rbar):
     """The loss's direct gradient terms of one row element by element (any target ranks):
     adds to ``beta`` and ``rbar``, returns the direct part of ``alpha_bar``.
@@ -124,14 +153,15 @@ def _loss_row_vjp(r, inv_alpha, order, target, anchor, offset, c, beta, rbar):
         k = target[order[i]] - 1
         z0 = _boundary_z(r, inv_alpha, anchor, offset, k, r[i])
         z1 = _boundary_z(r, inv_alpha, anchor, offset, k + 1, r[i])
-        lp = log_cdf_diff(z0, z1)
+        g0, g1 = density_ratios(z0, z1)
+        # d(-log P)/dz1 = -f(z1)/P and d(-log P)/dz0 = f(z0)/P
         if abs(z1) != INF:
-            gamma = -math.exp(log_density(z1) - lp) * c * inv_alpha
+            gamma = -g1 * c * inv_alpha
             beta[k] += gamma
             rbar[i] -= gamma
             abar -= gamma * z1
         if abs(z0) != INF:
-            gamma = math.exp(log_density(z0) - lp) * c * inv_alpha
+            gamma = g0 * c * inv_alpha
             beta[k - 1] += gamma
             rbar[i] -= gamma
             abar -= gamma * z0
@@ -149,17 +179,16 @@ def _rank_z(r, inv_alpha, anchor, offset, k, ri):
 
 
 @helper
-def _loss_by_rank_vjp(r, inv_alpha, order, target, anchor, offset, c, byrank, parts, beta, rbar):
+def _loss_by_rank_vjp(r, inv_alpha, order, target, anchor, offset, c, byrank, beta, rbar):
     """:func:`_loss_row_vjp` for target ranks that are a permutation, rank by rank from
-    ``byrank`` (:func:`_values_by_rank`, overwritten); writes ``rbar`` (all of it) and adds
-    to ``beta``. alpha_bar's part is summed in the elements' order as there (rows 0, 1 of
-    ``parts``, each of at least n - 1, hold its terms meanwhile).
+    ``byrank`` (:func:`_values_by_rank`, overwritten); writes ``rbar`` and ``beta`` (all of
+    them) and returns the direct part of ``alpha_bar``, summed in the ranks' order.
     """
-    up_part = parts[0]  # alpha_bar's term of boundary k + 1, at k (ranks 0..n-2)
-    down_part = parts[1]  # its term of boundary k, at k - 1 (ranks 1..n-1)
     n = r.shape[0]
     an = anchor
     off = offset
+    abar = 0.0
+    pending = 0.0  # the cotangent of boundary k from the rank below (beta[k - 1] at rank k)
     for k in range(n):  # the element of target rank k + 1, between boundaries k and k + 1
         ri = byrank[k]
         rb = 0.0
@@ -168,35 +197,25 @@ def _loss_by_rank_vjp(r, inv_alpha, order, target, anchor, offset, c, byrank, pa
         if abs(ri) != INF:
             z0 = _rank_z(r, inv_alpha, an, off, k, ri)
             z1 = _rank_z(r, inv_alpha, an, off, k + 1, ri)
-            lp = log_cdf_diff(z0, z1)
-            # d(-log P)/dz1 = -f(z1)/P and d(-log P)/dz0 = f(z0)/P, from logs (no 0/0).
+            g0, g1 = density_ratios(z0, z1)
+            # d(-log P)/dz1 = -f(z1)/P and d(-log P)/dz0 = f(z0)/P
             if abs(z1) != INF:
-                gamma = -math.exp(log_density(z1) - lp) * c * inv_alpha
-                beta[k] += gamma
-                rb -= gamma
-                up = gamma * z1
+                up = -g1 * c * inv_alpha
+                rb -= up
+                abar -= up * z1
             if abs(z0) != INF:
-                gamma = math.exp(log_density(z0) - lp) * c * inv_alpha
-                beta[k - 1] += gamma
-                rb -= gamma
-                down = gamma * z0
+                down = g0 * c * inv_alpha
+                rb -= down
+                abar -= down * z0
         byrank[k] = rb
-        if k < n - 1:
-            up_part[k] = up
         if k > 0:
-            down_part[k - 1] = down
-    # back to the elements, with alpha_bar summed in the elements' order, the order the
-    # repeated-ranks kernel sums in, so both give the same bits
-    abar = 0.0
+            beta[k - 1] = pending + down
+        pending = up
+    # back to the elements (sorted order)
     tg = target
     od = order
     for i in range(n):
-        k = tg[od[i]] - 1
-        rbar[i] = byrank[k]
-        up = up_part[k] if k < n - 1 else 0.0
-        down = down_part[k - 1] if k > 0 else 0.0
-        abar -= up
-        abar -= down
+        rbar[i] = byrank[tg[od[i]] - 1]
     return abar
 
 
@@ -346,16 +365,12 @@ def permutation_loss_forward(
             continue
         an = anchor[row]
         off = offset[row]
+        loss = 0.0
         for k in range(n):  # the element of target rank k + 1, between boundaries k and k + 1
             ri = terms[k]
             z0 = _rank_z(r, inv_alpha, an, off, k, ri)
             z1 = _rank_z(r, inv_alpha, an, off, k + 1, ri)
-            terms[k] = log_cdf_diff(z0, z1)
-        loss = 0.0
-        tg = target[row]
-        od = order[row]
-        for i in range(n):  # in the elements' order, as the repeated-ranks kernel sums
-            loss -= terms[tg[od[i]] - 1]
+            loss -= log_cdf_diff(z0, z1)
         out[row] = loss
     return repeated
 
@@ -421,9 +436,9 @@ def permutation_loss_vjp(
         a = alpha[row]
         inv_alpha = 1.0 / a
         # Only the pullback reads the tables, so they are filled after the direct terms:
-        # until then x_bar's row holds the values by rank and rows 0, 1 of work alpha_bar's
-        # terms. The pullback's injections go in S's row (only the forward's solve reads S)
-        # and x_bar's row (free until the scatter); it is not asked for w_bar.
+        # until then x_bar's row holds the values by rank. The pullback's injections go in
+        # S's row (only the forward's solve reads S) and x_bar's row (free until the
+        # scatter); it is not asked for w_bar.
         byrank = x_bar[row]
         if not _values_by_rank(r, order[row], target[row], byrank):
             x_bar[row, :] = np.nan
@@ -431,7 +446,6 @@ def permutation_loss_vjp(
             repeated += 1
             continue
         beta = twork[row, 0]
-        beta[:] = 0.0
         rbar = work[row, TABLES_WITH_MOMENTS]
         abar = _loss_by_rank_vjp(
             r,
@@ -442,7 +456,6 @@ def permutation_loss_vjp(
             offset[row],
             cot[row],
             byrank,
-            work[row],
             beta,
             rbar,
         )

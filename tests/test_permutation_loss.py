@@ -1,0 +1,127 @@
+"""Permutation cross-entropy: the closed-form density ratios of its gradient (issue 13).
+
+The VJP takes ``d(-log P)/dz`` at the two boundaries of each element from
+:func:`softorder.core.permutation.density_ratios` (one ``expm1`` in the tails) instead of
+``exp(log f(z) - log P)``; checked here against extended precision and, through the whole
+loss, against finite differences where the ratios take their limits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mpmath
+import numba
+import numpy as np
+import pytest
+
+import softorder as so
+from softorder.core.permutation import density_ratios
+from tests import naive
+
+EPS = np.finfo(np.float64).eps
+
+
+@numba.njit(cache=False)
+def _ratios(z0, z1):
+    """The compiled helper (its ``py_func`` raises on the overflow that numba gives as inf)."""
+    return density_ratios(z0, z1)
+
+
+def _exact(z0: float, z1: float) -> tuple[float, float]:
+    """``(f(z0)/P, f(z1)/P)`` of the Laplace distribution in 60 digits."""
+    with mpmath.workdps(60):
+        a, b = mpmath.mpf(z0), mpmath.mpf(z1)
+        if b <= 0:
+            p = (mpmath.exp(b) - mpmath.exp(a)) / 2
+        elif a >= 0:
+            p = (mpmath.exp(-a) - mpmath.exp(-b)) / 2
+        else:
+            p = 1 - mpmath.exp(a) / 2 - mpmath.exp(-b) / 2
+        return float(mpmath.exp(-abs(a)) / 2 / p), float(mpmath.exp(-abs(b)) / 2 / p), float(p)
+
+
+PAIRS = [
+    (-3.0, -2.0),
+    (-800.0, -799.99999),
+    (-40.0, -1e-300),
+    (-1e3, -1.0),  # expm1 overflows: the far ratio is 0, the near one 1
+    (2.0, 3.0),
+    (1e-12, 2e-12),
+    (0.0, 5e-17),
+    (700.0, 700.5),
+    (0.5, 1e4),
+    (-0.5, 0.25),  # the two sides of 0
+    (-1e-9, 1e-9),
+    (-30.0, 40.0),
+    (-2.0, 0.0),
+    (0.0, 2.0),
+]
+
+
+@pytest.mark.parametrize("z0, z1", PAIRS)
+def test_density_ratios_against_extended_precision(z0, z1):
+    g0, g1 = _ratios(z0, z1)
+    e0, e1, p = _exact(z0, z1)
+    # 1 - (f(z0) + f(z1)) loses digits only when P itself is small with z0 < 0 < z1
+    tol = 8 * EPS * (1.0 if (z1 <= 0.0 or z0 >= 0.0) else max(1.0, 1.0 / p))
+    for got, want in ((g0, e0), (g1, e1)):
+        assert math.isclose(got, want, rel_tol=tol, abs_tol=1e-300), (got, want)
+
+
+def test_density_ratios_limits():
+    ratios = _ratios
+    assert ratios(-math.inf, -2.0) == (0.0, 1.0)  # P = F(z1): f(z1)/F(z1) = 1 below 0
+    assert ratios(-math.inf, 1.0)[1] == pytest.approx(0.5 * math.exp(-1) / (1 - 0.5 * math.exp(-1)))
+    assert ratios(2.0, math.inf) == (1.0, 0.0)
+    assert ratios(-math.inf, math.inf) == (0.0, 0.0)
+    assert ratios(1.5, 1.5) == (math.inf, math.inf)  # P = 0, as exp(log f - log 0) gives
+
+
+@pytest.mark.parametrize("scale", [1.0, 300.0])
+def test_loss_gradient_far_from_the_boundaries(rng, scale):
+    """Elements far from their target's boundaries (the ratios' tails, and at scale 300 the
+    overflow of expm1), against finite differences and the brute-force loss.
+    """
+    rows, n, alpha = 3, 9, 0.7
+    x = rng.normal(size=(rows, n)) * scale
+    target = np.stack([rng.permutation(n) + 1 for _ in range(rows)])
+    loss, pullback = so.vjp(so.permutation_cross_entropy, x, target, alpha, reduction="none")
+    assert np.all(np.isfinite(loss))
+    if scale == 1.0:  # (the brute force's P underflows at scale 300)
+        expected = [naive.permutation_cross_entropy_row(x[i], target[i], alpha) for i in range(3)]
+        np.testing.assert_allclose(loss, expected, rtol=1e-10)
+    x_bar, alpha_bar = pullback(np.ones(rows))
+    direction = rng.normal(size=(rows, n))
+
+    def f(y):
+        return so.permutation_cross_entropy(y, target, alpha, reduction="none")
+
+    numeric = naive.central_difference(f, x, direction, eps=1e-6 * scale)
+    np.testing.assert_allclose((x_bar * direction).sum(axis=1), numeric, rtol=1e-6, atol=1e-8)
+    numeric_alpha = naive.central_difference(
+        lambda a: so.permutation_cross_entropy(x, target, a, reduction="sum"), alpha, 1.0, 1e-7
+    )
+    np.testing.assert_allclose(alpha_bar, numeric_alpha, rtol=1e-6)
+
+
+def test_loss_gradient_with_infinite_entries(rng):
+    """Infinite entries at the ends of the target get a zero gradient; the others match finite
+    differences.
+    """
+    n, alpha = 8, 0.5
+    x = rng.normal(size=n)
+    x[[1, 5]] = [np.inf, -np.inf]
+    target = np.empty(n, dtype=np.int64)
+    target[[5, 1]] = [1, n]  # where the infinities go (elsewhere P = 0 and the loss is inf)
+    target[[0, 2, 3, 4, 6, 7]] = rng.permutation(n - 2) + 2
+    loss, pullback = so.vjp(so.permutation_cross_entropy, x, target, alpha)
+    assert np.isfinite(loss)
+    x_bar, alpha_bar = pullback(1.0)
+    assert x_bar[1] == 0.0 and x_bar[5] == 0.0 and np.isfinite(alpha_bar)
+    direction = rng.normal(size=n)
+    direction[[1, 5]] = 0.0
+    numeric = naive.central_difference(
+        lambda y: so.permutation_cross_entropy(y, target, alpha), x, direction
+    )
+    np.testing.assert_allclose(x_bar @ direction, numeric, rtol=1e-6, atol=1e-8)
