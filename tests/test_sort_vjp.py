@@ -1,11 +1,13 @@
 """Soft sort's own VJP kernel (:func:`softorder.core.sort.sort_vjp`) against the general
 :func:`~softorder.core.sort.inverse_vjp` at the targets k - 1/2, bit for bit, including NaN
-rows, ties, infinities and ``x_bar`` written into the cotangent.
+rows, ties, infinities, ``x_bar`` written into the cotangent, targets out of order and float32
+cotangents and gradients.
 """
 
 import numpy as np
 import pytest
 
+import softorder
 from softorder import core
 
 
@@ -51,7 +53,7 @@ def test_sort_vjp_equals_inverse_vjp_bitwise(rng, kind, shape):
         core.workspace(rows, core.sort.VJP_WORK, n),
         core.workspace(rows, 0, n),
     )
-    work = core.workspace(rows, core.sort.VJP_WORK, n)
+    work = core.workspace(rows, core.sort.SORT_VJP_WORK, n)
     got, got_alpha = np.empty((rows, n)), np.empty(rows)
     core.sort.sort_vjp(xs, order, alpha, anchor, offset, u, got, got_alpha, work)
     np.testing.assert_array_equal(got, x_bar)
@@ -60,3 +62,85 @@ def test_sort_vjp_equals_inverse_vjp_bitwise(rng, kind, shape):
     core.sort.sort_vjp(xs, order, alpha, anchor, offset, in_place, in_place, in_place_alpha, work)
     np.testing.assert_array_equal(in_place, x_bar)
     np.testing.assert_array_equal(in_place_alpha, alpha_bar)
+
+
+def _ladder(xs, alpha):
+    rows, n = xs.shape
+    anchor, offset = np.empty((rows, n), np.int64), np.empty((rows, n))
+    core.lapsum.sort_kernel(
+        xs, alpha, np.empty((rows, n)), anchor, offset, core.workspace(rows, 3, n)
+    )
+    return anchor, offset
+
+
+def _inverse_vjp(xs, order, alpha, anchor, offset, u):
+    rows, n = xs.shape
+    x_bar, alpha_bar = np.empty((rows, n)), np.empty(rows)
+    core.inverse_vjp(
+        xs,
+        order,
+        alpha,
+        anchor,
+        offset,
+        np.empty((rows, 0), np.int64),
+        u,
+        x_bar,
+        np.empty((rows, 0)),
+        alpha_bar,
+        core.workspace(rows, core.sort.VJP_WORK, n),
+        core.workspace(rows, 0, n),
+    )
+    return x_bar, alpha_bar
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "infinite", "spread"])
+def test_sort_vjp_takes_targets_in_any_order(rng, kind):
+    # the targets' left points out of order restart the recurrences of A and Ad: the same
+    # values as the general VJP, which reads them from rows
+    rows, n = 2, 300
+    xs, order = _rows(rng, kind, rows, n)
+    alpha = rng.uniform(1e-2, 1.0, rows)
+    anchor, offset = _ladder(xs, alpha)
+    shuffle = np.stack([rng.permutation(n) for _ in range(rows)])
+    anchor = np.take_along_axis(anchor, shuffle, 1)
+    offset = np.take_along_axis(offset, shuffle, 1)
+    u = rng.normal(size=(rows, n))
+    want, want_alpha = _inverse_vjp(xs, order, alpha, anchor, offset, u)
+    got, got_alpha = np.empty((rows, n)), np.empty(rows)
+    work = core.workspace(rows, core.sort.SORT_VJP_WORK, n)
+    core.sort.sort_vjp(xs, order, alpha, anchor, offset, u, got, got_alpha, work)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got_alpha, want_alpha)
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "infinite", "nan", "spread"])
+def test_sort_vjp_of_float32_cotangents_is_the_float64_one_rounded(rng, kind):
+    rows, n = 3, 200
+    xs, order = _rows(rng, kind, rows, n)
+    order = order.astype(np.int32)  # the host's index dtype
+    alpha = rng.uniform(1e-2, 1.0, rows)
+    anchor, offset = _ladder(xs, alpha)
+    u32 = rng.normal(size=(rows, n)).astype(np.float32)
+    u32[:, ::7] = 0.0
+    want, want_alpha = _inverse_vjp(xs, order, alpha, anchor, offset, u32.astype(np.float64))
+    got, got_alpha = np.empty((rows, n), np.float32), np.empty(rows)
+    work = core.workspace(rows, core.sort.SORT_VJP_WORK, n)
+    core.sort.sort_vjp(xs, order, alpha, anchor, offset, u32, got, got_alpha, work)
+    np.testing.assert_array_equal(got.view(np.int32), want.astype(np.float32).view(np.int32))
+    np.testing.assert_array_equal(got_alpha, want_alpha)
+
+
+@pytest.mark.parametrize("descending", [False, True])
+def test_float32_soft_sort_gradients_are_the_float64_ones_rounded(rng, descending):
+    x32 = rng.normal(size=(3, 50)).astype(np.float32)
+    x32[1, ::5] = x32[1, 2]  # ties
+    x64 = x32.astype(np.float64)
+    for alpha in (0.01, 0.5, 4.0):
+        out32, pull32 = softorder.vjp(softorder.soft_sort, x32, alpha=alpha, descending=descending)
+        _, pull64 = softorder.vjp(softorder.soft_sort, x64, alpha=alpha, descending=descending)
+        u = rng.normal(size=out32.shape).astype(np.float32)
+        want = [np.asarray(g).astype(np.float32) for g in pull64(u.astype(np.float64))]
+        for cotangent in (u, u.astype(np.float64)):  # read in place / softorder's copy
+            for g, w in zip(pull32(cotangent), want, strict=True):
+                assert np.asarray(g).dtype == np.float32
+                np.testing.assert_array_equal(np.asarray(g).view(np.int32), w.view(np.int32))

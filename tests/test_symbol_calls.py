@@ -19,7 +19,7 @@ from softorder.core import _jit, lapsum, sort
 
 CALLS = [
     (lapsum.sort_kernel, lapsum._SORT_CALLS),
-    (sort.sort_vjp, sort._VJP_CALLS),
+    (sort.sort_vjp, sort._SORT_VJP_CALLS),
 ]
 
 

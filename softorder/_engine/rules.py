@@ -355,15 +355,22 @@ class SortRule(InverseRule):
 
     def vjp(self, ctx, cotangent):
         rows = ctx.rows
-        u, owned = rows.to_core_owned(cotangent, "row", (rows.n,), "cotangent")
-        if rows.sign < 0:
-            u, owned = _signed(ctx, u), True  # a new array
-        if ctx.kernels is not core:
+        cpu = ctx.kernels is core
+        v = _float32_cotangent(ctx, cotangent, "row", (rows.n,)) if cpu else None
+        if v is None:
+            u, owned = rows.to_core_owned(cotangent, "row", (rows.n,), "cotangent")
+            if rows.sign < 0:
+                u, owned = _signed(ctx, u), True  # a new array
+        if not cpu:
             x_bar, _, alpha_bar = self._pullback(ctx, u, owned)
             return rows.grad_to_user(x_bar), ctx.alpha_grad(alpha_bar)
         # the CPU kernel of soft sort's own: x_bar in u when softorder owns u (it reads each
-        # row of u before it writes that row of x_bar)
-        x_bar = u if owned and u.shape == rows.xs.shape else ctx.empty(rows.xs.shape)
+        # row of u before it writes that row of x_bar); a float32 cotangent of a float32
+        # input it reads as it is, into a float32 x_bar (the float64 gradient rounded once)
+        if v is not None:
+            u, x_bar = (v if rows.sign > 0 else np.negative(v)), ctx.empty(v.shape, np.float32)
+        else:
+            x_bar = u if owned and u.shape == rows.xs.shape else ctx.empty(rows.xs.shape)
         alpha_bar = ctx.empty(rows.rows)
         s = ctx.saved
         core.sort.sort_vjp(
@@ -375,7 +382,7 @@ class SortRule(InverseRule):
             u,
             x_bar,
             alpha_bar,
-            ctx.work(core.sort.VJP_WORK),
+            ctx.work(core.sort.SORT_VJP_WORK),
         )
         return rows.grad_to_user(x_bar), ctx.alpha_grad(alpha_bar)
 

@@ -17,7 +17,7 @@ import numpy as np
 from numba import prange, types
 
 from softorder.core._jit import SymbolCalls, helper, kernel
-from softorder.core.kernel_sums import _first_at_or_above
+from softorder.core.kernel_sums import _first_at_or_above, carry_injections, inject_exact
 from softorder.core.laplace import INF, exp_nonpositive, gap, offset_z, rel_weight
 from softorder.core.lapsum import (
     TABLES_WITH_MOMENTS,
@@ -32,6 +32,9 @@ from softorder.core.rows import gather_finite, has_nan, scatter_finite
 #: rows of scratch: the tables and the gradient (the CPU kernel keeps the gradient in the row
 #: of ``S`` and the pullback's upward injections in the last row)
 VJP_WORK = TABLES_WITH_MOMENTS + 1
+#: rows of scratch of soft sort's VJP (:func:`sort_vjp`): E, B, Bd, the upward injections and
+#: the gradient (``A`` and ``Ad`` are kept in registers: :func:`sort_row_vjp`)
+SORT_VJP_WORK = 5
 #: the tables and the tangent (the CPU kernel keeps it in the row of ``S``: one row untouched)
 JVP_WORK = TABLES_WITH_MOMENTS + 1
 #: With at most n / FEW_TARGETS targets per row (soft quantile) the VJP (:func:`few_inverse_vjp`)
@@ -110,7 +113,20 @@ def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha
 def sort_vjp(xs, order, alpha, anchor, offset, u, x_bar, alpha_bar, work):
     """Soft sort's :func:`inverse_vjp` (n targets, no ``w_bar``): cotangent ``u`` (rows, n) ->
     ``x_bar`` (rows, n; original element order) and ``alpha_bar`` (rows,), the same values to
-    the bit. Scratch: ``work`` (rows, VJP_WORK, n). ``x_bar`` may be ``u`` itself.
+    the bit, with two rows of scratch fewer: ``work`` (rows, :data:`SORT_VJP_WORK`, n).
+    ``x_bar`` may be ``u`` itself. ``u`` may be float32 (read as it is) and ``x_bar`` float32
+    (the float64 gradient rounded once): a float32 input's gradient without a float64 copy of
+    its cotangent or a float64 row of results.
+
+    :func:`~softorder.core.lapsum.inverse_pullback` with the tables of
+    :func:`~softorder.core.lapsum.moment_tables` split by direction: ``E``, ``B``, ``Bd`` in
+    rows (:func:`descending_tables`), ``A``, ``Ad`` by their recurrences in registers,
+    advanced to each target's left point ``L`` as the targets come. Soft sort's targets
+    ascend, so ``L`` never falls more than 2 below the largest ``L`` so far
+    (:func:`~softorder.core.lapsum.solve_ladder`: ``L`` is ``J - 2``, ``J - 1`` or ``J`` for a
+    non-decreasing count ``J``): the values at the last three points are kept, and any other
+    ``L`` restarts the recurrence (right, only slower). The same operations in the same
+    order, so the same values to the bit.
 
     A kernel of its own: :func:`inverse_vjp` also compiles the few-targets path
     (:func:`few_tables`), which n targets never take, into soft sort's first call.
@@ -122,27 +138,141 @@ def sort_vjp(xs, order, alpha, anchor, offset, u, x_bar, alpha_bar, work):
             x_bar[row, :] = np.nan
             alpha_bar[row] = np.nan
             continue
-        a = alpha[row]
         w = work[row]
-        tables = _call_moment_tables(r, 1.0 / a, w)
-        # the gradient in the row of S (the gradients do not read it); the pullback zeroes it
-        # as its downward injections
-        rbar = w[3, :n]
-        alpha_bar[row] = _call_inverse_pullback(
-            r,
-            a,
-            tables,
-            anchor[row],
-            offset[row],
-            u[row],
-            rbar,
-            w[3, :0],
-            w[TABLES_WITH_MOMENTS, :n],
-            rbar,
-            False,
-            True,
+        inv_alpha = 1.0 / alpha[row]
+        E = w[0, :n]
+        B = w[1, :n]
+        Bd = w[2, :n]
+        inj_up = w[3, :n]
+        rbar = w[4, :n]  # the downward injections, then the gradient in sorted order
+        _call_descending_tables(r, inv_alpha, E, B, Bd)
+        inj_up[:] = 0.0
+        rbar[:] = 0.0
+        alpha_bar[row] = _sort_pullback(
+            r, alpha[row], inv_alpha, E, B, Bd, anchor[row], offset[row], u[row], inj_up, rbar
         )
+        _call_sort_carry(E, inj_up, rbar, rbar, True)
         scatter_finite(r, order[row], rbar, x_bar[row])
+
+
+@helper
+def _sort_pullback(r, alpha, inv_alpha, E, B, Bd, anchor, offset, u, inj_up, inj_down):
+    """The loop over the targets of :func:`sort_vjp`: injects each target into ``inj_up``,
+    ``inj_down`` and returns ``alpha_bar``, the operations of
+    :func:`~softorder.core.lapsum.inverse_pullback` with ``A[L]``, ``Ad[L]`` from their
+    recurrences (``u`` float32 or float64: compiled for each).
+    """
+    n = r.shape[0]
+    m = anchor.shape[0]
+    p = 0  # A, Ad at p (a0, ad0), p - 1 and p - 2
+    a0 = 1.0
+    ad0 = 0.0
+    a1 = 0.0
+    ad1 = 0.0
+    a2 = 0.0
+    ad2 = 0.0
+    alpha_bar = 0.0
+    for j in range(m):
+        an = anchor[j]
+        t = offset[j]
+        uj = u[j]
+        ra = r[an]
+        position = ra if t == 0.0 or abs(ra) == INF else ra + alpha * t  # target_position
+        if uj == 0.0 or abs(position) == INF:
+            continue
+        L = an - 1 if t <= 0.0 else an
+        R = L + 1
+        aL = 0.0
+        adL = 0.0
+        if L >= 0:
+            if L < p - 2:
+                p = 0
+                a0 = 1.0
+                ad0 = 0.0
+            while p < L:
+                p += 1
+                e = E[p]
+                d = gap(r[p], r[p - 1])
+                a2 = a1
+                ad2 = ad1
+                a1 = a0
+                ad1 = ad0
+                a0 = 1.0 + e * a1  # moment_step_up
+                ad0 = e * (ad1 + d * inv_alpha * a1) if e > 0.0 else 0.0
+            aL = a0 if L == p else a1 if L == p - 1 else a2
+            adL = ad0 if L == p else ad1 if L == p - 1 else ad2
+        # inverse_pullback's usual target, then its general case
+        if L >= 0 and R < n:
+            zl = offset_z(ra, r[L], inv_alpha, t)
+            zr = offset_z(ra, r[R], inv_alpha, t)
+            if zl > 0.0 and zl != INF and zr <= 0.0 and zr != -INF:
+                e = math.exp(-abs(zl + zr))
+                left_nearer = zl <= -zr
+                el = 1.0 if left_nearer else e
+                er = e if left_nearer else 1.0
+                G = aL * el + B[R] * er
+                Z = (zl * aL + adL) * el + (zr * B[R] - Bd[R]) * er
+                cj = uj / G
+                inj_up[R] += cj * er
+                inj_down[L] += cj * el
+                alpha_bar += uj * Z / G
+                continue
+        zl = offset_z(ra, r[L], inv_alpha, t) if L >= 0 else INF
+        zr = offset_z(ra, r[R], inv_alpha, t) if R < n else -INF
+        sh = -zr if -zr < zl else zl  # min(zl, -zr)
+        if sh == INF:
+            continue
+        G = 0.0
+        Z = 0.0
+        el = rel_weight(zl, sh)
+        if el > 0.0:
+            G += aL * el
+            Z += (zl * aL + adL) * el
+        er = rel_weight(zr, sh)
+        if er > 0.0:
+            G += B[R] * er
+            Z += (zr * B[R] - Bd[R]) * er
+        if G == 0.0:
+            continue
+        cj = uj / G
+        if (L < 0 or zl > 0.0) and (R >= n or zr <= 0.0):
+            if R < n:
+                inj_up[R] += cj * er
+            if L >= 0:
+                inj_down[L] += cj * el
+        else:  # ties or rounding: inject_exact's two points
+            inject_exact(r, inv_alpha, ra, t, sh, cj, R, inj_up, inj_down)
+        alpha_bar += uj * Z / G
+    return alpha_bar
+
+
+@helper
+def descending_tables(r, inv_alpha, E, B, Bd):
+    """``E``, ``B``, ``Bd`` of :func:`~softorder.core.lapsum.moment_tables` in one descending
+    pass (the same operations on the same values: the same bits); :func:`sort_row_vjp`
+    computes ``A`` and ``Ad`` where it reads them.
+    """
+    n = r.shape[0]
+    E[0] = 0.0
+    B[n - 1] = 1.0
+    Bd[n - 1] = 0.0
+    for i in range(n - 2, -1, -1):
+        d = gap(r[i + 1], r[i])
+        e = math.exp(-d * inv_alpha)
+        E[i + 1] = e
+        B[i] = 1.0 + e * B[i + 1]
+        Bd[i] = e * (Bd[i + 1] + d * inv_alpha * B[i + 1]) if e > 0.0 else 0.0
+
+
+#: the per-row helpers of :func:`sort_vjp`, called by symbol
+_SORT_VJP_CALLS = SymbolCalls(
+    # r, inv_alpha, E, B, Bd
+    descending_tables=(descending_tables, (_F1, _F, _F1, _F1, _F1)),
+    # E, injections up and down, out, fresh_out
+    carry_injections=(carry_injections, (_F1, _F1, _F1, _F1, _B)),
+)
+_call_descending_tables = _SORT_VJP_CALLS.descending_tables
+_call_sort_carry = _SORT_VJP_CALLS.carry_injections
 
 
 @kernel
