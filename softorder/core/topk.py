@@ -17,12 +17,20 @@ import numpy as np
 from numba import prange
 
 from softorder.core._jit import helper, inner_helper, kernel
-from softorder.core.laplace import INF, cdf, hazard, log_cdf, offset_z, rel_weight, shifted_hazard
+from softorder.core.laplace import (
+    INF,
+    cdf,
+    gap,
+    hazard,
+    log_cdf,
+    offset_z,
+    rel_weight,
+    shifted_hazard,
+)
 from softorder.core.lapsum import (
     TABLES,
     TABLES_WITH_MOMENTS,
     moment_tables,
-    prefix_sums_ab,
     solve_targets_ab,
     target_sums,
 )
@@ -53,6 +61,48 @@ def gradient_scratch(work, n):
     return work[k, :n], work[k + 1, :n], work[k + 2, :n], work[k + 3, :n], work[k + 4, :n]
 
 
+@helper
+def prefix_sums_halves(r, inv_alpha, A, B):
+    """:func:`~softorder.core.lapsum.prefix_sums_ab` (the same operations, so the same ``A``
+    and ``B`` to the bit) in another order: ``A``'s recurrence runs up the lower half while
+    ``B``'s runs down the upper half, each computing its own decays ``E``, then both finish
+    the other half from the decays the other left. The ``exp`` of the first half hide the
+    latency of both recurrences, which ``prefix_sums_ab`` leaves exposed in its second,
+    ``exp``-free pass. The decays wait in the spare slots: ``E[i]`` of the lower half in
+    ``B[i]``, of the upper half in ``A[i]``, each read just before its slot is written.
+    """
+    n = r.shape[0]
+    h = (n + 1) // 2
+    A[0] = 1.0
+    B[n - 1] = 1.0
+    a = 1.0  # A[i - 1]
+    b = 1.0  # B[j + 1]
+    e_next = 0.0  # E[j + 1] for B's next step
+    j = n - 2
+    for i in range(1, h):
+        e = math.exp(-gap(r[i], r[i - 1]) * inv_alpha)
+        B[i] = e
+        a = 1.0 + e * a
+        A[i] = a
+        f = math.exp(-gap(r[j + 1], r[j]) * inv_alpha)
+        A[j + 1] = f
+        b = 1.0 + f * b
+        B[j] = b  # (for odd n the last step writes B[h - 1] over E[h - 1], kept in e_next)
+        j -= 1
+        e_next = e
+    if n % 2 == 0:  # E[h], between the halves, is the one neither computed
+        e_next = math.exp(-gap(r[h], r[h - 1]) * inv_alpha)
+        A[h] = e_next
+    for i in range(h, n):
+        a = 1.0 + A[i] * a
+        A[i] = a
+        e = B[j]  # E[j] (garbage at j == 0, never used)
+        b = 1.0 + e_next * b
+        B[j] = b
+        e_next = e
+        j -= 1
+
+
 @kernel
 def topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work):
     """Memberships (or their logs when ``log``) ``out`` (rows, m, n) for targets ``w`` (rows, m);
@@ -70,7 +120,7 @@ def topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work):
         inv_alpha = 1.0 / alpha[row]
         A = out[row, 0]  # written by the first scatter, once the targets are solved
         B = work[row, 0, :n]
-        prefix_sums_ab(r, inv_alpha, A, B)
+        prefix_sums_halves(r, inv_alpha, A, B)
         solve_targets_ab(r, inv_alpha, A, B, w[row], worder[row], anchor[row], offset[row])
         sorted_out = B  # spent once the targets are solved
         for j in range(m):
@@ -160,12 +210,12 @@ ONE_EXP_SHIFT = 700.0
 def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, work):
     """Cotangent ``v`` (rows, m, n) -> ``x_bar`` (rows, n), ``w_bar`` (rows, m), ``alpha_bar``.
 
-    ``work``: (rows, VJP_WORK, n). No Lap-sum tables: one pass per target forms each
-    element's relative weight ``e_i = exp(shift - |z_i|)`` and sums ``G = sum e_i`` and
+    ``work``: (rows, VJP_WORK, n). No Lap-sum tables: per target, one pass forms each
+    element's relative weight ``e_i = exp(shift - |z_i|)``, the next sums ``G = sum e_i`` and
     ``Z = sum z_i e_i`` (the sums of :func:`~softorder.core.lapsum.target_sums`) beside the
-    cotangent's sums, so ``1 / G`` enters after the pass; ``exp(-|z_i|)`` of ``kappa`` is
+    cotangent's sums, so ``1 / G`` enters after it; ``exp(-|z_i|)`` of ``kappa`` is
     ``e_i exp(-shift)`` (:data:`ONE_EXP_SHIFT`). Each target's ``omega_i phi = e_i phi / G``
-    is added in the next target's pass, the last one's in the scatter: one pass per target.
+    is added in the next target's first pass, the last one's in the scatter.
 
     ``x_bar`` (float64) holds the gradient in sorted order until the scatter; with one
     target it may be ``v`` itself. :func:`topk_vjp_narrow` writes a float32 ``x_bar``.
@@ -204,6 +254,18 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
             one_exp = shift < ONE_EXP_SHIFT
             decay = math.exp(-shift) if one_exp else 0.0
             gather(o, v[row, j], vs)  # (a separate pass: random reads inside the loop cost more)
+            # the relative weights first, in a pass of their own: in the pass that sums them,
+            # each call of exp spilled its six accumulators. They wait in rbar while it holds
+            # nothing (e may be vs), else in e, once rbar has taken the previous target's
+            # omega_i phi
+            for i in range(n):
+                az = abs(offset_z(ra, r[i], inv_alpha, t))
+                ei = 0.0 if az == INF else 1.0 if az == shift else math.exp(shift - az)
+                if fresh:
+                    rbar[i] = ei
+                else:
+                    rbar[i] = rbar[i] + e[i] * pg
+                    e[i] = ei
             G = 0.0
             Z = 0.0
             phi = 0.0
@@ -212,15 +274,18 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
             v_common = 0.0  # log: cotangents of the elements whose kappa_k is `common`
             for i in range(n):
                 vi = vs[i]
-                acc = 0.0 if fresh else rbar[i] + e[i] * pg
+                if fresh:
+                    ei = rbar[i]
+                    acc = 0.0
+                    e[i] = ei
+                else:
+                    ei = e[i]
+                    acc = rbar[i]
                 zi = offset_z(ra, r[i], inv_alpha, t)
                 az = abs(zi)
                 if az == INF:
-                    e[i] = 0.0
                     rbar[i] = acc
                     continue
-                ei = 1.0 if az == shift else math.exp(shift - az)  # rel_weight
-                e[i] = ei
                 G += ei
                 Z += zi * ei
                 if vi == 0.0:
