@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import softorder as so
-from softorder.core.permutation import density_ratios
+from softorder.core.permutation import SERIES_GAP, density_ratios, log_rank_probability
 from tests import naive
 
 EPS = np.finfo(np.float64).eps
@@ -26,6 +26,11 @@ EPS = np.finfo(np.float64).eps
 def _ratios(z0, z1):
     """The compiled helper (its ``py_func`` raises on the overflow that numba gives as inf)."""
     return density_ratios(z0, z1)
+
+
+@numba.njit(cache=False)
+def _log_p(z0, z1):
+    return log_rank_probability(z0, z1)
 
 
 def _exact(z0: float, z1: float) -> tuple[float, float]:
@@ -38,7 +43,7 @@ def _exact(z0: float, z1: float) -> tuple[float, float]:
             p = (mpmath.exp(-a) - mpmath.exp(-b)) / 2
         else:
             p = 1 - mpmath.exp(a) / 2 - mpmath.exp(-b) / 2
-        return float(mpmath.exp(-abs(a)) / 2 / p), float(mpmath.exp(-abs(b)) / 2 / p), float(p)
+        return float(mpmath.exp(-abs(a)) / 2 / p), float(mpmath.exp(-abs(b)) / 2 / p), p
 
 
 PAIRS = [
@@ -51,6 +56,9 @@ PAIRS = [
     (0.0, 5e-17),
     (700.0, 700.5),
     (0.5, 1e4),
+    (2.0, 2.0 + SERIES_GAP * (1 - 1e-15)),  # the series' largest gap, and just past it
+    (2.0, 2.0 + SERIES_GAP * (1 + 1e-15)),
+    (-3.0, -3.0 + SERIES_GAP * 0.999),
     (-0.5, 0.25),  # the two sides of 0
     (-1e-9, 1e-9),
     (-30.0, 40.0),
@@ -60,11 +68,22 @@ PAIRS = [
 
 
 @pytest.mark.parametrize("z0, z1", PAIRS)
+def test_log_rank_probability_against_extended_precision(z0, z1):
+    """log P, the loss's term, within a few rounding errors of its parts' magnitudes."""
+    got = _log_p(z0, z1)
+    with mpmath.workdps(60):
+        want = mpmath.log(_exact(z0, z1)[2])
+    scale = abs(z0) + abs(z1) + abs(float(want)) + 1.0
+    straddle = 1.0 if (z1 <= 0.0 or z0 >= 0.0) else max(1.0, 1.0 / float(mpmath.exp(want)))
+    assert abs(got - float(want)) <= 4 * EPS * scale * straddle, (got, float(want))
+
+
+@pytest.mark.parametrize("z0, z1", PAIRS)
 def test_density_ratios_against_extended_precision(z0, z1):
     g0, g1 = _ratios(z0, z1)
     e0, e1, p = _exact(z0, z1)
     # 1 - (f(z0) + f(z1)) loses digits only when P itself is small with z0 < 0 < z1
-    tol = 8 * EPS * (1.0 if (z1 <= 0.0 or z0 >= 0.0) else max(1.0, 1.0 / p))
+    tol = 8 * EPS * (1.0 if (z1 <= 0.0 or z0 >= 0.0) else max(1.0, 1.0 / float(p)))
     for got, want in ((g0, e0), (g1, e1)):
         assert math.isclose(got, want, rel_tol=tol, abs_tol=1e-300), (got, want)
 
@@ -76,6 +95,9 @@ def test_density_ratios_limits():
     assert ratios(2.0, math.inf) == (1.0, 0.0)
     assert ratios(-math.inf, math.inf) == (0.0, 0.0)
     assert ratios(1.5, 1.5) == (math.inf, math.inf)  # P = 0, as exp(log f - log 0) gives
+    assert _log_p(1.5, 1.5) == -math.inf
+    assert _log_p(-math.inf, math.inf) == 0.0
+    assert _log_p(-math.inf, -2.0) == math.log(0.5) - 2.0
 
 
 @pytest.mark.parametrize("scale", [1.0, 300.0])

@@ -17,7 +17,14 @@ import numpy as np
 from numba import prange, types
 
 from softorder.core._jit import NativeCalls, helper, inner_helper, kernel
-from softorder.core.laplace import INF, cdf_diff, hazard, log_cdf_diff, offset_z
+from softorder.core.laplace import (
+    INF,
+    LOG_HALF,
+    cdf_diff,
+    hazard,
+    log_cdf,
+    offset_z,
+)
 from softorder.core.lapsum import (
     PULLBACK_WORK,
     PUSHFORWARD_WORK,
@@ -107,8 +114,55 @@ def _loss_row(r, inv_alpha, order, target, anchor, offset):
         k = target[order[i]] - 1
         z0 = _boundary_z(r, inv_alpha, anchor, offset, k, r[i])
         z1 = _boundary_z(r, inv_alpha, anchor, offset, k + 1, r[i])
-        loss -= log_cdf_diff(z0, z1)
+        loss -= log_rank_probability(z0, z1)
     return loss
+
+
+#: below this gap ``d = z1 - z0`` the tails' ``log(1 - exp(-d))`` and ``1 / expm1(d)`` are
+#: their series (truncation under 1e-16 relative): the gap between neighbouring boundaries is
+#: about ``1 / (n alpha density)``, small for the rows where time counts, and a polynomial
+#: costs a fraction of ``expm1`` (and of ``expm1`` then ``log``)
+SERIES_GAP = 0.1
+
+
+@helper
+def _log1mexp(d):
+    """``log(1 - exp(-d))`` for ``d > 0``."""
+    if d < SERIES_GAP:
+        d2 = d * d
+        # log((1 - exp(-d)) / d) = -d/2 + d^2/24 - d^4/2880 + d^6/181440 - d^8/9676800 ...
+        tail = d2 * (1.0 / 181440.0 - d2 * (1.0 / 9676800.0))
+        return math.log(d) - 0.5 * d + d2 * (1.0 / 24.0 - d2 * (1.0 / 2880.0 - tail))
+    return math.log(-math.expm1(-d))
+
+
+@helper
+def _inv_expm1(d):
+    """``1 / expm1(d)`` for ``d > 0`` (0 once ``expm1`` overflows)."""
+    if d < SERIES_GAP:
+        d2 = d * d
+        # 1/d - 1/2 + d/12 - d^3/720 + d^5/30240 - d^7/1209600 ... (Bernoulli numbers)
+        tail = d2 * (1.0 / 30240.0 - d2 * (1.0 / 1209600.0))
+        return 1.0 / d - 0.5 + d * (1.0 / 12.0 - d2 * (1.0 / 720.0 - tail))
+    return 1.0 / math.expm1(d)
+
+
+@helper
+def log_rank_probability(z0, z1):
+    """``log(F(z1) - F(z0))`` for ``z0 <= z1``: :func:`~softorder.core.laplace.log_cdf_diff`
+    with the tails' ``log(-expm1(z0 - z1))`` from :func:`_log1mexp`.
+    """
+    if z0 == z1:
+        return -INF
+    if z0 == -INF:
+        return log_cdf(z1)
+    if z1 == INF:
+        return log_cdf(-z0)
+    if z1 <= 0.0:
+        return LOG_HALF + z1 + _log1mexp(z1 - z0)
+    if z0 >= 0.0:
+        return LOG_HALF - z0 + _log1mexp(z1 - z0)
+    return math.log1p(-0.5 * (math.exp(z0) + math.exp(-z1)))
 
 
 @helper
@@ -117,7 +171,7 @@ def density_ratios(z0, z1):
     derivatives ``d(-log P)/dz0`` and ``-d(-log P)/dz1`` in closed form, without ``log P``.
 
     With both on one side of 0 (an element away from its two boundaries, the usual case) the
-    ratios are ``1/u`` and ``1 + 1/u``, ``u = expm1(z1 - z0)``: one ``expm1``, where
+    ratios are ``1/u`` and ``1 + 1/u``, ``u = expm1(z1 - z0)`` (:func:`_inv_expm1`), where
     ``exp(log f(z) - log P)`` took four transcendentals. Both are inf where ``P = 0``
     (``z0 == z1``), as that form gives; the ratio of an infinite ``z`` is 0 (callers skip it).
     """
@@ -129,7 +183,7 @@ def density_ratios(z0, z1):
         return hazard(-z0), 0.0
     if z1 <= 0.0 or z0 >= 0.0:
         # z1 <= 0: P = f(z1) (1 - exp(z0 - z1)); z0 >= 0: P = f(z0) (1 - exp(z0 - z1))
-        far = 1.0 / math.expm1(z1 - z0)  # 0 once expm1 overflows: the far density underflows
+        far = _inv_expm1(z1 - z0)
         near = 1.0 + far
         if z1 <= 0.0:
             return far, near
@@ -370,7 +424,7 @@ def permutation_loss_forward(
             ri = terms[k]
             z0 = _rank_z(r, inv_alpha, an, off, k, ri)
             z1 = _rank_z(r, inv_alpha, an, off, k + 1, ri)
-            loss -= log_cdf_diff(z0, z1)
+            loss -= log_rank_probability(z0, z1)
         out[row] = loss
     return repeated
 

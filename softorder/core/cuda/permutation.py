@@ -31,12 +31,12 @@ from softorder.core.cuda.lapsum import (
 )
 from softorder.core.cuda.rows import element, gather_finite, nan_row, nan_rows, scatter
 from softorder.core.cuda.scan import fill, row_sums
-from softorder.core.laplace import INF, cdf_diff, log_cdf_diff
+from softorder.core.laplace import INF, cdf_diff
 from softorder.core.lapsum import TABLES_WITH_MOMENTS
 
 _boundary_z = _launch.device(cpu._boundary_z)
 _cdf_diff = _launch.device(cdf_diff)
-_log_cdf_diff = _launch.device(log_cdf_diff)
+_log_rank_probability = _launch.device(cpu.log_rank_probability)
 _density_ratios = _launch.device(cpu.density_ratios)
 
 
@@ -154,7 +154,7 @@ def _loss_terms(xs, order, alpha, target, anchor, offset, terms):
         k = target[row, order[row, i]] - 1
         z0 = _z(xs, alpha, anchor, offset, row, k, i)
         z1 = _z(xs, alpha, anchor, offset, row, k + 1, i)
-        terms[row, i] = -_log_cdf_diff(z0, z1)
+        terms[row, i] = -_log_rank_probability(z0, z1)
 
 
 @_launch.kernel(F2, I2, F1, I2, I2, F2, F1, F2, F2, F2)
