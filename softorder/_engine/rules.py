@@ -443,6 +443,17 @@ class QuantileRule(InverseRule):
         return _targets_to_user(ctx, self._pushforward(ctx, tangents, w_dot), self._kind(ctx))
 
 
+def _plain_row(rows: Rows) -> bool:
+    """Whether a (rows, n) float64 host result is already the caller's: host arrays, float64
+    results, the axis last (what :meth:`Rows.to_user` of a ``row`` returns then is a reshape).
+    """
+    return (
+        rows.backend is NUMPY
+        and rows.dtype == np.float64
+        and rows.layout.axis == len(rows.layout.batch_shape)
+    )
+
+
 class TopKRule(OrderRule):
     differentiable = ("x", "k", "alpha")
 
@@ -484,6 +495,8 @@ class TopKRule(OrderRule):
             offset,
             ctx.work(core.topk.FORWARD_WORK),
         )
+        if not targets.multi and _plain_row(rows):  # what _targets_to_user returns, directly
+            return out.reshape(rows.layout.batch_shape + (rows.n,))
         return _targets_to_user(ctx, out, self._kind(ctx))
 
     def vjp(self, ctx, cotangent):
@@ -494,8 +507,10 @@ class TopKRule(OrderRule):
         # as the cast gave it: 12 bytes per element less at the peak); and it gathers each
         # row of v before it scatters that row of x_bar
         one = targets.m == 1 and ctx.kernels is core
-        v = _float32_cotangent(ctx, cotangent, self._kind(ctx), core_shape) if one else None
-        narrow = v is not None
+        narrow = False
+        if one and rows.dtype == np.float32:
+            v = _float32_cotangent(ctx, cotangent, self._kind(ctx), core_shape)
+            narrow = v is not None
         if narrow:
             x_bar = ctx.empty(rows.xs.shape, np.float32)
         else:
@@ -524,6 +539,13 @@ class TopKRule(OrderRule):
                 else core.topk.VJP_WORK
             ),
         )
+        if not targets.shape and not ctx.alpha_shape and rows.rows == 1 and _plain_row(rows):
+            # one row, scalar k and alpha: what grad_to_user and alpha_grad return (a 0-d
+            # array for k, a scalar for alpha), directly
+            if rows.sign < 0:
+                np.negative(x_bar, x_bar)  # the kernel's own output
+            x_bar = x_bar.reshape(rows.layout.batch_shape + (rows.n,))
+            return x_bar, w_bar.reshape(()), alpha_bar[0]
         k_bar = targets.grad_to_user(w_bar, rows, rows.dtype)
         return rows.grad_to_user(x_bar), k_bar, ctx.alpha_grad(alpha_bar)
 
