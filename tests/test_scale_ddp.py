@@ -115,6 +115,9 @@ def _inet_sockets() -> list[str]:
     return addresses
 
 
+#: each worker's last collective (see _worker)
+_LAST_WORK: list = []
+
 LOOPBACK = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
 
 
@@ -135,7 +138,9 @@ def _worker(rank: int, folder: str) -> None:
             losses = _train(model, x[shard], y[shard])
             results[case] = {"parameters": _parameters(model.module), "losses": losses}
         sockets = _inet_sockets()
-        dist.barrier()
+        # kept until the process exits, as in docs/scaling.rst (which says why)
+        _LAST_WORK.append(dist.barrier(async_op=True))
+        _LAST_WORK[-1].wait()
     finally:
         dist.destroy_process_group()
     results["sockets"] = len(sockets)
