@@ -32,9 +32,9 @@ from softorder.core.rows import gather_finite, has_nan, scatter_finite
 #: rows of scratch: the tables and the gradient (the CPU kernel keeps the gradient in the row
 #: of ``S`` and the pullback's upward injections in the last row)
 VJP_WORK = TABLES_WITH_MOMENTS + 1
-#: rows of scratch of soft sort's VJP (:func:`sort_vjp`): E, B, Bd, the upward injections and
-#: the gradient (``A`` and ``Ad`` are kept in registers: :func:`sort_row_vjp`)
-SORT_VJP_WORK = 5
+#: rows of scratch of soft sort's VJP (:func:`sort_vjp`): E, B, Bd, then the injections and the
+#: gradient in the rows of B and Bd (``A`` and ``Ad`` are kept in registers)
+SORT_VJP_WORK = 3
 #: the tables and the tangent (the CPU kernel keeps it in the row of ``S``: one row untouched)
 JVP_WORK = TABLES_WITH_MOMENTS + 1
 #: With at most n / FEW_TARGETS targets per row (soft quantile) the VJP (:func:`few_inverse_vjp`)
@@ -113,20 +113,19 @@ def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha
 def sort_vjp(xs, order, alpha, anchor, offset, u, x_bar, alpha_bar, work):
     """Soft sort's :func:`inverse_vjp` (n targets, no ``w_bar``): cotangent ``u`` (rows, n) ->
     ``x_bar`` (rows, n; original element order) and ``alpha_bar`` (rows,), the same values to
-    the bit, with two rows of scratch fewer: ``work`` (rows, :data:`SORT_VJP_WORK`, n).
+    the bit, with 4 rows of scratch fewer: ``work`` (rows, :data:`SORT_VJP_WORK`, n).
     ``x_bar`` may be ``u`` itself. ``u`` may be float32 (read as it is) and ``x_bar`` float32
     (the float64 gradient rounded once): a float32 input's gradient without a float64 copy of
     its cotangent or a float64 row of results.
 
     :func:`~softorder.core.lapsum.inverse_pullback` with the tables of
     :func:`~softorder.core.lapsum.moment_tables` split by direction: ``E``, ``B``, ``Bd`` in
-    rows (:func:`descending_tables`), ``A``, ``Ad`` by their recurrences in registers,
-    advanced to each target's left point ``L`` as the targets come. Soft sort's targets
-    ascend, so ``L`` never falls more than 2 below the largest ``L`` so far
-    (:func:`~softorder.core.lapsum.solve_ladder`: ``L`` is ``J - 2``, ``J - 1`` or ``J`` for a
-    non-decreasing count ``J``): the values at the last three points are kept, and any other
-    ``L`` restarts the recurrence (right, only slower). The same operations in the same
-    order, so the same values to the bit.
+    rows (:func:`descending_tables`), ``A``, ``Ad`` by their recurrences as the targets come;
+    soft sort's targets ascend, so ``B`` and ``Bd`` behind them take the injections
+    (:func:`_sort_pullback_in_place`). The same operations in the same order, so the same
+    values to the bit, in 3 rows of n instead of 7. Targets out of order, or ties that throw
+    an injection far ahead, take :func:`_sort_pullback`, with two rows of injections of its
+    own (allocated then).
 
     A kernel of its own: :func:`inverse_vjp` also compiles the few-targets path
     (:func:`few_tables`), which n targets never take, into soft sort's first call.
@@ -143,24 +142,173 @@ def sort_vjp(xs, order, alpha, anchor, offset, u, x_bar, alpha_bar, work):
         E = w[0, :n]
         B = w[1, :n]
         Bd = w[2, :n]
-        inj_up = w[3, :n]
-        rbar = w[4, :n]  # the downward injections, then the gradient in sorted order
         _call_descending_tables(r, inv_alpha, E, B, Bd)
-        inj_up[:] = 0.0
-        rbar[:] = 0.0
-        alpha_bar[row] = _sort_pullback(
-            r, alpha[row], inv_alpha, E, B, Bd, anchor[row], offset[row], u[row], inj_up, rbar
+        ab, done = _sort_pullback_in_place(
+            r, alpha[row], inv_alpha, E, B, Bd, anchor[row], offset[row], u[row]
         )
-        _call_sort_carry(E, inj_up, rbar, rbar, True)
+        if done:  # the injections up in the row of B, down in that of Bd
+            inj_up = B
+            rbar = Bd
+        else:  # targets out of order, or ties: the injections in rows of their own
+            _call_descending_tables(r, inv_alpha, E, B, Bd)
+            injections = np.zeros((2, n))
+            inj_up = injections[0]
+            rbar = injections[1]
+            ab = _sort_pullback(
+                r, alpha[row], inv_alpha, E, B, Bd, anchor[row], offset[row], u[row], inj_up, rbar
+            )
+        alpha_bar[row] = ab
+        _call_sort_carry(E, inj_up, rbar, rbar, True)  # the gradient (sorted order) in rbar
         scatter_finite(r, order[row], rbar, x_bar[row])
+
+
+#: injections kept aside while their points' ``B``, ``Bd`` may still be read
+#: (:func:`_sort_pullback_in_place`): a power of 2, moved into the rows BATCH at a time
+WINDOW = 16
+BATCH = 8
+
+
+@helper
+def _sort_pullback_in_place(r, alpha, inv_alpha, E, B, Bd, anchor, offset, u):
+    """:func:`_sort_pullback` with the injections in the rows of ``B`` (upward) and ``Bd``
+    (downward) instead of rows of their own, and ``A``, ``Ad`` computed :data:`BATCH` points
+    at a time and kept for :data:`WINDOW` points. Returns ``(alpha_bar, done)``.
+
+    With ``M`` the largest left point ``L`` so far, later targets have ``L >= M - 2`` (soft
+    sort's ladder), so ``B`` and ``Bd`` are never read again at the points up to ``M - 2``:
+    those slots take their points' injections, moved there from a window of :data:`WINDOW`
+    points :data:`BATCH` at a time. Every injection is added in the targets' order, as in
+    :func:`_sort_pullback`, so the sums are the same to the bit. A target with
+    ``L < M - 2`` (targets out of order), or a tie that sends an injection beyond the window,
+    stops the loop with ``done`` false (``B``, ``Bd`` then hold neither tables nor
+    injections): the caller runs :func:`_sort_pullback`.
+    """
+    n = r.shape[0]
+    m = anchor.shape[0]
+    win_up = np.zeros(WINDOW)
+    win_down = np.zeros(WINDOW)
+    mask = WINDOW - 1
+    M = 1  # the largest L so far (at least 1)
+    F = 0  # the points below F hold their injections; the window those from F on
+    P = 0  # A, Ad are known at the points up to P - 1, kept from P - WINDOW on
+    a_win = np.empty(WINDOW)
+    ad_win = np.empty(WINDOW)
+    a = 1.0
+    ad = 0.0
+    alpha_bar = 0.0
+    for j in range(m):
+        an = anchor[j]
+        t = offset[j]
+        uj = u[j]
+        ra = r[an]
+        position = ra if t == 0.0 or abs(ra) == INF else ra + alpha * t  # target_position
+        if uj == 0.0 or abs(position) == INF:
+            continue
+        L = an - 1 if t <= 0.0 else an
+        R = L + 1
+        if L < M - 2:
+            return alpha_bar, False
+        M = L if L > M else M
+        # B, Bd at the points up to M - 2 are read no more: their injections go there, 8 at
+        # a time (a loop over the points passed, a random count per target, was mispredicted
+        # about once per target)
+        while F + BATCH <= M - 1:
+            for k in range(F, F + BATCH):
+                B[k] = win_up[k & mask]
+                Bd[k] = win_down[k & mask]
+                win_up[k & mask] = 0.0
+                win_down[k & mask] = 0.0
+            F += BATCH
+        # A, Ad by their recurrences (moment_step_up), BATCH points at a time, kept for the
+        # last WINDOW points
+        while P <= L:
+            for k in range(P, P + BATCH):
+                if k < n:
+                    e = E[k] if k > 0 else 0.0
+                    d = gap(r[k], r[k - 1]) if k > 0 else 0.0
+                    ad = e * (ad + d * inv_alpha * a) if e > 0.0 else 0.0
+                    a = 1.0 + e * a if k > 0 else 1.0
+                    a_win[k & mask] = a
+                    ad_win[k & mask] = ad
+            P += BATCH
+        aL = a_win[L & mask] if L >= 0 else 0.0
+        adL = ad_win[L & mask] if L >= 0 else 0.0
+        # inverse_pullback's usual target, then its general case; R is in the window, and L
+        # too unless it is below F
+        if L >= 0 and R < n:
+            zl = offset_z(ra, r[L], inv_alpha, t)
+            zr = offset_z(ra, r[R], inv_alpha, t)
+            if zl > 0.0 and zl != INF and zr <= 0.0 and zr != -INF:
+                e = math.exp(-abs(zl + zr))
+                left_nearer = zl <= -zr
+                el = 1.0 if left_nearer else e
+                er = e if left_nearer else 1.0
+                G = aL * el + B[R] * er
+                Z = (zl * aL + adL) * el + (zr * B[R] - Bd[R]) * er
+                cj = uj / G
+                win_up[R & mask] += cj * er
+                if L < F:
+                    Bd[L] += cj * el
+                else:
+                    win_down[L & mask] += cj * el
+                alpha_bar += uj * Z / G
+                continue
+        zl = offset_z(ra, r[L], inv_alpha, t) if L >= 0 else INF
+        zr = offset_z(ra, r[R], inv_alpha, t) if R < n else -INF
+        sh = -zr if -zr < zl else zl  # min(zl, -zr)
+        if sh == INF:
+            continue
+        G = 0.0
+        Z = 0.0
+        el = rel_weight(zl, sh)
+        if el > 0.0:
+            G += aL * el
+            Z += (zl * aL + adL) * el
+        er = rel_weight(zr, sh)
+        if er > 0.0:
+            G += B[R] * er
+            Z += (zr * B[R] - Bd[R]) * er
+        if G == 0.0:
+            continue
+        cj = uj / G
+        if (L < 0 or zl > 0.0) and (R >= n or zr <= 0.0):
+            if R < n:
+                win_up[R & mask] += cj * er
+            if L >= 0:
+                if L < F:
+                    Bd[L] += cj * el
+                else:
+                    win_down[L & mask] += cj * el
+        else:  # ties or rounding: inject_exact's two points, wherever they are
+            i = _first_at_or_above(r, inv_alpha, ra, t, R)
+            if i >= F + WINDOW:
+                return alpha_bar, False
+            if i < n:
+                c = cj * exp_nonpositive(sh + offset_z(ra, r[i], inv_alpha, t))
+                if i < F:
+                    B[i] += c
+                else:
+                    win_up[i & mask] += c
+            if i > 0:
+                c = cj * exp_nonpositive(sh - offset_z(ra, r[i - 1], inv_alpha, t))
+                if i - 1 < F:
+                    Bd[i - 1] += c
+                else:
+                    win_down[(i - 1) & mask] += c
+        alpha_bar += uj * Z / G
+    for k in range(F, min(F + WINDOW, n)):
+        B[k] = win_up[k & mask]
+        Bd[k] = win_down[k & mask]
+    return alpha_bar, True
 
 
 @helper
 def _sort_pullback(r, alpha, inv_alpha, E, B, Bd, anchor, offset, u, inj_up, inj_down):
-    """The loop over the targets of :func:`sort_vjp`: injects each target into ``inj_up``,
-    ``inj_down`` and returns ``alpha_bar``, the operations of
+    """The loop over the targets of :func:`sort_vjp` for any order of targets: injects each
+    target into ``inj_up``, ``inj_down`` (zeroed) and returns ``alpha_bar``, the operations of
     :func:`~softorder.core.lapsum.inverse_pullback` with ``A[L]``, ``Ad[L]`` from their
-    recurrences (``u`` float32 or float64: compiled for each).
+    recurrences: kept at the last three points reached (soft sort's targets need no more),
+    restarted for a target further back (right, only slower).
     """
     n = r.shape[0]
     m = anchor.shape[0]
