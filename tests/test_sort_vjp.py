@@ -175,3 +175,21 @@ def test_sort_pullback_allocates_the_gradient_and_three_rows(dtype):
     # of scratch (was: a float64 gradient and 7 rows, 64 bytes per element)
     itemsize = np.dtype(dtype).itemsize
     assert _pullback_peak(softorder.soft_sort, x) <= (24 + itemsize) * N + 4096
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "infinite", "nan", "spread"])
+def test_sort_forward_is_sort_kernel_with_int32_anchors(rng, kind):
+    rows, n = 3, 300
+    xs, _ = _rows(rng, kind, rows, n)
+    alpha = rng.uniform(1e-3, 3.0, rows)
+    want = np.empty((rows, n))
+    anchor, offset = np.empty((rows, n), np.int64), np.empty((rows, n))
+    work = core.workspace(rows, core.lapsum.SORT_TABLES, n)
+    core.lapsum.sort_kernel(xs, alpha, want, anchor, offset, work)
+    for dtype in (np.float64, np.float32):
+        out = np.empty((rows, n), dtype)
+        anchor32, offset32 = np.empty((rows, n), np.int32), np.empty((rows, n))
+        core.lapsum.sort_forward(xs, alpha, out, anchor32, offset32, work)
+        np.testing.assert_array_equal(out, want.astype(dtype))
+        np.testing.assert_array_equal(anchor32, anchor)
+        np.testing.assert_array_equal(offset32, offset)

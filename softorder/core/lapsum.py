@@ -736,3 +736,44 @@ def sort_kernel(xs, alpha, out, anchor, offset, work):
         a = alpha[row]
         _call_prefix_sums(r, 1.0 / a, E, A, B)
         _call_solve_ladder(r, a, 1.0 / a, E, A, B, 0.5, anchor[row], offset[row], out[row])
+
+
+#: the per-row helpers of :func:`sort_forward`: :func:`sort_kernel`'s, with int32 anchors
+_SORT_FORWARD_CALLS = SymbolCalls(
+    # r, inv_alpha, E, A, B
+    prefix_sums=(prefix_sums, (_F1, _F, _F1, _F1, _F1)),
+    # r, alpha, inv_alpha, E, A, B, w0, anchor, t, out
+    solve_ladder=(
+        solve_ladder,
+        (_F1, _F, _F, _F1, _F1, _F1, _F, types.Array(types.int32, 1, "C"), _F1, _F1),
+    ),
+)
+_call_solve_ladder_int32 = _SORT_FORWARD_CALLS.solve_ladder
+
+
+@kernel
+def sort_forward(xs, alpha, out, anchor, offset, work):
+    """:func:`sort_kernel` with int32 anchors (rows shorter than 2**31) and ``out`` float32
+    or float64 (a float32 input's soft sort is the float64 one rounded once, as the cast
+    rounded it): 4 bytes per element less in each, at the forward pass and while the
+    gradients keep the anchors. ``work``: (rows, SORT_TABLES, n).
+    """
+    rows, n = xs.shape
+    for row in prange(rows):
+        r = xs[row]
+        if has_nan(r):
+            out[row, :] = np.nan
+            anchor[row, :] = 0
+            offset[row, :] = np.nan
+            continue
+        E = work[row, 0]
+        A = work[row, 1]
+        B = work[row, 2]
+        a = alpha[row]
+        _call_prefix_sums(r, 1.0 / a, E, A, B)
+        an = anchor[row]
+        t = offset[row]
+        _call_solve_ladder_int32(r, a, 1.0 / a, E, A, B, 0.5, an, t, E[:0])
+        o = out[row]
+        for q in range(n):  # solve_ladder's pass of positions
+            o[q] = target_position(r, a, an[q], t[q])
