@@ -29,13 +29,67 @@ LINEAR_WORK = 3
 NARROW_VJP_WORK = 1
 
 
+@helper
+def _ranks_halves(E, inv_alpha, ranks):
+    """The ranks of one sorted row in sorted order (``ranks``), from the row widened to
+    float64 in ``E``, which ends up holding the decays ``E[i] = exp(-gap(r[i], r[i - 1]) /
+    alpha)`` (``E[0] = 0``).
+
+    The recurrences of :func:`~softorder.core.lapsum.prefix_sums` with the same operations
+    (the same ranks to the bit), in another order: ``A``'s runs up the lower half while
+    ``B``'s runs down the upper half, each computing its own decays, then each finishes the
+    other half from the decays the other left, and every rank is formed where its second
+    table value is. The ``exp`` of the first half hide the latency of both recurrences
+    (one after the other, the second one's was exposed). ``ranks`` holds ``A`` in the lower
+    half and ``B`` in the upper until each rank replaces them; each value of the row in
+    ``E`` is read before its decay is written there.
+    """
+    n = E.shape[0]
+    h = (n + 1) // 2
+    ranks[0] = 1.0  # A[0]
+    ranks[n - 1] = 1.0  # B[n - 1]
+    a = 1.0  # A[i - 1]
+    b = 1.0  # B[j + 1]
+    lo = E[0]  # r[i - 1]
+    hi = E[n - 1]  # r[j + 1]
+    E[0] = 0.0
+    j = n - 2
+    for i in range(1, h):
+        ri = E[i]
+        rj = E[j]  # (read before E[i] is written: for odd n, j == i at the last step)
+        e = math.exp(-gap(ri, lo) * inv_alpha)
+        f = math.exp(-gap(hi, rj) * inv_alpha)
+        lo = ri
+        hi = rj
+        E[i] = e
+        E[j + 1] = f
+        a = 1.0 + e * a
+        b = 1.0 + f * b
+        ranks[i] = a
+        ranks[j] = b
+        j -= 1
+    if n % 2 == 0:  # E[h], between the halves, is the one neither computed
+        E[h] = math.exp(-gap(hi, lo) * inv_alpha)
+    else:  # A and B of the middle point are both known
+        ranks[h - 1] = h - 1 + 1.0 + 0.5 * (b - a)
+        j = h - 2
+    for i in range(h, n):
+        a = 1.0 + E[i] * a
+        ranks[i] = i + 1.0 + 0.5 * (ranks[i] - a)
+        b = 1.0 + E[j + 1] * b
+        ranks[j] = j + 1.0 + 0.5 * (b - ranks[j])
+        j -= 1
+
+
 @kernel
 def rank_forward(xs, order, alpha, out, decay, work):
     """``out[row, order[row, i]] = S(xs[row, i]) + 1/2 = i + 1 + (B_i - A_i) / 2``.
 
     Also writes ``decay[row, i] = exp(-(xs[row, i] - xs[row, i-1]) / alpha)`` (the ``E`` of the
     prefix sums), which the gradients reuse: the exponentials are most of the arithmetic.
-    ``work``: (rows, FORWARD_WORK, n). ``out`` may be float32 (the ranks rounded once).
+    ``work``: (rows, FORWARD_WORK, n). ``out`` may be float32 (the ranks rounded once), and
+    so may ``xs`` in every rank kernel (a float32 input's sorted values: each one widens
+    exactly, so the results are a float64 row's).
     """
     rows, n = xs.shape
     for row in prange(rows):
@@ -44,23 +98,14 @@ def rank_forward(xs, order, alpha, out, decay, work):
             out[row, :] = np.nan
             decay[row, :] = np.nan
             continue
-        # :func:`prefix_sums` with ``A`` kept in the row of the ranks and ``B`` in a register:
-        # the same operations, one row of scratch (the second row of ``work`` is the GPU
-        # twin's and stays untouched here)
+        # :func:`_ranks_halves`, with the row widened into the decays' row (a float32 row's
+        # values fed exp too slowly as they were read) and one row of scratch for A, B and
+        # the ranks (the second row of ``work`` is the GPU twin's and stays untouched here)
         E = decay[row]
-        ranks = work[row, 0]  # A, then the ranks in sorted order
-        inv_alpha = 1.0 / alpha[row]
-        ranks[0] = 1.0
-        E[0] = 0.0
-        for i in range(1, n):
-            e = math.exp(-gap(r[i], r[i - 1]) * inv_alpha)
-            E[i] = e
-            ranks[i] = 1.0 + e * ranks[i - 1]
-        b = 1.0
-        ranks[n - 1] = n - 1 + 1.0 + 0.5 * (b - ranks[n - 1])
-        for i in range(n - 2, -1, -1):
-            b = 1.0 + E[i + 1] * b
-            ranks[i] = i + 1.0 + 0.5 * (b - ranks[i])
+        for i in range(n):
+            E[i] = r[i]
+        ranks = work[row, 0]
+        _ranks_halves(E, 1.0 / alpha[row], ranks)
         for i in range(1, n):
             if r[i] == r[i - 1]:
                 ranks[i] = ranks[i - 1]  # equal in exact arithmetic; make it so in floating point
@@ -105,9 +150,12 @@ def _rank_linear(r, order, alpha, E, v, alpha_v, out, work):
         left_moment[0] = 0.0
     v_ad = 0.0  # <v, Ad>, compensated (Neumaier): the difference of the two sums cancels
     c_ad = 0.0
+    lo = np.float64(r[0])  # r[i - 1], widened once (a float32 row's values are read once each)
     for i in range(1, n):
         e = E[i]
-        ad = e * (ad + gap(r[i], r[i - 1]) * inv_alpha * a) if e > 0.0 else 0.0
+        ri = np.float64(r[i])
+        ad = e * (ad + gap(ri, lo) * inv_alpha * a) if e > 0.0 else 0.0
+        lo = ri
         a = 1.0 + e * a
         lv = vs[i] + e * lv
         partial[i] = vs[i] * a - lv
@@ -122,13 +170,16 @@ def _rank_linear(r, order, alpha, E, v, alpha_v, out, work):
     dot = 0.0
     v_bd = 0.0  # <v, Bd>
     c_bd = 0.0
+    hi = 0.0  # r[i + 1]
     for i in range(n - 1, -1, -1):
         vi = vs[i]
+        ri = np.float64(r[i])
         if i < n - 1:
             e = E[i + 1]
-            bd = e * (bd + gap(r[i + 1], r[i]) * inv_alpha * b) if e > 0.0 else 0.0
+            bd = e * (bd + gap(hi, ri) * inv_alpha * b) if e > 0.0 else 0.0
             b = 1.0 + e * b
             rv = e * (v_next + rv)
+        hi = ri
         v_next = vi
         result = (partial[i] + vi * (b - 1.0) - rv) * scale  # v_i is used up
         if per_element:
@@ -162,10 +213,13 @@ def _rank_vjp_narrow(r, order, alpha, E, v, out, partial):
     partial[0] = vs[0] - lv
     v_ad = 0.0
     c_ad = 0.0
+    lo = np.float64(r[0])  # r[i - 1], widened once (a float32 row's values are read once each)
     for i in range(1, n):
         e = E[i]
         vi = np.float64(vs[i])
-        ad = e * (ad + gap(r[i], r[i - 1]) * inv_alpha * a) if e > 0.0 else 0.0
+        ri = np.float64(r[i])
+        ad = e * (ad + gap(ri, lo) * inv_alpha * a) if e > 0.0 else 0.0
+        lo = ri
         a = 1.0 + e * a
         lv = vi + e * lv
         partial[i] = vi * a - lv
@@ -176,13 +230,16 @@ def _rank_vjp_narrow(r, order, alpha, E, v, out, partial):
     v_next = 0.0
     v_bd = 0.0
     c_bd = 0.0
+    hi = 0.0  # r[i + 1]
     for i in range(n - 1, -1, -1):
         vi = np.float64(vs[i])
+        ri = np.float64(r[i])
         if i < n - 1:
             e = E[i + 1]
-            bd = e * (bd + gap(r[i + 1], r[i]) * inv_alpha * b) if e > 0.0 else 0.0
+            bd = e * (bd + gap(hi, ri) * inv_alpha * b) if e > 0.0 else 0.0
             b = 1.0 + e * b
             rv = e * (v_next + rv)
+        hi = ri
         v_next = vi
         partial[i] = (partial[i] + vi * (b - 1.0) - rv) * scale
         v_bd, c_bd = _add_compensated(v_bd, c_bd, vi * bd)
