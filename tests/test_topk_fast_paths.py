@@ -38,3 +38,19 @@ def test_float32_row_keeps_its_dtype(rng):
     x_bar, k_bar, alpha_bar = pullback(np.ones(9, np.float32))
     assert out.dtype == x_bar.dtype == k_bar.dtype == np.float32
     assert type(alpha_bar) is np.float32
+
+
+def test_cotangents_the_short_path_does_not_take(rng):
+    x = rng.normal(size=9)
+    _, pullback = softorder.vjp(softorder.soft_topk, x, 3, 0.5)
+    v = rng.normal(size=9)
+    expected = pullback(v)
+    strided = np.empty(18)
+    strided[::2] = v
+    for other in (strided[::2], list(v), v.reshape(9, 1)[:, 0]):
+        for a, b in zip(pullback(other), expected, strict=True):
+            np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="cotangent"):
+        pullback(np.ones(8))
+    with pytest.raises(ValueError, match="cotangent"):
+        pullback(np.ones((1, 9)))

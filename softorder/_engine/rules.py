@@ -477,6 +477,19 @@ def _plain_row(rows: Rows) -> bool:
     )
 
 
+def _plain_cotangent(cotangent, rows: Rows) -> bool:
+    """Whether a cotangent of a :func:`_plain_row` result is what the host kernels read as it
+    is: a C-contiguous float64 ndarray of the result's shape (else :meth:`Rows.to_core_owned`
+    converts it, or names what is wrong with it).
+    """
+    return (
+        type(cotangent) is np.ndarray
+        and cotangent.dtype == np.float64
+        and cotangent.flags.c_contiguous
+        and cotangent.shape == rows.layout.batch_shape + (rows.n,)
+    )
+
+
 class TopKRule(OrderRule):
     differentiable = ("x", "k", "alpha")
 
@@ -516,7 +529,10 @@ class TopKRule(OrderRule):
             out,
             anchor,
             offset,
-            ctx.work(core.topk.FORWARD_WORK),
+            # (np.empty itself for host rows: what ctx.work gives, at half its cost)
+            np.empty((rows.rows, core.topk.FORWARD_WORK, rows.n))
+            if rows.backend is NUMPY
+            else ctx.work(core.topk.FORWARD_WORK),
         )
         if not targets.multi and _plain_row(rows):  # what _targets_to_user returns, directly
             return out.reshape(rows.layout.batch_shape + (rows.n,))
@@ -531,14 +547,19 @@ class TopKRule(OrderRule):
         # row of v before it scatters that row of x_bar
         one = targets.m == 1 and ctx.kernels is core
         narrow = False
-        if one and rows.dtype == np.float32:
-            v = _float32_cotangent(ctx, cotangent, self._kind(ctx), core_shape)
-            narrow = v is not None
-        if narrow:
-            x_bar = ctx.empty(rows.xs.shape, np.float32)
+        plain = not targets.multi and _plain_row(rows)
+        if plain and _plain_cotangent(cotangent, rows):  # what to_core_owned returns then
+            v = cotangent
+            x_bar = np.empty(rows.xs.shape)
         else:
-            v, owned = rows.to_core_owned(cotangent, self._kind(ctx), core_shape, "cotangent")
-            x_bar = v.reshape(rows.xs.shape) if owned and one else ctx.empty(rows.xs.shape)
+            if one and rows.dtype == np.float32:
+                v = _float32_cotangent(ctx, cotangent, self._kind(ctx), core_shape)
+                narrow = v is not None
+            if narrow:
+                x_bar = ctx.empty(rows.xs.shape, np.float32)
+            else:
+                v, owned = rows.to_core_owned(cotangent, self._kind(ctx), core_shape, "cotangent")
+                x_bar = v.reshape(rows.xs.shape) if owned and one else ctx.empty(rows.xs.shape)
         v = v.reshape(rows.rows, targets.m, rows.n)
         w_bar = ctx.empty((rows.rows, targets.m))
         alpha_bar = ctx.empty(rows.rows)
@@ -554,7 +575,9 @@ class TopKRule(OrderRule):
             w_bar,
             alpha_bar,
             # (the CPU VJP needs no tables; the GPU twin scans them)
-            ctx.work(
+            np.empty((rows.rows, core.topk.VJP_WORK, rows.n))
+            if plain
+            else ctx.work(
                 core.topk.GPU_VJP_WORK
                 if ctx.kernels is not core
                 else core.topk.ONE_TARGET_VJP_WORK
@@ -562,7 +585,7 @@ class TopKRule(OrderRule):
                 else core.topk.VJP_WORK
             ),
         )
-        if not targets.shape and not ctx.alpha_shape and rows.rows == 1 and _plain_row(rows):
+        if plain and not targets.shape and not ctx.alpha_shape and rows.rows == 1:
             # one row, scalar k and alpha: what grad_to_user and alpha_grad return (a 0-d
             # array for k, a scalar for alpha), directly
             if rows.sign < 0:
