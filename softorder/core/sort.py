@@ -17,7 +17,7 @@ import numpy as np
 from numba import prange, types
 
 from softorder.core._jit import SymbolCalls, helper, kernel
-from softorder.core.kernel_sums import _first_at_or_above, carry_injections, inject_exact
+from softorder.core.kernel_sums import _first_at_or_above, carry_injections
 from softorder.core.laplace import INF, exp_nonpositive, gap, offset_z, rel_weight
 from softorder.core.lapsum import (
     TABLES_WITH_MOMENTS,
@@ -123,9 +123,10 @@ def sort_vjp(xs, order, alpha, anchor, offset, u, x_bar, alpha_bar, work):
     rows (:func:`descending_tables`), ``A``, ``Ad`` by their recurrences as the targets come;
     soft sort's targets ascend, so ``B`` and ``Bd`` behind them take the injections
     (:func:`_sort_pullback_in_place`). The same operations in the same order, so the same
-    values to the bit, in 3 rows of n instead of 7. Targets out of order, or ties that throw
-    an injection far ahead, take :func:`_sort_pullback`, with two rows of injections of its
-    own (allocated then).
+    values to the bit, in 3 rows of n instead of 7. A row whose targets come out of order, or
+    with a tie that throws an injection far ahead, takes :func:`inverse_vjp`'s path instead,
+    with 7 rows of its own (allocated then; soft sort's own targets never need it in the
+    tests' ties and infinities).
 
     A kernel of its own: :func:`inverse_vjp` also compiles the few-targets path
     (:func:`few_tables`), which n targets never take, into soft sort's first call.
@@ -147,18 +148,29 @@ def sort_vjp(xs, order, alpha, anchor, offset, u, x_bar, alpha_bar, work):
             r, alpha[row], inv_alpha, E, B, Bd, anchor[row], offset[row], u[row]
         )
         if done:  # the injections up in the row of B, down in that of Bd
-            inj_up = B
-            rbar = Bd
-        else:  # targets out of order, or ties: the injections in rows of their own
-            _call_descending_tables(r, inv_alpha, E, B, Bd)
-            injections = np.zeros((2, n))
-            inj_up = injections[0]
-            rbar = injections[1]
-            ab = _sort_pullback(
-                r, alpha[row], inv_alpha, E, B, Bd, anchor[row], offset[row], u[row], inj_up, rbar
-            )
-        alpha_bar[row] = ab
-        _call_sort_carry(E, inj_up, rbar, rbar, True)  # the gradient (sorted order) in rbar
+            alpha_bar[row] = ab
+            _call_sort_carry(E, B, Bd, Bd, True)  # the gradient (sorted order) in Bd
+            scatter_finite(r, order[row], Bd, x_bar[row])
+            continue
+        # targets out of order, or a tie far from its target: inverse_vjp's path (the same
+        # bits), with scratch and float64, int64 copies of this row's arguments of its own
+        fallback = np.empty((TABLES_WITH_MOMENTS + 1, n))
+        tables = _call_sort_tables(r, inv_alpha, fallback)
+        rbar = fallback[3, :n]  # S: the gradients do not read it
+        alpha_bar[row] = _call_sort_pullback(
+            r,
+            alpha[row],
+            tables,
+            anchor[row].astype(np.int64),
+            offset[row],
+            u[row].astype(np.float64),
+            rbar,
+            rbar[:0],
+            fallback[TABLES_WITH_MOMENTS, :n],
+            rbar,
+            False,
+            True,
+        )
         scatter_finite(r, order[row], rbar, x_bar[row])
 
 
@@ -170,18 +182,19 @@ BATCH = 8
 
 @helper
 def _sort_pullback_in_place(r, alpha, inv_alpha, E, B, Bd, anchor, offset, u):
-    """:func:`_sort_pullback` with the injections in the rows of ``B`` (upward) and ``Bd``
-    (downward) instead of rows of their own, and ``A``, ``Ad`` computed :data:`BATCH` points
-    at a time and kept for :data:`WINDOW` points. Returns ``(alpha_bar, done)``.
+    """The loop over the targets of :func:`~softorder.core.lapsum.inverse_pullback` with the
+    injections in the rows of ``B`` (upward) and ``Bd`` (downward) instead of rows of their
+    own, and ``A``, ``Ad`` computed :data:`BATCH` points at a time and kept for
+    :data:`WINDOW` points. Returns ``(alpha_bar, done)``.
 
     With ``M`` the largest left point ``L`` so far, later targets have ``L >= M - 2`` (soft
     sort's ladder), so ``B`` and ``Bd`` are never read again at the points up to ``M - 2``:
     those slots take their points' injections, moved there from a window of :data:`WINDOW`
     points :data:`BATCH` at a time. Every injection is added in the targets' order, as in
-    :func:`_sort_pullback`, so the sums are the same to the bit. A target with
-    ``L < M - 2`` (targets out of order), or a tie that sends an injection beyond the window,
-    stops the loop with ``done`` false (``B``, ``Bd`` then hold neither tables nor
-    injections): the caller runs :func:`_sort_pullback`.
+    the rows of injections of ``inverse_pullback``, so the sums are the same to the bit. A
+    target with ``L < M - 2`` (targets out of order), or a tie that sends an injection beyond
+    the window, stops the loop with ``done`` false (``B``, ``Bd`` then hold neither tables
+    nor injections): the caller takes :func:`inverse_vjp`'s path.
     """
     n = r.shape[0]
     m = anchor.shape[0]
@@ -303,98 +316,6 @@ def _sort_pullback_in_place(r, alpha, inv_alpha, E, B, Bd, anchor, offset, u):
 
 
 @helper
-def _sort_pullback(r, alpha, inv_alpha, E, B, Bd, anchor, offset, u, inj_up, inj_down):
-    """The loop over the targets of :func:`sort_vjp` for any order of targets: injects each
-    target into ``inj_up``, ``inj_down`` (zeroed) and returns ``alpha_bar``, the operations of
-    :func:`~softorder.core.lapsum.inverse_pullback` with ``A[L]``, ``Ad[L]`` from their
-    recurrences: kept at the last three points reached (soft sort's targets need no more),
-    restarted for a target further back (right, only slower).
-    """
-    n = r.shape[0]
-    m = anchor.shape[0]
-    p = 0  # A, Ad at p (a0, ad0), p - 1 and p - 2
-    a0 = 1.0
-    ad0 = 0.0
-    a1 = 0.0
-    ad1 = 0.0
-    a2 = 0.0
-    ad2 = 0.0
-    alpha_bar = 0.0
-    for j in range(m):
-        an = anchor[j]
-        t = offset[j]
-        uj = u[j]
-        ra = r[an]
-        position = ra if t == 0.0 or abs(ra) == INF else ra + alpha * t  # target_position
-        if uj == 0.0 or abs(position) == INF:
-            continue
-        L = an - 1 if t <= 0.0 else an
-        R = L + 1
-        aL = 0.0
-        adL = 0.0
-        if L >= 0:
-            if L < p - 2:
-                p = 0
-                a0 = 1.0
-                ad0 = 0.0
-            while p < L:
-                p += 1
-                e = E[p]
-                d = gap(r[p], r[p - 1])
-                a2 = a1
-                ad2 = ad1
-                a1 = a0
-                ad1 = ad0
-                a0 = 1.0 + e * a1  # moment_step_up
-                ad0 = e * (ad1 + d * inv_alpha * a1) if e > 0.0 else 0.0
-            aL = a0 if L == p else a1 if L == p - 1 else a2
-            adL = ad0 if L == p else ad1 if L == p - 1 else ad2
-        # inverse_pullback's usual target, then its general case
-        if L >= 0 and R < n:
-            zl = offset_z(ra, r[L], inv_alpha, t)
-            zr = offset_z(ra, r[R], inv_alpha, t)
-            if zl > 0.0 and zl != INF and zr <= 0.0 and zr != -INF:
-                e = math.exp(-abs(zl + zr))
-                left_nearer = zl <= -zr
-                el = 1.0 if left_nearer else e
-                er = e if left_nearer else 1.0
-                G = aL * el + B[R] * er
-                Z = (zl * aL + adL) * el + (zr * B[R] - Bd[R]) * er
-                cj = uj / G
-                inj_up[R] += cj * er
-                inj_down[L] += cj * el
-                alpha_bar += uj * Z / G
-                continue
-        zl = offset_z(ra, r[L], inv_alpha, t) if L >= 0 else INF
-        zr = offset_z(ra, r[R], inv_alpha, t) if R < n else -INF
-        sh = -zr if -zr < zl else zl  # min(zl, -zr)
-        if sh == INF:
-            continue
-        G = 0.0
-        Z = 0.0
-        el = rel_weight(zl, sh)
-        if el > 0.0:
-            G += aL * el
-            Z += (zl * aL + adL) * el
-        er = rel_weight(zr, sh)
-        if er > 0.0:
-            G += B[R] * er
-            Z += (zr * B[R] - Bd[R]) * er
-        if G == 0.0:
-            continue
-        cj = uj / G
-        if (L < 0 or zl > 0.0) and (R >= n or zr <= 0.0):
-            if R < n:
-                inj_up[R] += cj * er
-            if L >= 0:
-                inj_down[L] += cj * el
-        else:  # ties or rounding: inject_exact's two points
-            inject_exact(r, inv_alpha, ra, t, sh, cj, R, inj_up, inj_down)
-        alpha_bar += uj * Z / G
-    return alpha_bar
-
-
-@helper
 def descending_tables(r, inv_alpha, E, B, Bd):
     """``E``, ``B``, ``Bd`` of :func:`~softorder.core.lapsum.moment_tables` in one descending
     pass (the same operations on the same values: the same bits); :func:`sort_row_vjp`
@@ -418,9 +339,14 @@ _SORT_VJP_CALLS = SymbolCalls(
     descending_tables=(descending_tables, (_F1, _F, _F1, _F1, _F1)),
     # E, injections up and down, out, fresh_out
     carry_injections=(carry_injections, (_F1, _F1, _F1, _F1, _B)),
+    # inverse_vjp's, for the rows that the usual path does not take
+    moment_tables=_VJP_CALLS._helpers["moment_tables"],
+    inverse_pullback=_VJP_CALLS._helpers["inverse_pullback"],
 )
 _call_descending_tables = _SORT_VJP_CALLS.descending_tables
 _call_sort_carry = _SORT_VJP_CALLS.carry_injections
+_call_sort_tables = _SORT_VJP_CALLS.moment_tables
+_call_sort_pullback = _SORT_VJP_CALLS.inverse_pullback
 
 
 @kernel
