@@ -362,8 +362,8 @@ def topk_vjp_narrow(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alph
 def _one_target_vjp(r, o, inv_alpha, an, t, log, v, xb, w_bar, e):
     """One row of :func:`topk_vjp` with one target: writes ``xb`` (the row of ``x_bar``) and
     ``w_bar[0]``, returns ``alpha_bar``. The operations of the general loop, without its row
-    of the gradient: the first pass keeps each ``e_i`` where the sorted cotangent was read;
-    the second gathers the cotangent again, forms each element's term of the first pass anew
+    of the gradient: the first passes keep each ``e_i`` and sum the terms;
+    the last gathers the cotangent again, forms each element's term of the sums anew
     (the same arithmetic; no ``exp`` below :data:`ONE_EXP_SHIFT`) and writes it, with its
     ``omega_i phi``, straight to its place in ``xb``. Scratch: ``e`` (n). ``v`` and ``xb``
     may be float32 (the float64 gradient, rounded once); ``xb`` may be ``v`` itself (each
@@ -378,7 +378,11 @@ def _one_target_vjp(r, o, inv_alpha, an, t, log, v, xb, w_bar, e):
     ra = r[an]
     one_exp = shift < ONE_EXP_SHIFT
     decay = math.exp(-shift) if one_exp else 0.0
-    gather(o, v, e)  # the cotangent in sorted order; e_i goes where v_i was read
+    # the relative weights in a pass of their own, as in topk_vjp (an exp in the pass that
+    # sums them spilled its accumulators); that pass gathers the cotangent as it goes
+    for i in range(n):
+        az = abs(offset_z(ra, r[i], inv_alpha, t))
+        e[i] = 0.0 if az == INF else 1.0 if az == shift else math.exp(shift - az)
     G = 0.0
     Z = 0.0
     phi = 0.0
@@ -386,14 +390,12 @@ def _one_target_vjp(r, o, inv_alpha, an, t, log, v, xb, w_bar, e):
     k_bar = 0.0  # times 1 / G
     v_common = 0.0  # log: cotangents of the elements whose kappa_k is `common`
     for i in range(n):
-        vi = e[i]
         zi = offset_z(ra, r[i], inv_alpha, t)
         az = abs(zi)
         if az == INF:
-            e[i] = 0.0
             continue
-        ei = 1.0 if az == shift else math.exp(shift - az)  # rel_weight
-        e[i] = ei
+        ei = e[i]
+        vi = np.float64(v[o[i]])
         G += ei
         Z += zi * ei
         if vi == 0.0:
