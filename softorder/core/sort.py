@@ -17,7 +17,7 @@ import numpy as np
 from numba import prange, types
 
 from softorder.core._jit import SymbolCalls, helper, kernel
-from softorder.core.kernel_sums import _first_at_or_above, carry_injections
+from softorder.core.kernel_sums import _first_at_or_above
 from softorder.core.laplace import INF, exp_nonpositive, gap, offset_z, rel_weight
 from softorder.core.lapsum import (
     TABLES_WITH_MOMENTS,
@@ -149,8 +149,7 @@ def sort_vjp(xs, order, alpha, anchor, offset, u, x_bar, alpha_bar, work):
         )
         if done:  # the injections up in the row of B, down in that of Bd
             alpha_bar[row] = ab
-            _call_sort_carry(E, B, Bd, Bd, True)  # the gradient (sorted order) in Bd
-            scatter_finite(r, order[row], Bd, x_bar[row])
+            _carry_and_scatter(r, order[row], E, B, Bd, x_bar[row])
             continue
         # targets out of order, or a tie far from its target: inverse_vjp's path (the same
         # bits), with scratch and float64, int64 copies of this row's arguments of its own
@@ -316,6 +315,27 @@ def _sort_pullback_in_place(r, alpha, inv_alpha, E, B, Bd, anchor, offset, u):
 
 
 @helper
+def _carry_and_scatter(r, order, E, inj_up, inj_down, xb):
+    """:func:`~softorder.core.kernel_sums.carry_injections` into ``inj_down`` (fresh), its
+    upward pass fused with :func:`~softorder.core.rows.scatter_finite` into ``xb``: the same
+    sums in the same order, one pass over the row less.
+    """
+    n = r.shape[0]
+    acc = 0.0
+    for i in range(n - 1, -1, -1):
+        if i < n - 1:
+            acc *= E[i + 1]
+        acc += inj_down[i]
+        inj_down[i] = acc
+    acc = 0.0
+    for i in range(n):
+        if i > 0:
+            acc *= E[i]
+        acc += inj_up[i]
+        xb[order[i]] = inj_down[i] + acc if abs(r[i]) != INF else 0.0
+
+
+@helper
 def descending_tables(r, inv_alpha, E, B, Bd):
     """``E``, ``B``, ``Bd`` of :func:`~softorder.core.lapsum.moment_tables` in one descending
     pass (the same operations on the same values: the same bits); :func:`sort_row_vjp`
@@ -337,14 +357,11 @@ def descending_tables(r, inv_alpha, E, B, Bd):
 _SORT_VJP_CALLS = SymbolCalls(
     # r, inv_alpha, E, B, Bd
     descending_tables=(descending_tables, (_F1, _F, _F1, _F1, _F1)),
-    # E, injections up and down, out, fresh_out
-    carry_injections=(carry_injections, (_F1, _F1, _F1, _F1, _B)),
     # inverse_vjp's, for the rows that the usual path does not take
     moment_tables=_VJP_CALLS._helpers["moment_tables"],
     inverse_pullback=_VJP_CALLS._helpers["inverse_pullback"],
 )
 _call_descending_tables = _SORT_VJP_CALLS.descending_tables
-_call_sort_carry = _SORT_VJP_CALLS.carry_injections
 _call_sort_tables = _SORT_VJP_CALLS.moment_tables
 _call_sort_pullback = _SORT_VJP_CALLS.inverse_pullback
 
