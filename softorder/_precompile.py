@@ -41,11 +41,13 @@ def _numpy(name: str, x: np.ndarray) -> None:
     import softorder
 
     fn = getattr(softorder, name)
-    # (float32 inputs have kernels of their own for the forward and VJP of rank and top-k)
+    # (float32 inputs have kernels of their own: the forward and VJP of rank and top-k, and
+    # rank's JVP, which reads float32 sorted values)
     for dtype in (np.float64, np.float32):
-        out, pullback = softorder.vjp(fn, *_arguments(name, x.astype(dtype)))
+        xd = x.astype(dtype)
+        out, pullback = softorder.vjp(fn, *_arguments(name, xd))
         pullback(np.ones_like(out))
-    softorder.jvp(fn, _arguments(name, x), (np.ones_like(x),))
+        softorder.jvp(fn, _arguments(name, xd), (np.ones_like(xd),))
 
 
 def _torch(name: str, x: np.ndarray) -> None:

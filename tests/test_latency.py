@@ -64,7 +64,8 @@ def test_bench_latency_quick():
 
 def test_precompile_covers_what_calls_need(tmp_path):
     """After ``precompile`` in one process, another compiles nothing for the same operation:
-    forward, VJP, JVP, and a large batch on the thread pool (``parallel=True``)."""
+    forward, VJP, JVP, in float64 and float32, and a large batch on the thread pool
+    (``parallel=True``)."""
     env = {"NUMBA_CACHE_DIR": str(tmp_path)}
     first = _run(
         ["-c", "import softorder; softorder.precompile(['soft_rank'], parallel=True)"], **env
@@ -81,7 +82,8 @@ def test_precompile_covers_what_calls_need(tmp_path):
         "    def on_end(self, ev): pass\n"
         "event.register('numba:compile', L())\n"
         "softorder.core.set_parallel(True)\n"
-        "for x in (np.random.rand(2, 8), np.random.rand(64, 1000)):\n"
+        "for x in (np.random.rand(2, 8), np.random.rand(2, 8).astype(np.float32),\n"
+        "          np.random.rand(64, 1000)):\n"
         "    out, pullback = softorder.vjp(softorder.soft_rank, x, 0.5)\n"
         "    pullback(np.ones_like(out))\n"
         "    softorder.jvp(softorder.soft_rank, (x, 0.5), (np.ones_like(x),))\n"
