@@ -58,7 +58,7 @@ from softorder.core._jit import _cache_classes, cache_dir, helper
 
 rank_forward_work, rank_linear_work = rank.FORWARD_WORK, rank.LINEAR_WORK
 topk_forward_work, topk_gradient_work = topk.FORWARD_WORK, topk.GRADIENT_WORK
-sort_forward_work, sort_vjp_work = lapsum.SORT_TABLES, sort.VJP_WORK
+sort_forward_work, sort_vjp_work = lapsum.SORT_TABLES, sort.SORT_VJP_WORK
 
 #: XLA_FFI_DataType codes of the buffers the handlers read and write
 F32, F64 = 11, 12
