@@ -1,6 +1,8 @@
 """The PyTorch bridge: gradients (reverse and forward mode) by gradcheck, values against the
 NumPy API, dtypes, torch.compile, torch.func, errors, and a small training run on real data."""
 
+import inspect
+
 import numpy as np
 import pytest
 
@@ -191,6 +193,16 @@ def test_plain_and_forward_mode_calls_take_their_functions_with_equal_values():
     for other in results[1:]:
         for a, b in zip(results[0], other, strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_every_rule_takes_its_input_first():
+    """The lean path (_InputOnlyOperation) passes the input to each rule's prepare by position
+    and reads its gradient at _INPUT_POSITIONS among the VJP's results.
+    """
+    for name, rule in sot._RULES.items():
+        first = next(iter(inspect.signature(rule.prepare).parameters))
+        assert first == rule.input_name == sot._INPUT_NAMES[name], name
+        assert rule.differentiable[sot._INPUT_POSITIONS[name]] == rule.input_name, name
 
 
 def test_calls_with_nothing_to_differentiate_give_the_same_values_without_a_graph():

@@ -99,6 +99,8 @@ _SETTINGS = ("axis", "largest", "descending", "reduction", "split_top1")
 _INPUT_NAMES = {n: getattr(operations, n).rule.input_name for n in __all__ if n.islower()}
 #: the rule of each operation
 _RULES = {n: rule_named(n) for n in _INPUT_NAMES}
+#: where the input's gradient is among each rule's VJP results
+_INPUT_POSITIONS = {n: r.differentiable.index(r.input_name) for n, r in _RULES.items()}
 #: the dtype policy of softorder._engine.call: narrow floats are computed in float32
 _COMPUTE_DTYPE = {getattr(torch, n): getattr(torch, compute_dtype(n)) for n in NARROW_FLOATS}
 
@@ -593,11 +595,25 @@ class _PlainOperation(compat.FastApplyFunction):
     backward = _Operation.backward
 
 
-class _InputOnlyOperation(_PlainOperation):
+class _InputOnlyOperation(compat.FastApplyFunction):
     """:class:`_PlainOperation` for :func:`_run`'s short path, whose only tensor argument is
-    the input: its backward, in the common case (a plain CPU cotangent, grad mode off),
-    goes straight to the rule's VJP.
+    a plain CPU input of a wide float dtype: its forward and, in the common case (a plain CPU
+    cotangent, grad mode off), its backward go straight to the rule (each step here counts
+    at n = 1e2: this is the per-call floor of the bridge).
     """
+
+    @staticmethod
+    def forward(ctx, call: _Call, x: Tensor) -> Tensor:
+        ctx.call = call
+        ctx.save_for_backward(x)
+        rule = call.rule
+        # (grad mode is off in a Function's forward: numpy() takes x as it is; every rule's
+        # prepare takes the input first, tests/test_torch_bridge.py checks it)
+        call.ctx = c = rule.prepare(x.numpy(), **call.statics)
+        out = rule.forward(c)
+        if type(out) is np.ndarray and out.flags.c_contiguous:  # the common case
+            return torch.from_numpy(out)
+        return _as_tensor(out)
 
     @staticmethod
     def backward(ctx, cotangent):
@@ -610,8 +626,11 @@ class _InputOnlyOperation(_PlainOperation):
         ):
             return _Operation.backward(ctx, cotangent)
         call = ctx.call
-        ((_, position),) = _gradient_positions(call)
-        return None, _gradient(call.rule.vjp(call.ctx, cotangent.numpy(force=True))[position], x)
+        grad = call.rule.vjp(call.ctx, cotangent.numpy(force=True))[_INPUT_POSITIONS[call.name]]
+        if type(grad) is np.ndarray and grad.flags.c_contiguous:  # _gradient's common case
+            out = torch.from_numpy(grad)
+            return None, out if out.dtype == x.dtype else out.to(x.dtype)
+        return None, _gradient(grad, x)
 
 
 # --- the public functions -------------------------------------------------------------------
@@ -677,9 +696,35 @@ def _run(name: str, arguments: dict) -> Tensor:
     """
     input_name = _INPUT_NAMES[name]
     x = arguments[input_name]
+    compiling = torch.compiler.is_compiling()
+    if (
+        not compiling
+        and type(x) is Tensor
+        and x.is_cpu
+        and x.dtype in _WIDE_FLOATS
+        and "cpu" not in _ON_DEVICE
+        and not (compat.transforms_active() or compat.is_wrapped(x) or compat.dual_level_open())
+    ):
+        # the common case, decided with few operations (each counts at n = 1e2): one plain
+        # CPU tensor and plain settings, no transform; the general path below would make the
+        # same call, with the same statics in the same order
+        del arguments[input_name]
+        if "dim" in arguments:
+            dim, shape = arguments.pop("dim"), x.shape
+            if not (type(dim) is int and -len(shape) <= dim < len(shape) and shape[dim]):
+                dim = _check_dim(x, dim)  # (the common case passes without the call)
+            arguments["axis"] = dim
+        for value in arguments.values():
+            if type(value) not in _PLAIN_TYPES:
+                break
+        else:
+            call = _Call(name, (input_name,), arguments)
+            if x.requires_grad and torch.is_grad_enabled():
+                return _InputOnlyOperation.c_apply(call, x)
+            return _values(call, x)  # nothing to differentiate: no Function (about 2 us)
+        arguments = {input_name: x, **arguments}
     if not isinstance(x, Tensor) or not x.dtype.is_floating_point:  # (getters: no arg parsing)
         _check_input(x, input_name)  # raises
-    compiling = torch.compiler.is_compiling()
     if compiling:
         _plain_settings_when_compiling(arguments)
         _no_forward_mode_when_compiling()
@@ -690,24 +735,6 @@ def _run(name: str, arguments: dict) -> Tensor:
         arguments["axis"] = dim
     if compiling:
         arguments = {arg: _traceable(arg, value) for arg, value in arguments.items()}
-    elif (
-        type(x) is Tensor
-        and x.is_cpu
-        and x.dtype in _WIDE_FLOATS
-        and "cpu" not in _ON_DEVICE
-        and not (compat.transforms_active() or compat.is_wrapped(x) or compat.dual_level_open())
-    ):
-        # the common case, decided with few operations (each counts at n = 1e2): one plain
-        # CPU tensor and plain settings, no transform; the loop below would make the same
-        # call, with the same statics in the same order (the input is every function's first
-        # argument)
-        del arguments[input_name]
-        if all(map(_PLAIN_TYPES.__contains__, map(type, arguments.values()))):
-            call = _Call(name, (input_name,), arguments)
-            if x.requires_grad and torch.is_grad_enabled():
-                return _InputOnlyOperation.c_apply(call, x)
-            return _values(call, x)  # nothing to differentiate: no Function (about 2 us)
-        arguments = {input_name: x, **arguments}
     tensor_names, tensors, statics = [], [], {}
     for arg, value in arguments.items():
         if type(value) in _PLAIN_TYPES:  # the common case, kept lean
