@@ -173,3 +173,44 @@ def test_fast_apply_function(monkeypatch, fallbacks):
     torch.testing.assert_close(out, torch.full((4, 2), 2.0))
     dead = _dead_wrapper()
     torch.testing.assert_close(_Double.apply(0.5, dead), torch.ones(3))
+
+
+class _Triple(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t):
+        ctx.save_for_backward(t)
+        return t * 3.0
+
+    @staticmethod
+    def backward(ctx, g):
+        (t,) = ctx.saved_tensors  # (PyTorch's in-place check still runs)
+        return g * 3.0
+
+
+def test_direct_backward():
+    triple = compat.direct_backward(type("Triple", (_Triple,), {}))
+    assert triple._backward_cls.apply is _Triple.backward
+    x = torch.tensor([1.0, -2.0], requires_grad=True)
+    (g,) = torch.autograd.grad(triple.apply(x), x, torch.ones(2))
+    torch.testing.assert_close(g, torch.full((2,), 3.0))
+    y = x.clone()
+    out = triple.apply(y)
+    with torch.no_grad():
+        y.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+    # the bridge's plain Functions call their backward directly, the one with a jvp does not
+    assert sot._InputOnlyOperation._backward_cls.apply is sot._InputOnlyOperation.backward
+    assert sot._PlainOperation._backward_cls.apply is sot._PlainOperation.backward
+    assert sot._Operation._backward_cls.apply.__qualname__ == "BackwardCFunction.apply"
+
+
+def test_direct_backward_leaves_other_functions_alone():
+    with_vjp = type("WithVjp", (torch.autograd.Function,), {"vjp": staticmethod(lambda c, g: g)})
+    boxed = type("Boxed", (_Triple,), {"boxed_grads_call": True})
+    for cls in (with_vjp, boxed):
+        apply = cls._backward_cls.apply
+        assert compat.direct_backward(cls) is cls
+        assert cls._backward_cls.apply is apply
+    without_node = type("NoNode", (), {"backward": staticmethod(lambda c, g: g)})
+    assert compat.direct_backward(without_node) is without_node  # a torch without the class

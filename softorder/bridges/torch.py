@@ -578,6 +578,7 @@ class _Operation(compat.FastApplyFunction):
         return _first_order_only([out], (*saved, *tangents))[0]
 
 
+@compat.direct_backward
 class _PlainOperation(compat.FastApplyFunction):
     """:class:`_Operation` for a plain eager call (no torch.func transform, no forward-mode
     dual level): a Function in PyTorch's older form, whose ``forward`` also sets up the
@@ -595,6 +596,7 @@ class _PlainOperation(compat.FastApplyFunction):
     backward = _Operation.backward
 
 
+@compat.direct_backward
 class _InputOnlyOperation(compat.FastApplyFunction):
     """:class:`_PlainOperation` for :func:`_run`'s short path, whose only tensor argument is
     a plain CPU input of a wide float dtype: its forward and, in the common case (a plain CPU
@@ -626,7 +628,8 @@ class _InputOnlyOperation(compat.FastApplyFunction):
         ):
             return _Operation.backward(ctx, cotangent)
         call = ctx.call
-        grad = call.rule.vjp(call.ctx, cotangent.numpy(force=True))[_INPUT_POSITIONS[call.name]]
+        # (grad mode is off here: numpy() takes the cotangent as it is)
+        grad = call.rule.vjp(call.ctx, cotangent.numpy())[_INPUT_POSITIONS[call.name]]
         if type(grad) is np.ndarray and grad.flags.c_contiguous:  # _gradient's common case
             out = torch.from_numpy(grad)
             return None, out if out.dtype == x.dtype else out.to(x.dtype)
