@@ -1,10 +1,10 @@
-"""``topk.prefix_sums_halves`` is ``lapsum.prefix_sums_ab`` in another order: the same tables
+"""``lapsum.prefix_sums_halves`` is ``lapsum.prefix_sums_ab`` in another order: the same tables
 to the bit, for every row length (odd and even halves), ties and infinities included."""
 
 import numpy as np
 import pytest
 
-from softorder.core import lapsum, topk
+from softorder.core import lapsum
 
 
 @pytest.fixture(scope="module")
@@ -14,7 +14,7 @@ def both():
     @numba.njit
     def run(r, inv_alpha, A1, B1, A2, B2):
         lapsum.prefix_sums_ab(r, inv_alpha, A1, B1)
-        topk.prefix_sums_halves(r, inv_alpha, A2, B2)
+        lapsum.prefix_sums_halves(r, inv_alpha, A2, B2)
 
     return run
 

@@ -20,7 +20,6 @@ from softorder.core._jit import helper, inner_helper, kernel
 from softorder.core.laplace import (
     INF,
     cdf,
-    gap,
     hazard,
     log_cdf,
     offset_z,
@@ -31,6 +30,7 @@ from softorder.core.lapsum import (
     TABLES,
     TABLES_WITH_MOMENTS,
     moment_tables,
+    prefix_sums_halves,
     solve_targets_ab,
     target_sums,
 )
@@ -59,48 +59,6 @@ def gradient_scratch(work, n):
     """``z``, ``kappa``, ``omega``, ``kappa_k`` and one more length-n vector after the tables."""
     k = TABLES_WITH_MOMENTS
     return work[k, :n], work[k + 1, :n], work[k + 2, :n], work[k + 3, :n], work[k + 4, :n]
-
-
-@helper
-def prefix_sums_halves(r, inv_alpha, A, B):
-    """:func:`~softorder.core.lapsum.prefix_sums_ab` (the same operations, so the same ``A``
-    and ``B`` to the bit) in another order: ``A``'s recurrence runs up the lower half while
-    ``B``'s runs down the upper half, each computing its own decays ``E``, then both finish
-    the other half from the decays the other left. The ``exp`` of the first half hide the
-    latency of both recurrences, which ``prefix_sums_ab`` leaves exposed in its second,
-    ``exp``-free pass. The decays wait in the spare slots: ``E[i]`` of the lower half in
-    ``B[i]``, of the upper half in ``A[i]``, each read just before its slot is written.
-    """
-    n = r.shape[0]
-    h = (n + 1) // 2
-    A[0] = 1.0
-    B[n - 1] = 1.0
-    a = 1.0  # A[i - 1]
-    b = 1.0  # B[j + 1]
-    e_next = 0.0  # E[j + 1] for B's next step
-    j = n - 2
-    for i in range(1, h):
-        e = math.exp(-gap(r[i], r[i - 1]) * inv_alpha)
-        B[i] = e
-        a = 1.0 + e * a
-        A[i] = a
-        f = math.exp(-gap(r[j + 1], r[j]) * inv_alpha)
-        A[j + 1] = f
-        b = 1.0 + f * b
-        B[j] = b  # (for odd n the last step writes B[h - 1] over E[h - 1], kept in e_next)
-        j -= 1
-        e_next = e
-    if n % 2 == 0:  # E[h], between the halves, is the one neither computed
-        e_next = math.exp(-gap(r[h], r[h - 1]) * inv_alpha)
-        A[h] = e_next
-    for i in range(h, n):
-        a = 1.0 + A[i] * a
-        A[i] = a
-        e = B[j]  # E[j] (garbage at j == 0, never used)
-        b = 1.0 + e_next * b
-        B[j] = b
-        e_next = e
-        j -= 1
 
 
 @kernel

@@ -27,7 +27,7 @@ from softorder.core.lapsum import (
     TABLES,
     TABLES_WITH_MOMENTS,
     neighbour_sums,
-    prefix_sums_ab,
+    prefix_sums_halves,
     solve_targets_ab,
     target_position,
     target_sums_at,
@@ -175,7 +175,7 @@ def _loss_forward(
         inv_alpha = 1.0 / alpha[row]
         A = work[row, 0]  # A and B alone (the GPU twin fills all 4 rows)
         B = work[row, 1]
-        prefix_sums_ab(r, inv_alpha, A, B)
+        prefix_sums_halves(r, inv_alpha, A, B)
         solve_targets_ab(r, inv_alpha, A, B, w, worder, anchor[row], offset[row])
         iy = _label_position(order[row], labels[row])
         terms = work[row, 2, : w.shape[0]]  # rows 2 and 3 are free here (K < n)
