@@ -765,8 +765,9 @@ def _run(name: str, arguments: dict) -> Tensor:
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
-#: the types :func:`plain` passes as they are
-_PLAIN_TYPES = frozenset((bool, int, float, str, type(None)))
+#: the types :func:`plain` passes as they are (a tuple: torch 2.6's dynamo traces ``in`` on a
+#: tuple of classes, not on a frozenset)
+_PLAIN_TYPES = (bool, int, float, str, type(None))
 #: the input dtypes computed as they are (no conversion of the input or the result)
 _WIDE_FLOATS = frozenset((torch.float32, torch.float64))
 
