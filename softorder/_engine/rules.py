@@ -830,9 +830,34 @@ class PermutationCrossEntropyRule(LossRule):
     def target_count(self, layout, arguments):
         return layout.n - 1
 
+    def residuals(self, ctx) -> dict:
+        # the anchors as describe() declares them (the host keeps them in int32)
+        arrays = super().residuals(ctx)
+        anchor = arrays["anchor"]
+        if isinstance(anchor, np.ndarray) and anchor.dtype != np.int64:
+            arrays["anchor"] = anchor.astype(np.int64)
+        return arrays
+
     def forward(self, ctx):
         rows = ctx.rows
         per_row = ctx.empty(rows.rows)
+        if ctx.kernels is core and rows.n < 2**31:
+            # int32 anchors (4 bytes per element less while the gradients keep them) and 3
+            # rows of scratch, the same losses and boundaries to the bit
+            shape = (rows.rows, rows.n - 1)
+            s = ctx.saved
+            s["anchor"], s["offset"] = ctx.empty(shape, np.int32), ctx.empty(shape)
+            core.permutation.ladder_loss_forward(
+                rows.xs,
+                rows.order,
+                ctx.alpha,
+                ctx.params["target"],
+                per_row,
+                s["anchor"],
+                s["offset"],
+                ctx.work(core.permutation.LADDER_FORWARD_WORK),
+            )
+            return self._reduce(ctx, per_row)
         anchor, offset = ctx.target_storage(rows.n - 1)
         ctx.kernels.permutation_loss_forward(
             rows.xs,
@@ -847,10 +872,34 @@ class PermutationCrossEntropyRule(LossRule):
         )
         return self._reduce(ctx, per_row)
 
-    def _row_gradients(self, ctx, cot):
+    def vjp(self, ctx, cotangent):
+        cot = self._row_cotangent(ctx, cotangent)
+        x_bar, alpha_bar = self._row_gradients(ctx, cot, narrow=True)
+        return ctx.rows.grad_to_user(x_bar), ctx.alpha_grad(alpha_bar)
+
+    def _row_gradients(self, ctx, cot, narrow=False):
         rows, s = ctx.rows, ctx.saved
-        x_bar = ctx.empty(rows.xs.shape)
         alpha_bar = ctx.empty(rows.rows)
+        if ctx.kernels is core:
+            # the VJP in 4 rows of scratch (the same values to the bit); with ``narrow`` a
+            # float32 input's gradient in float32 from the kernel (the float64 one rounded
+            # once, as the cast rounded it), without a float64 row of results
+            narrow = narrow and rows.dtype == np.float32
+            x_bar = ctx.empty(rows.xs.shape, np.float32 if narrow else np.float64)
+            core.permutation.ladder_loss_vjp(
+                rows.xs,
+                rows.order,
+                ctx.alpha,
+                ctx.params["target"],
+                s["anchor"],
+                s["offset"],
+                cot,
+                x_bar,
+                alpha_bar,
+                ctx.work(core.permutation.LADDER_VJP_WORK),
+            )
+            return x_bar, alpha_bar
+        x_bar = ctx.empty(rows.xs.shape)
         ctx.kernels.permutation_loss_vjp(
             rows.xs,
             rows.order,
@@ -862,16 +911,7 @@ class PermutationCrossEntropyRule(LossRule):
             cot,
             x_bar,
             alpha_bar,
-            ctx.work(
-                core.permutation.LOSS_GRADIENT_WORK
-                if ctx.kernels is core
-                else core.permutation.GRADIENT_WORK
-            ),
-            ctx.work(
-                core.permutation.LOSS_BOUNDARY_WORK
-                if ctx.kernels is core
-                else core.permutation.BOUNDARY_WORK,
-                rows.n - 1,
-            ),
+            ctx.work(core.permutation.GRADIENT_WORK),
+            ctx.work(core.permutation.BOUNDARY_WORK, rows.n - 1),
         )
         return x_bar, alpha_bar

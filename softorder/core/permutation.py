@@ -16,14 +16,18 @@ import math
 import numpy as np
 from numba import prange, types
 
-from softorder.core._jit import NativeCalls, helper, inner_helper, kernel
+from softorder.core._jit import NativeCalls, SymbolCalls, helper, inner_helper, kernel
+from softorder.core.kernel_sums import _first_at_or_above
 from softorder.core.laplace import (
     INF,
     LOG_HALF,
     cdf_diff,
+    exp_nonpositive,
+    gap,
     hazard,
     log_cdf,
     offset_z,
+    rel_weight,
 )
 from softorder.core.lapsum import (
     PULLBACK_WORK,
@@ -33,10 +37,12 @@ from softorder.core.lapsum import (
     inverse_pullback,
     inverse_pushforward,
     moment_tables,
+    prefix_sums,
     solve_ladder,
     sum_tables,
 )
 from softorder.core.rows import gather_finite, has_nan, scatter_finite
+from softorder.core.sort import BATCH, WINDOW, descending_tables
 
 FORWARD_WORK = TABLES
 #: the tables with moments, the gradient, and a row for the CPU pullback's injections
@@ -582,3 +588,371 @@ def permutation_jvp(xs, order, alpha, anchor, offset, worder, x_dot, alpha_dot, 
                         upper = 0.5 * math.exp(-abs(z)) * dz
                 out[row, k, col] = upper - lower
                 lower = upper
+
+
+# The CPU kernels of the loss that the API calls: int32 anchors, and a VJP in 4 rows of
+# scratch (the general kernels above fill 7 rows and a row of n - 1 for the boundaries'
+# cotangents).
+
+#: rows of scratch of :func:`ladder_loss_forward`: E, A, B (the values by rank then go in E's)
+LADDER_FORWARD_WORK = 3
+#: rows of scratch of :func:`ladder_loss_vjp`: E, B, Bd, and the values by rank, then the
+#: direct terms by rank
+LADDER_VJP_WORK = 4
+
+_I32_1 = types.Array(types.int32, 1, "C")
+#: the per-row helpers of the ladder kernels, called by symbol (compiled once, not again
+#: inside each kernel)
+_LADDER_CALLS = SymbolCalls(
+    # r, inv_alpha, E, A, B
+    prefix_sums=(prefix_sums, (_F1, _F, _F1, _F1, _F1)),
+    # r, alpha, inv_alpha, E, A, B, w0, anchor, t, out
+    solve_ladder=(solve_ladder, (_F1, _F, _F, _F1, _F1, _F1, _F, _I32_1, _F1, _F1)),
+    # r, inv_alpha, E, B, Bd
+    descending_tables=(descending_tables, (_F1, _F, _F1, _F1, _F1)),
+)
+_call_prefix_sums = _LADDER_CALLS.prefix_sums
+_call_solve_ladder_int32 = _LADDER_CALLS.solve_ladder
+_call_descending_tables = _LADDER_CALLS.descending_tables
+
+
+@kernel
+def _ladder_forward_rows(xs, order, alpha, target, out, anchor, offset, work):
+    """:func:`permutation_loss_forward` with int32 anchors in 3 rows of scratch (``S`` is not
+    stored: :func:`~softorder.core.lapsum.solve_ladder` computes it in its count): the same
+    boundaries and losses to the bit. Rows whose target ranks repeat get NaN; returns their
+    count.
+    """
+    rows, n = xs.shape
+    repeated = 0
+    for row in prange(rows):
+        r = xs[row]
+        if has_nan(r):
+            out[row] = np.nan
+            anchor[row, :] = 0
+            offset[row, :] = np.nan
+            continue
+        inv_alpha = 1.0 / alpha[row]
+        E = work[row, 0]
+        A = work[row, 1]
+        B = work[row, 2]
+        an = anchor[row]
+        off = offset[row]
+        _call_prefix_sums(r, inv_alpha, E, A, B)
+        _call_solve_ladder_int32(r, 1.0, inv_alpha, E, A, B, 1.0, an, off, E[:0])
+        terms = E  # spent once the boundaries are solved
+        if not _values_by_rank(r, order[row], target[row], terms):
+            out[row] = np.nan
+            repeated += 1
+            continue
+        loss = 0.0
+        for k in range(n):  # the element of target rank k + 1, between boundaries k and k + 1
+            ri = terms[k]
+            z0 = _rank_z(r, inv_alpha, an, off, k, ri)
+            z1 = _rank_z(r, inv_alpha, an, off, k + 1, ri)
+            loss -= log_rank_probability(z0, z1)
+        out[row] = loss
+    return repeated
+
+
+@kernel
+def _ladder_forward_repeated(xs, order, alpha, target, out, anchor, offset, work):
+    """:func:`_loss_forward_repeated` for :func:`ladder_loss_forward` (int32 anchors)."""
+    rows, n = xs.shape
+    for row in prange(rows):
+        r = xs[row]
+        if has_nan(r) or _values_by_rank(r, order[row], target[row], work[row, 0]):
+            continue
+        inv_alpha = 1.0 / alpha[row]
+        out[row] = _loss_row(r, inv_alpha, order[row], target[row], anchor[row], offset[row])
+
+
+def ladder_loss_forward(xs, order, alpha, target, out, anchor, offset, work):
+    """``out[row] = -sum_i log P[target_i - 1, i]`` (1-based target ranks, rows (rows, n))
+    with the boundaries into int32 ``anchor`` (rows shorter than 2**31) and ``offset``
+    (rows, n - 1); ``work`` (rows, :data:`LADDER_FORWARD_WORK`, n). The same values to the
+    bit as :func:`permutation_loss_forward`. Rows whose target ranks repeat (the API refuses
+    them) run element by element in a kernel of their own, compiled when first needed.
+    """
+    if _ladder_forward_rows(xs, order, alpha, target, out, anchor, offset, work):
+        _ladder_forward_repeated(xs, order, alpha, target, out, anchor, offset, work)
+
+
+@helper
+def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byrank):
+    """The direct terms of :func:`_loss_by_rank_vjp` and the pullback of the boundaries'
+    cotangents ``beta`` (:func:`~softorder.core.lapsum.inverse_pullback`) in one pass over
+    the ranks: boundary ``k - 1``'s cotangent is complete at rank ``k``, and the boundaries
+    (targets ``1..n-1``) ascend, so each is pulled back as it comes, with ``beta`` in a
+    register instead of a row. The pullback is that of
+    :func:`~softorder.core.sort._sort_pullback_in_place` (the injections in the rows of ``B``
+    and ``Bd`` behind the ascending targets, ``A`` and ``Ad`` by their recurrences
+    :data:`~softorder.core.sort.BATCH` points at a time). Writes the direct terms into
+    ``byrank`` (rank order) and returns ``(direct alpha_bar, pullback alpha_bar, done)``: the
+    same operations in the same order as the general kernel, so the same bits. ``done``
+    false: a target out of order, or a tie that throws an injection beyond the window
+    (``byrank``, ``B``, ``Bd`` then hold nothing usable; the caller takes the general path).
+    """
+    n = r.shape[0]
+    win_up = np.zeros(WINDOW)
+    win_down = np.zeros(WINDOW)
+    mask = WINDOW - 1
+    M = 1  # the largest L so far (at least 1)
+    F = 0  # the points below F hold their injections; the window those from F on
+    P = 0  # A, Ad are known at the points up to P - 1, kept from P - WINDOW on
+    a_win = np.empty(WINDOW)
+    ad_win = np.empty(WINDOW)
+    a_run = 1.0
+    ad_run = 0.0
+    abar = 0.0  # the direct terms' part, summed in the ranks' order
+    alpha_bar = 0.0  # the pullback's part, summed in the boundaries' order
+    pending = 0.0  # the cotangent of boundary k from the rank below
+    for k in range(n):  # the element of target rank k + 1, between boundaries k and k + 1
+        ri = byrank[k]
+        rb = 0.0
+        up = 0.0
+        down = 0.0
+        if abs(ri) != INF:
+            z0 = _rank_z(r, inv_alpha, anchor, offset, k, ri)
+            z1 = _rank_z(r, inv_alpha, anchor, offset, k + 1, ri)
+            g0, g1 = density_ratios(z0, z1)
+            # d(-log P)/dz1 = -f(z1)/P and d(-log P)/dz0 = f(z0)/P
+            if abs(z1) != INF:
+                up = -g1 * c * inv_alpha
+                rb -= up
+                abar -= up * z1
+            if abs(z0) != INF:
+                down = g0 * c * inv_alpha
+                rb -= down
+                abar -= down * z0
+        byrank[k] = rb
+        if k == 0:
+            pending = up
+            continue
+        uj = pending + down  # beta[k - 1]: boundary j = k - 1 is complete
+        pending = up
+        j = k - 1
+        an = anchor[j]
+        t = offset[j]
+        ra = r[an]
+        position = ra if t == 0.0 or abs(ra) == INF else ra + alpha * t  # target_position
+        if uj == 0.0 or abs(position) == INF:
+            continue
+        L = an - 1 if t <= 0.0 else an
+        R = L + 1
+        if L < M - 2:
+            return abar, alpha_bar, False
+        M = L if L > M else M
+        # B, Bd at the points up to M - 2 are read no more: their injections go there
+        while F + BATCH <= M - 1:
+            for q in range(F, F + BATCH):
+                B[q] = win_up[q & mask]
+                Bd[q] = win_down[q & mask]
+                win_up[q & mask] = 0.0
+                win_down[q & mask] = 0.0
+            F += BATCH
+        # A, Ad by their recurrences (moment_step_up), BATCH points at a time
+        while P <= L:
+            for q in range(P, P + BATCH):
+                if q < n:
+                    e = E[q] if q > 0 else 0.0
+                    d = gap(r[q], r[q - 1]) if q > 0 else 0.0
+                    ad_run = e * (ad_run + d * inv_alpha * a_run) if e > 0.0 else 0.0
+                    a_run = 1.0 + e * a_run if q > 0 else 1.0
+                    a_win[q & mask] = a_run
+                    ad_win[q & mask] = ad_run
+            P += BATCH
+        aL = a_win[L & mask] if L >= 0 else 0.0
+        adL = ad_win[L & mask] if L >= 0 else 0.0
+        if L >= 0 and R < n:
+            zl = offset_z(ra, r[L], inv_alpha, t)
+            zr = offset_z(ra, r[R], inv_alpha, t)
+            if zl > 0.0 and zl != INF and zr <= 0.0 and zr != -INF:
+                e = math.exp(-abs(zl + zr))
+                left_nearer = zl <= -zr
+                el = 1.0 if left_nearer else e
+                er = e if left_nearer else 1.0
+                G = aL * el + B[R] * er
+                Z = (zl * aL + adL) * el + (zr * B[R] - Bd[R]) * er
+                cj = uj / G
+                win_up[R & mask] += cj * er
+                if L < F:
+                    Bd[L] += cj * el
+                else:
+                    win_down[L & mask] += cj * el
+                alpha_bar += uj * Z / G
+                continue
+        zl = offset_z(ra, r[L], inv_alpha, t) if L >= 0 else INF
+        zr = offset_z(ra, r[R], inv_alpha, t) if R < n else -INF
+        sh = -zr if -zr < zl else zl  # min(zl, -zr)
+        if sh == INF:
+            continue
+        G = 0.0
+        Z = 0.0
+        el = rel_weight(zl, sh)
+        if el > 0.0:
+            G += aL * el
+            Z += (zl * aL + adL) * el
+        er = rel_weight(zr, sh)
+        if er > 0.0:
+            G += B[R] * er
+            Z += (zr * B[R] - Bd[R]) * er
+        if G == 0.0:
+            continue
+        cj = uj / G
+        if (L < 0 or zl > 0.0) and (R >= n or zr <= 0.0):
+            if R < n:
+                win_up[R & mask] += cj * er
+            if L >= 0:
+                if L < F:
+                    Bd[L] += cj * el
+                else:
+                    win_down[L & mask] += cj * el
+        else:  # ties or rounding: inject_exact's two points, wherever they are
+            i = _first_at_or_above(r, inv_alpha, ra, t, R)
+            if i >= F + WINDOW:
+                return abar, alpha_bar, False
+            if i < n:
+                v = cj * exp_nonpositive(sh + offset_z(ra, r[i], inv_alpha, t))
+                if i < F:
+                    B[i] += v
+                else:
+                    win_up[i & mask] += v
+            if i > 0:
+                v = cj * exp_nonpositive(sh - offset_z(ra, r[i - 1], inv_alpha, t))
+                if i - 1 < F:
+                    Bd[i - 1] += v
+                else:
+                    win_down[(i - 1) & mask] += v
+        alpha_bar += uj * Z / G
+    # the window's injections into their points; the points above it have none (all the
+    # targets may have been skipped: a zero cotangent)
+    for q in range(F, n):
+        inside = q < F + WINDOW
+        B[q] = win_up[q & mask] if inside else 0.0
+        Bd[q] = win_down[q & mask] if inside else 0.0
+    return abar, alpha_bar, True
+
+
+@helper
+def _ladder_carry_and_scatter(r, order, target, E, inj_up, inj_down, direct, xb):
+    """``xb[order[i]] = (direct + carried down) + carried up``, 0 at infinite entries: the
+    general kernel's gradient (the direct terms, then
+    :func:`~softorder.core.kernel_sums.carry_injections` adding its two passes, then the
+    scatter), the same sums in the same order, with the direct terms read by rank.
+    """
+    n = r.shape[0]
+    acc = 0.0
+    for i in range(n - 1, -1, -1):
+        if i < n - 1:
+            acc *= E[i + 1]
+        acc += inj_down[i]
+        inj_down[i] = acc
+    acc = 0.0
+    for i in range(n):
+        if i > 0:
+            acc *= E[i]
+        acc += inj_up[i]
+        j = order[i]
+        xb[j] = (direct[target[j] - 1] + inj_down[i]) + acc if abs(r[i]) != INF else 0.0
+
+
+@kernel
+def _ladder_vjp_rows(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar, work):
+    """The rows of :func:`ladder_loss_vjp` that its ladder path takes; the others get a NaN
+    ``alpha_bar`` (left for the general path); returns their count.
+    """
+    rows, n = xs.shape
+    general = 0
+    for row in prange(rows):
+        r = xs[row]
+        if has_nan(r):
+            x_bar[row, :] = np.nan
+            alpha_bar[row] = np.nan
+            continue
+        a = alpha[row]
+        inv_alpha = 1.0 / a
+        w = work[row]
+        byrank = w[3, :n]
+        if not _values_by_rank(r, order[row], target[row], byrank):
+            alpha_bar[row] = np.nan
+            general += 1
+            continue
+        E = w[0, :n]
+        B = w[1, :n]
+        Bd = w[2, :n]
+        _call_descending_tables(r, inv_alpha, E, B, Bd)
+        direct, pulled, done = _ladder_loss_row_vjp(
+            r, a, inv_alpha, E, B, Bd, anchor[row], offset[row], cot[row], byrank
+        )
+        if not done:
+            alpha_bar[row] = np.nan
+            general += 1
+            continue
+        alpha_bar[row] = direct + pulled
+        _ladder_carry_and_scatter(r, order[row], target[row], E, B, Bd, byrank, x_bar[row])
+    return general
+
+
+@kernel(native=_NATIVE)
+def _ladder_vjp_general(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar, native):
+    """The general kernel's VJP (:func:`permutation_loss_vjp`, :func:`_loss_vjp_repeated`) of
+    the rows that :func:`_ladder_vjp_rows` left (a NaN ``alpha_bar`` in a row without NaN),
+    with scratch of their own and an int64 copy of the row's anchors.
+    """
+    rows, n = xs.shape
+    for row in prange(rows):
+        r = xs[row]
+        if has_nan(r) or alpha_bar[row] == alpha_bar[row]:
+            continue
+        a = alpha[row]
+        inv_alpha = 1.0 / a
+        work = np.empty((TABLES_WITH_MOMENTS + 2, n))
+        beta = np.zeros(max(n - 1, 1))[: n - 1]
+        an = anchor[row].astype(np.int64)
+        rbar = work[TABLES_WITH_MOMENTS]
+        byrank = work[TABLES_WITH_MOMENTS + 1]
+        if _values_by_rank(r, order[row], target[row], byrank):
+            abar = _loss_by_rank_vjp(
+                r, inv_alpha, order[row], target[row], an, offset[row], cot[row], byrank, beta, rbar
+            )
+        else:
+            rbar[:] = 0.0
+            abar = _loss_row_vjp(
+                r, inv_alpha, order[row], target[row], an, offset[row], cot[row], beta, rbar
+            )
+        tables = _moment_tables(native, r, inv_alpha, work)
+        alpha_bar[row] = abar + _inverse_pullback(
+            native,
+            r,
+            a,
+            tables,
+            an,
+            offset[row],
+            beta,
+            rbar,
+            beta[:0],
+            work[3, :n],
+            byrank,
+            False,
+            False,
+        )
+        scatter_finite(r, order[row], rbar, x_bar[row])
+
+
+def ladder_loss_vjp(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar, work):
+    """:func:`permutation_loss_vjp` (the same values to the bit) in :data:`LADDER_VJP_WORK`
+    rows of scratch ``work`` (rows, 4, n) instead of 8 rows of n and one of n - 1: cotangent
+    ``cot`` (rows,) -> ``x_bar`` (rows, n; float64, or float32: the float64 gradient rounded
+    once) and ``alpha_bar`` (rows,). ``anchor``: int32 or int64.
+
+    The direct terms and the pullback through the boundaries run in one pass over the ranks
+    (:func:`_ladder_loss_row_vjp`): the tables ``E``, ``B``, ``Bd`` in rows, ``A``, ``Ad`` by
+    their recurrences, the injections in the rows of ``B`` and ``Bd`` behind the ascending
+    boundaries, the boundaries' cotangents in a register; the direct terms by rank in the
+    row of the values by rank, read by rank in the last pass. Rows with repeated target
+    ranks, boundaries out of order or a far tie take the general kernel's path in a kernel
+    of their own (:func:`_ladder_vjp_general`), compiled when first needed.
+    """
+    if _ladder_vjp_rows(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar, work):
+        _ladder_vjp_general(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar)
