@@ -35,17 +35,18 @@ def _child() -> None:  # runs in the child process
 
     assert len(jax.devices()) == DEVICES, jax.devices()
     seen = []  # (callback, rows it received)
-    forward, backward = soj._Forward.__call__, soj._Backward.__call__
+    # (the CPU callbacks write into XLA's buffers: into(out, buffers))
+    forward, backward = soj._Forward.into, soj._Backward.into
 
-    def record_forward(self, *arrays):
-        seen.append(("forward", self.call.spec.op, np.shape(arrays[0])[0]))
-        return forward(self, *arrays)
+    def record_forward(self, out, buffers):
+        seen.append(("forward", self.call.spec.op, np.shape(buffers[0])[0]))
+        return forward(self, out, buffers)
 
-    def record_backward(self, *arrays):
-        seen.append(("backward", self.call.spec.op, np.shape(arrays[0])[0]))
-        return backward(self, *arrays)
+    def record_backward(self, out, buffers):
+        seen.append(("backward", self.call.spec.op, np.shape(buffers[0])[0]))
+        return backward(self, out, buffers)
 
-    soj._Forward.__call__, soj._Backward.__call__ = record_forward, record_backward
+    soj._Forward.into, soj._Backward.into = record_forward, record_backward
 
     mesh = Mesh(np.array(jax.devices()), ("batch",))
     rows = NamedSharding(mesh, P("batch"))

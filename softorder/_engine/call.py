@@ -17,6 +17,7 @@ Under ``vmap`` a bridge makes one call with the vmapped axes in front of every a
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import numbers
@@ -30,6 +31,10 @@ from softorder._engine.layout import axes_after_leading
 
 #: the floating dtypes narrower than float32 that the frameworks have
 NARROW_FLOATS = ("float16", "bfloat16")
+
+#: the arguments a callback may receive as 0-d arrays that pass to the rules as numbers
+_SCALARS = frozenset(("alpha", "k", "q"))
+_F64 = np.dtype(np.float64)
 
 
 def compute_dtype(name: str) -> str:
@@ -252,11 +257,26 @@ class Call(NamedTuple):
         :attr:`inserts` after the leading (vmapped) axes. ``host=False`` (the device path):
         the input is a device array and passes as it is (it never gets unit axes); the others
         are host arrays.
+
+        On the host each array is a NumPy array the kernels can take without compiling again
+        (numba compiles every kernel anew for read-only arrays, and NumPy views of a
+        framework's buffers are read-only): a read-only one is copied, unless it never reaches
+        a kernel as it is (an input that is not float64 is converted first). A 0-d floating
+        ``alpha``, ``k`` or ``q`` (one value for every row, as a callback receives a scalar)
+        passes as a Python float: the same value, checked the same way, on the rules' fast
+        path for scalars.
         """
         lead = len(np.shape(arrays[0])) - self.x_ndim
         arguments = dict(self.spec.statics)
+        input_name = self.spec.rule.input_name
         for name, arr, insert in zip(self.spec.names, arrays, self.inserts, strict=True):
-            arr = np.asarray(arr) if host else arr
+            if host:
+                arr = np.asarray(arr)
+                if name in _SCALARS and arr.ndim == 0 and arr.dtype.kind == "f":
+                    arguments[name] = float(arr)  # exact: a float32 widens exactly
+                    continue
+                if not arr.flags.writeable and (name != input_name or arr.dtype == _F64):
+                    arr = arr.copy()
             if insert:
                 arr = arr.reshape(arr.shape[:lead] + (1,) * insert + arr.shape[lead:])
             arguments[name] = arr
@@ -276,11 +296,17 @@ class Call(NamedTuple):
         return out
 
     def unpack(self, stored: tuple, host: bool = True) -> dict:
-        """The residuals from what :meth:`pack` stored (device arrays stay where they are)."""
+        """The residuals from what :meth:`pack` stored (device arrays stay where they are);
+        on the host as arrays the kernels can take without compiling again (read-only ones,
+        such as NumPy views of a framework's buffers, are copied).
+        """
         out = {}
         for (name, _, dtype, stored_dtype), arr in zip(self.residuals, stored, strict=True):
             if host:
-                out[name] = np.ascontiguousarray(arr).view(dtype)
+                arr = np.asarray(arr)
+                if not arr.flags.writeable or not arr.flags.c_contiguous:
+                    arr = np.array(arr, order="C")  # (a copy: writable)
+                out[name] = arr if stored_dtype == dtype else arr.view(dtype)
             else:
                 out[name] = arr if stored_dtype == dtype else arr.view(dtype)
         return out
@@ -296,6 +322,25 @@ class Call(NamedTuple):
         if not keep:
             return [out]
         return [out, *self.pack(rule.residuals(ctx), backend)]
+
+    def forward_into(self, arrays, outs: list) -> None:
+        """:meth:`forward` on the host, written into ``outs`` (writable NumPy arrays of the
+        declared result and, when there are more, the stored residuals): each value cast
+        once, as it is written (the same values, to the bit, as :meth:`forward`'s).
+
+        When it keeps residuals, a small call also keeps its context for the backward pass
+        that follows (:func:`recall`).
+        """
+        arrays = [np.asarray(arr) for arr in arrays]
+        rule = self.spec.rule
+        ctx = rule.prepare(**self.arguments(arrays))
+        outs[0][...] = rule.forward(ctx)
+        if len(outs) == 1:
+            return
+        residuals = rule.residuals(ctx)
+        for (name, _, dtype, stored), target in zip(self.residuals, outs[1:], strict=True):
+            (target if stored == dtype else target.view(dtype))[...] = residuals[name]
+        _keep(self, arrays, ctx)
 
     def backward_flat(self, flat, launch=None) -> list:
         """:meth:`backward` of a callback that receives the arrays, then the stored
@@ -313,13 +358,94 @@ class Call(NamedTuple):
         """The gradients of the :attr:`differentiable` arguments: on the host in their
         arguments' dtypes and shapes; on the device (``host=False``) as the rule gives them.
         """
-        rule = self.spec.rule
-        ctx = rule.restore(self.arguments(arrays, host), self.unpack(stored, host))
-        # in the order of rule.differentiable, which is the order of self.differentiable
-        grads = rule.vjp(ctx, np.asarray(cotangent) if host else cotangent)
+        grads = self._gradients(arrays, stored, cotangent, host)
         if not host:
             return list(grads)
         return [
-            np.asarray(grad, dtype=arrays[i].dtype).reshape(np.shape(arrays[i]))
+            np.asarray(grad, dtype=np.asarray(arrays[i]).dtype).reshape(np.shape(arrays[i]))
             for i, grad in zip(self.differentiable, grads, strict=True)
         ]
+
+    def backward_into(self, flat, outs: list) -> None:
+        """:meth:`backward_flat` on the host, written into ``outs`` (writable NumPy arrays of
+        the :attr:`differentiable` arguments' shapes and dtypes): each gradient cast once, as
+        it is written (the same values, to the bit, as :meth:`backward`'s).
+
+        The context comes from :func:`recall` when the forward pass on these arguments kept
+        it, and is restored from the residuals otherwise.
+        """
+        count = len(self.spec.names)
+        arrays = [np.asarray(arr) for arr in flat[:count]]
+        ctx = _recall(self, arrays)
+        if ctx is None:
+            grads = self._gradients(arrays, flat[count:-1], flat[-1], True)
+        else:
+            grads = self.spec.rule.vjp(ctx, _host_cotangent(flat[-1]))
+        for target, grad in zip(outs, grads, strict=True):
+            target[...] = grad if np.shape(grad) == target.shape else np.reshape(grad, target.shape)
+
+    def _gradients(self, arrays, stored, cotangent, host: bool) -> tuple:
+        """The rule's gradients, in the order of ``rule.differentiable`` (which is the order
+        of :attr:`differentiable`), in the shapes the rule gives them.
+        """
+        rule = self.spec.rule
+        ctx = rule.restore(self.arguments(arrays, host), self.unpack(stored, host))
+        return rule.vjp(ctx, _host_cotangent(cotangent) if host else cotangent)
+
+
+def _host_cotangent(cotangent) -> np.ndarray:
+    """A cotangent a callback received, as an array the kernels can take without compiling
+    again (a read-only one copied).
+    """
+    cotangent = np.asarray(cotangent)
+    return cotangent if cotangent.flags.writeable else cotangent.copy()
+
+
+# The contexts of recent small forward passes on the host, for the backward passes that follow
+# them: a backward pass on the same arguments (the same call, the same bytes in every array)
+# takes the context its forward pass computed instead of restoring one from the residuals.
+# Exact by construction: a context is a function of the call and of its arguments' bytes
+# (prepare and forward are deterministic), and the rules' vjp never writes into a context (a
+# pullback of the NumPy API may be called several times). A context holds only arrays of its
+# own: Call.arguments copies or converts every argument it passes on.
+
+#: how many contexts are kept, at most; and the largest arguments (bytes in all) whose
+#: context is kept, where the Python around the kernels costs as much as they do
+_RECENT_COUNT = 8
+_RECENT_BYTES = 1 << 16
+_RECENT: collections.OrderedDict = collections.OrderedDict()
+
+
+def _key(call: Call, arrays: list) -> tuple | None:
+    """The key of a call on ``arrays`` (host arrays) among the kept contexts, or ``None``
+    when the arguments are too large to keep a context for.
+    """
+    parts: list = [id(call)]
+    size = 0
+    for arr in arrays:
+        size += arr.nbytes
+        if size > _RECENT_BYTES:
+            return None
+        parts += (arr.dtype, arr.shape, arr.tobytes())
+    return tuple(parts)
+
+
+def _keep(call: Call, arrays: list, ctx) -> None:
+    key = _key(call, arrays)
+    if key is None:
+        return
+    _RECENT[key] = (call, ctx)
+    while len(_RECENT) > _RECENT_COUNT:
+        try:
+            _RECENT.popitem(last=False)
+        except KeyError:  # (emptied by another thread)
+            break
+
+
+def _recall(call: Call, arrays: list):
+    """The context a forward pass of ``call`` on these same arguments kept, or ``None``."""
+    key = _key(call, arrays)
+    entry = None if key is None else _RECENT.get(key)
+    if entry is None or not (entry[0] is call or entry[0] == call):
+        return None  # (an id reused by another call: restored instead)
+    return entry[1]

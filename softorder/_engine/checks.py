@@ -290,6 +290,52 @@ def check_targets(
     return values, multi, arr.shape
 
 
+# --- arguments already checked: what the checks return, computed again without them ---------
+# A bridge's backward pass rebuilds the context of a forward pass from its residuals and the
+# same arguments, which the forward pass checked (softorder._engine.rules: each rule's
+# restore); these give the same arrays as the checks above for arguments those accepted.
+
+
+def alpha_rows(alpha, batch_shape: tuple, axis: int | None = None) -> tuple[np.ndarray, tuple]:
+    """:func:`check_alpha`'s result for an ``alpha`` it accepted, without checking it again."""
+    rows = math.prod(batch_shape)
+    if isinstance(alpha, float) and rows:
+        per_row = np.empty(rows)
+        per_row.fill(alpha)
+        return per_row, ()
+    arr = np.asarray(alpha, dtype=np.float64)
+    nb = len(batch_shape)
+    if axis is not None and arr.ndim == nb + 1:  # the keepdims shape
+        arr = arr.reshape(alpha_batch_shape(arr.shape, nb, axis))
+    full = np.broadcast_to(arr, batch_shape)
+    return _writable(np.ascontiguousarray(full).reshape(-1)), np.shape(alpha)
+
+
+def target_rows(value, batch_shape: tuple) -> tuple[np.ndarray, bool, tuple]:
+    """:func:`check_targets`'s result for targets it accepted, without checking them again."""
+    arr = value if type(value) is np.ndarray else np.asarray(value)
+    nb = len(batch_shape)
+    multi = arr.ndim == nb + 1
+    m = arr.shape[-1] if multi else 1
+    full = np.broadcast_to(arr, tuple(batch_shape) + ((m,) if multi else ()))
+    values = np.ascontiguousarray(full, dtype=np.float64).reshape(math.prod(batch_shape), m)
+    return _writable(values), multi, arr.shape
+
+
+def label_rows(labels, batch_shape: tuple, core_shape: tuple = ()) -> np.ndarray:
+    """:func:`check_labels`'s (and :func:`check_target_ranks`') result for labels it
+    accepted, without checking them again.
+    """
+    arr = np.ascontiguousarray(labels, dtype=np.int64)
+    return _writable(arr.reshape((math.prod(batch_shape),) + core_shape))
+
+
+def p_k_rows(p_k, batch_shape: tuple) -> np.ndarray:
+    """:func:`check_p_k`'s result for a ``p_k`` it accepted, without checking it again."""
+    pk = np.asarray(p_k)
+    return np.broadcast_to(pk, tuple(batch_shape) + pk.shape[-1:]).astype(np.float64)
+
+
 # --- checking an argument before the call: the bridges' trace-time checks ------------------
 
 #: the arguments that are real numbers, computed in the call's compute dtype

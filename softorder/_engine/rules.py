@@ -16,12 +16,16 @@ from softorder._engine.backend import NUMPY
 from softorder._engine.backends.protocol import Backend
 from softorder._engine.checks import (
     alpha_batch_shape,
+    alpha_rows,
     check_alpha,
     check_flag,
     check_labels,
     check_p_k,
     check_reduction,
     check_target_ranks,
+    label_rows,
+    p_k_rows,
+    target_rows,
 )
 from softorder._engine.layout import Rows, Targets
 
@@ -148,6 +152,41 @@ def _descending_context(x, alpha, axis, descending, order) -> Context:
     """
     negate = check_flag(descending, "descending")
     return Context.of(Rows.from_input(x, axis, negate=negate, order=order), alpha)
+
+
+# --- restore: a forward pass's context, rebuilt for its gradients ----------------------------
+# A bridge's backward pass receives the arguments its forward pass checked (the same arrays)
+# and the residuals that forward pass handed out. The restore methods below check nothing
+# again: the rows are gathered by the saved order (not sorted) and the other arguments are
+# converted as prepare converted them (softorder._engine.checks: alpha_rows, target_rows,
+# label_rows, p_k_rows give what the checks gave for arguments they accepted).
+
+
+def _restored(arguments: dict, residuals: dict, name="x", axis=-1, negate=False) -> Context:
+    """The context of a forward pass of ``arguments`` (its rows, alpha and saved arrays),
+    from the ``residuals`` it handed out.
+    """
+    rows = Rows.from_input(arguments[name], axis, name, negate, residuals["order"])
+    backend = rows.backend
+    per_row, alpha_shape = alpha_rows(arguments["alpha"], rows.batch_shape, rows.layout.axis)
+    ctx = Context(rows, per_row if backend is NUMPY else backend.from_host(per_row), alpha_shape)
+    for key, arr in residuals.items():
+        if key != "order":
+            width = tuple(arr.shape)[-1]  # (numba's simulated device shapes refuse -1)
+            if type(arr) is not np.ndarray or not arr.flags.c_contiguous:
+                arr = backend.contiguous(arr)
+            ctx.saved[key] = arr.reshape(rows.rows, width)
+    return ctx
+
+
+def _restored_targets(value, rows: Rows, name: str, high: float, high_text: str) -> Targets:
+    """The :class:`Targets` prepare parsed from ``value``, without checking it again."""
+    if type(value) in (int, float):  # Targets.parse's path for one scalar: a comparison
+        return Targets.parse(value, rows, name, high, high_text)
+    values, multi, shape = target_rows(value, rows.batch_shape)
+    order = np.zeros(values.shape, np.int64) if values.shape[1] == 1 else values.argsort(axis=1)
+    backend = rows.backend
+    return Targets(backend.from_host(values), backend.from_host(order), multi, shape)
 
 
 class OrderRule(Rule):
@@ -423,6 +462,11 @@ class QuantileRule(InverseRule):
         ctx.params["targets"] = Targets.parse(q, ctx.rows, "q", 1.0, "1")
         return ctx
 
+    def restore(self, arguments, residuals):
+        ctx = _restored(arguments, residuals, axis=arguments["axis"])
+        ctx.params["targets"] = _restored_targets(arguments["q"], ctx.rows, "q", 1.0, "1")
+        return ctx
+
     def result(self, layout, arguments):
         m = Targets.count(arguments["q"], layout)
         multi = np.ndim(arguments["q"]) == len(layout.batch_shape) + 1
@@ -502,6 +546,13 @@ class TopKRule(OrderRule):
         ctx = Context.of(Rows.from_input(x, axis, negate=negate, order=order), alpha)
         n = ctx.rows.n
         ctx.params["targets"] = Targets.parse(k, ctx.rows, "k", float(n), f"n={n}")
+        return ctx
+
+    def restore(self, arguments, residuals):
+        negate = bool(arguments["largest"])
+        ctx = _restored(arguments, residuals, axis=arguments["axis"], negate=negate)
+        n = ctx.rows.n
+        ctx.params["targets"] = _restored_targets(arguments["k"], ctx.rows, "k", float(n), f"n={n}")
         return ctx
 
     def result(self, layout, arguments):
@@ -624,6 +675,10 @@ class PermutationRule(OrderRule):
 
     def prepare(self, x, alpha, axis, descending, order=None):
         return _descending_context(x, alpha, axis, descending, order)
+
+    def restore(self, arguments, residuals):
+        negate = bool(arguments["descending"])
+        return _restored(arguments, residuals, axis=arguments["axis"], negate=negate)
 
     def result(self, layout, arguments):
         return "matrix", (layout.n, layout.n)
@@ -768,6 +823,19 @@ class TopKCrossEntropyRule(LossRule):
         ctx.params["split"] = check_flag(split_top1, "split_top1")
         return ctx
 
+    def restore(self, arguments, residuals):
+        ctx = _restored(arguments, residuals, name="logits", negate=True)
+        rows, params = ctx.rows, ctx.params
+        params["reduction"] = arguments["reduction"]
+        params["labels"] = rows.backend.from_host(label_rows(arguments["labels"], rows.batch_shape))
+        pk = p_k_rows(arguments["p_k"], rows.batch_shape)
+        pk = pk.reshape(rows.rows, pk.shape[-1])
+        with np.errstate(divide="ignore"):
+            params["log_pk"] = rows.backend.from_host(np.log(pk))
+        params["pk1"] = rows.backend.from_host(np.ascontiguousarray(pk[:, 0]))
+        params["split"] = bool(arguments["split_top1"])
+        return ctx
+
     def forward(self, ctx):
         rows, p = ctx.rows, ctx.params
         per_row = ctx.empty(rows.rows)
@@ -824,6 +892,15 @@ class PermutationCrossEntropyRule(LossRule):
         ctx = Context.of(rows, alpha)
         ctx.params["reduction"] = check_reduction(reduction)
         ranks = check_target_ranks(target_ranks, rows.batch_shape, rows.n)
+        ctx.params["target"] = rows.backend.from_host(ranks)
+        return ctx
+
+    def restore(self, arguments, residuals):
+        negate = bool(arguments["descending"])
+        ctx = _restored(arguments, residuals, negate=negate)
+        rows = ctx.rows
+        ctx.params["reduction"] = arguments["reduction"]
+        ranks = label_rows(arguments["target_ranks"], rows.batch_shape, (rows.n,))
         ctx.params["target"] = rows.backend.from_host(ranks)
         return ctx
 

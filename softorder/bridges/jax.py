@@ -170,7 +170,11 @@ class _Forward:
     keep: bool  # return the residuals too (when a gradient will be asked for)
 
     def __call__(self, *arrays):
-        return tuple(self.call.forward(_writable(arrays), self.keep))
+        return tuple(self.call.forward(arrays, self.keep))
+
+    def into(self, out: list, buffers: tuple) -> None:
+        """The same on the host, written into the output arrays ``out``."""
+        self.call.forward_into(buffers, out)
 
     def on_device(self, device: Launch, buffers: tuple) -> list:
         """The same on device arrays: the result (and residuals), on the device."""
@@ -182,25 +186,17 @@ class _Backward:
     call: Call
 
     def __call__(self, *flat):
-        return tuple(self.call.backward_flat(_writable(flat)))
+        return tuple(self.call.backward_flat(flat))
+
+    def into(self, out: list, buffers: tuple) -> None:
+        """The same on the host, written into the output arrays ``out``."""
+        self.call.backward_into(buffers, out)
 
     def on_device(self, device: Launch, buffers: tuple) -> list:
         """The same on device arrays: the gradients, on the device (cast and reshaped to
         their arguments' buffers when written).
         """
         return self.call.backward_flat(buffers, device)
-
-
-def _writable(arrays) -> tuple:
-    """``arrays`` (JAX arrays on the host) as NumPy arrays the kernels can take without compiling
-    again: NumPy views of XLA's buffers are read-only, and numba compiles every kernel anew for
-    read-only arrays, so each read-only one is copied.
-    """
-    out = []
-    for value in arrays:
-        arr = np.asarray(value)
-        out.append(arr if arr.flags.writeable else arr.copy())
-    return tuple(out)
 
 
 # --------------------------------------------------------------------------------------------
@@ -227,8 +223,9 @@ class _InPlace:
 
     def __call__(self, ctx, out, *buffers) -> None:
         if not self.device or (_on_host(buffers[0]) and not _simulator()):
-            for target, value in zip(out, self.fn(*buffers), strict=True):
-                np.asarray(target)[...] = value
+            # NumPy views of XLA's buffers: the arguments are read-only (the rules copy what
+            # a kernel would take as it is: Call.arguments), the outputs written in place
+            self.fn.into([np.asarray(target) for target in out], buffers)
             return
         with _launching(ctx, buffers[0]) as device:
             device.write(out, self.fn.on_device(device, buffers))

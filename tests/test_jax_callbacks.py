@@ -1,0 +1,108 @@
+"""The JAX bridge's CPU callbacks (softorder._engine.call.Call): a backward pass takes the
+context its forward pass kept for the same arguments, or restores one from the residuals;
+either way the gradients are the same to the bit, and a context is never taken for other
+arguments. Scalars reach the rules as numbers; read-only buffers never reach a kernel.
+"""
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import softorder.bridges.jax as soj  # noqa: E402
+from softorder._engine import call as call_module  # noqa: E402
+from tests.compiled import read_only_signatures  # noqa: E402
+
+RANKS = np.array([[3, 1, 2, 5, 4], [1, 2, 3, 4, 5], [5, 4, 3, 2, 1]])
+
+#: the operations on the callbacks (no FFI route), with their arguments after x and alpha's
+#: position among the arguments
+CASES = {
+    "soft_quantile": (soj.soft_quantile, (0.3,)),
+    "soft_quantile several q": (soj.soft_quantile, (np.array([0.2, 0.5, 0.9]),)),
+    "soft_permutation": (soj.soft_permutation, ()),
+    "topk_cross_entropy": (soj.topk_cross_entropy, (np.array([0, 4, 2]), [0.5, 0.5])),
+    "permutation_cross_entropy": (soj.permutation_cross_entropy, (RANKS,)),
+    "soft_topk several k": (soj.soft_topk, (np.array([[1.5, 3.0]]),)),
+    "soft_rank traced alpha": (soj.soft_rank, ()),
+}
+
+
+def _rows(rng):
+    base = np.arange(5) * 0.3 + rng.uniform(0, 0.03, size=(3, 5))
+    return rng.permuted(base, axis=-1)
+
+
+def _gradients(fn, extra, x, alpha):
+    """value_and_grad in x and alpha under jit, and per row under vmap."""
+
+    def loss(x, alpha):
+        out = fn(x, *extra, alpha)
+        return jnp.sum(out * jnp.arange(1.0, out.size + 1.0).reshape(out.shape))
+
+    value, grads = jax.jit(jax.value_and_grad(loss, (0, 1)))(x, alpha)
+    batched = jax.jit(jax.vmap(jax.grad(loss), in_axes=(0, None)))(jnp.stack([x, -x]), alpha)
+    return jax.tree.map(np.asarray, (value, grads, batched))
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("x64_on", [False, True])
+def test_kept_and_restored_contexts_give_the_same_gradients(case, x64_on, rng, monkeypatch):
+    fn, extra = CASES[case]
+    x = _rows(rng)
+    with jax.enable_x64(x64_on):
+        args = (jnp.asarray(x), jnp.asarray(0.7))
+        call_module._RECENT.clear()
+        before = read_only_signatures()
+        kept = _gradients(fn, extra, *args)
+        assert call_module._RECENT  # the forward passes kept their contexts
+        monkeypatch.setattr(call_module, "_RECENT_BYTES", -1)  # none kept: all restored
+        call_module._RECENT.clear()
+        restored = _gradients(fn, extra, *args)
+        assert not call_module._RECENT
+        assert read_only_signatures() == before
+    for got, expected in zip(jax.tree.leaves(kept), jax.tree.leaves(restored), strict=True):
+        np.testing.assert_array_equal(got, expected, strict=True)
+        assert np.isfinite(got).all()
+
+
+def test_a_pullback_takes_only_its_own_forward_passes_context(rng):
+    """Pullbacks called out of order, after more forward passes than are kept, on inputs
+    that differ in one bit: each gives the gradient of its own forward pass.
+    """
+    x = jnp.asarray(_rows(rng).astype(np.float32))
+    nudged = x.at[1, 2].set(np.nextafter(np.float32(x[1, 2]), np.float32(np.inf)))
+    inputs = [x, nudged] + [x + i for i in range(1, call_module._RECENT_COUNT + 2)]
+    cotangent = jnp.asarray(rng.standard_normal(3).astype(np.float32))
+
+    def pullback(x):
+        return jax.vjp(lambda x: soj.soft_quantile(x, 0.4, 0.5), x)[1]
+
+    call_module._RECENT.clear()
+    fresh = []
+    for u in inputs:
+        fresh.append(np.asarray(pullback(u)(cotangent)[0]))
+        call_module._RECENT.clear()
+    pullbacks = [pullback(u) for u in inputs]  # the first ones' contexts are no longer kept
+    assert len(call_module._RECENT) == call_module._RECENT_COUNT
+    for i in reversed(range(len(inputs))):
+        got = np.asarray(pullbacks[i](cotangent)[0])
+        np.testing.assert_array_equal(got, fresh[i])
+    assert not np.array_equal(fresh[0], fresh[1])  # (the nudge changes the gradient)
+
+
+def test_scalars_pass_as_numbers_and_read_only_buffers_are_copied():
+    x32 = np.linspace(-1.0, 1.0, 6, dtype=np.float32)
+    x64 = x32.astype(np.float64)
+    q, alpha = np.array(0.3, np.float32), np.array(0.5, np.float32)
+    for arr in (x32, x64, q, alpha):
+        arr.flags.writeable = False
+    spec = call_module.CallSpec("soft_quantile", ("x", "q", "alpha"), (("axis", -1),))
+    call = call_module.Call.plan(spec, {"x": x64, "q": q, "alpha": alpha}, "float64")
+    arguments = call.arguments([x64, q, alpha])
+    assert type(arguments["q"]) is float and arguments["q"] == float(np.float32(0.3))
+    assert type(arguments["alpha"]) is float and arguments["alpha"] == 0.5
+    assert arguments["x"].flags.writeable  # float64: the kernels would read it as it is
+    np.testing.assert_array_equal(arguments["x"], x64)
+    assert call.arguments([x32, q, alpha])["x"] is x32  # converted to float64 before any kernel
