@@ -949,20 +949,12 @@ class PermutationCrossEntropyRule(LossRule):
         )
         return self._reduce(ctx, per_row)
 
-    def vjp(self, ctx, cotangent):
-        cot = self._row_cotangent(ctx, cotangent)
-        x_bar, alpha_bar = self._row_gradients(ctx, cot, narrow=True)
-        return ctx.rows.grad_to_user(x_bar), ctx.alpha_grad(alpha_bar)
-
-    def _row_gradients(self, ctx, cot, narrow=False):
+    def _row_gradients(self, ctx, cot):
         rows, s = ctx.rows, ctx.saved
         alpha_bar = ctx.empty(rows.rows)
+        x_bar = ctx.empty(rows.xs.shape)
         if ctx.kernels is core:
-            # the VJP in 4 rows of scratch (the same values to the bit); with ``narrow`` a
-            # float32 input's gradient in float32 from the kernel (the float64 one rounded
-            # once, as the cast rounded it), without a float64 row of results
-            narrow = narrow and rows.dtype == np.float32
-            x_bar = ctx.empty(rows.xs.shape, np.float32 if narrow else np.float64)
+            # the VJP in 3 rows of scratch and the row of x_bar (the same values to the bit)
             core.permutation.ladder_loss_vjp(
                 rows.xs,
                 rows.order,
@@ -976,7 +968,6 @@ class PermutationCrossEntropyRule(LossRule):
                 ctx.work(core.permutation.LADDER_VJP_WORK),
             )
             return x_bar, alpha_bar
-        x_bar = ctx.empty(rows.xs.shape)
         ctx.kernels.permutation_loss_vjp(
             rows.xs,
             rows.order,

@@ -590,15 +590,15 @@ def permutation_jvp(xs, order, alpha, anchor, offset, worder, x_dot, alpha_dot, 
                 lower = upper
 
 
-# The CPU kernels of the loss that the API calls: int32 anchors, and a VJP in 4 rows of
+# The CPU kernels of the loss that the API calls: int32 anchors, and a VJP in 3 rows of
 # scratch (the general kernels above fill 7 rows and a row of n - 1 for the boundaries'
 # cotangents).
 
 #: rows of scratch of :func:`ladder_loss_forward`: E, A, B (the values by rank then go in E's)
 LADDER_FORWARD_WORK = 3
-#: rows of scratch of :func:`ladder_loss_vjp`: E, B, Bd, and the values by rank, then the
-#: direct terms by rank
-LADDER_VJP_WORK = 4
+#: rows of scratch of :func:`ladder_loss_vjp`: E, B, Bd (the values by rank, then the direct
+#: terms by rank, go in the row of ``x_bar``)
+LADDER_VJP_WORK = 3
 
 _I32_1 = types.Array(types.int32, 1, "C")
 #: the per-row helpers of the ladder kernels, called by symbol (compiled once, not again
@@ -835,11 +835,12 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
 
 
 @helper
-def _ladder_carry_and_scatter(r, order, target, E, inj_up, inj_down, direct, xb):
-    """``xb[order[i]] = (direct + carried down) + carried up``, 0 at infinite entries: the
-    general kernel's gradient (the direct terms, then
+def _ladder_carry_and_scatter(r, order, target, E, inj_up, inj_down, xb):
+    """``xb[order[i]] = (direct + carried down) + carried up``, 0 at infinite entries, from
+    the direct terms by rank in ``xb``: the general kernel's gradient (the direct terms, then
     :func:`~softorder.core.kernel_sums.carry_injections` adding its two passes, then the
-    scatter), the same sums in the same order, with the direct terms read by rank.
+    scatter), the same sums in the same order. The sums go in ``inj_up`` (each slot read
+    just before), from where they are scattered once every direct term is read.
     """
     n = r.shape[0]
     acc = 0.0
@@ -853,8 +854,10 @@ def _ladder_carry_and_scatter(r, order, target, E, inj_up, inj_down, direct, xb)
         if i > 0:
             acc *= E[i]
         acc += inj_up[i]
-        j = order[i]
-        xb[j] = (direct[target[j] - 1] + inj_down[i]) + acc if abs(r[i]) != INF else 0.0
+        total = (xb[target[order[i]] - 1] + inj_down[i]) + acc
+        inj_up[i] = total if abs(r[i]) != INF else 0.0
+    for i in range(n):
+        xb[order[i]] = inj_up[i]
 
 
 @kernel
@@ -873,7 +876,7 @@ def _ladder_vjp_rows(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha
         a = alpha[row]
         inv_alpha = 1.0 / a
         w = work[row]
-        byrank = w[3, :n]
+        byrank = x_bar[row]
         if not _values_by_rank(r, order[row], target[row], byrank):
             alpha_bar[row] = np.nan
             general += 1
@@ -890,7 +893,7 @@ def _ladder_vjp_rows(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha
             general += 1
             continue
         alpha_bar[row] = direct + pulled
-        _ladder_carry_and_scatter(r, order[row], target[row], E, B, Bd, byrank, x_bar[row])
+        _ladder_carry_and_scatter(r, order[row], target[row], E, B, Bd, x_bar[row])
     return general
 
 
@@ -942,17 +945,17 @@ def _ladder_vjp_general(xs, order, alpha, target, anchor, offset, cot, x_bar, al
 
 def ladder_loss_vjp(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar, work):
     """:func:`permutation_loss_vjp` (the same values to the bit) in :data:`LADDER_VJP_WORK`
-    rows of scratch ``work`` (rows, 4, n) instead of 8 rows of n and one of n - 1: cotangent
-    ``cot`` (rows,) -> ``x_bar`` (rows, n; float64, or float32: the float64 gradient rounded
-    once) and ``alpha_bar`` (rows,). ``anchor``: int32 or int64.
+    rows of scratch ``work`` (rows, 3, n) instead of 8 rows of n and one of n - 1: cotangent
+    ``cot`` (rows,) -> ``x_bar`` (rows, n) and ``alpha_bar`` (rows,). ``anchor``: int32 or
+    int64.
 
     The direct terms and the pullback through the boundaries run in one pass over the ranks
     (:func:`_ladder_loss_row_vjp`): the tables ``E``, ``B``, ``Bd`` in rows, ``A``, ``Ad`` by
     their recurrences, the injections in the rows of ``B`` and ``Bd`` behind the ascending
-    boundaries, the boundaries' cotangents in a register; the direct terms by rank in the
-    row of the values by rank, read by rank in the last pass. Rows with repeated target
-    ranks, boundaries out of order or a far tie take the general kernel's path in a kernel
-    of their own (:func:`_ladder_vjp_general`), compiled when first needed.
+    boundaries, the boundaries' cotangents in a register; the values by rank, then the direct
+    terms by rank, in the row of ``x_bar``, read by rank in the last passes. Rows with
+    repeated target ranks, boundaries out of order or a far tie take the general kernel's
+    path in a kernel of their own (:func:`_ladder_vjp_general`), compiled when first needed.
     """
     if _ladder_vjp_rows(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar, work):
         _ladder_vjp_general(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar)
