@@ -1,12 +1,14 @@
 """Kernels' sums computed in another order, or with their merge points found first, give the
 same values to the bit as the plain passes they replace: ``topk_loss._spread_joined`` against
-``kernel_sums.spread_to_points``, on rows with ties, infinities, infinite offsets, zero and
-negative-zero coefficients, and any order of the sources."""
+``kernel_sums.spread_to_points``, ``lapsum.neighbour_sums`` and ``sort.few_tables`` (through
+``lapsum.moment_sums_at``) against the full tables of ``lapsum.moment_tables``, on rows with
+ties, infinities, infinite offsets, zero and negative-zero coefficients, targets at both ends
+and any order of the sources."""
 
 import numpy as np
 import pytest
 
-from softorder.core import kernel_sums, topk_loss
+from softorder.core import kernel_sums, lapsum, sort, topk_loss
 
 
 def _rows(rng, n, trial):
@@ -65,3 +67,55 @@ def test_spread_joined_is_spread_to_points_to_the_bit(rng, spreads, alpha):
                     np.empty(K), np.empty(K))  # fmt: skip
             np.testing.assert_array_equal(out2, out1)
             np.testing.assert_array_equal(np.signbit(out2), np.signbit(out1))
+
+
+@pytest.mark.parametrize("alpha", [1e-3, 0.1, 50.0])
+def test_moment_sums_at_are_moment_tables_to_the_bit(rng, alpha):
+    import numba
+
+    @numba.njit
+    def run(r, inv_alpha, anchor, offset, work, E1, sums, E2, marks, few_at):
+        lapsum.moment_tables(r, inv_alpha, work)
+        lapsum.neighbour_sums(r, inv_alpha, E1, anchor, offset, sums)
+        E, A, B, Ad, Bd, _ = sort.few_tables(r, inv_alpha, anchor, offset, E2, marks)
+        n = r.shape[0]
+        for j in range(anchor.shape[0]):  # the few tables hold their values at these only
+            left = anchor[j] - 1 if offset[j] <= 0.0 else anchor[j]
+            if left >= 0:
+                few_at[0, j] = A[left]
+                few_at[1, j] = Ad[left]
+            if left + 1 < n:
+                few_at[2, j] = B[left + 1]
+                few_at[3, j] = Bd[left + 1]
+
+    for n in [*range(1, 30), 999, 1000]:
+        for trial in range(8):
+            r = _rows(rng, n, trial)
+            K = int(rng.integers(1, 9))
+            anchor = rng.integers(0, n, size=K)
+            if trial > 4 and K > 1:
+                anchor[:2] = [0, n - 1]  # targets at both ends (no left or no right point)
+            offset = rng.choice([-0.3, 0.0, 0.4], size=K)
+            work = np.full((6, n), np.nan)
+            E1, E2, marks = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n)
+            sums, few_at = np.full((5, K), np.nan), np.full((4, K), np.nan)
+            run(r, 1.0 / alpha, anchor, offset, work, E1, sums, E2, marks, few_at)
+            E, A, B, S, Ad, Bd = work
+            np.testing.assert_array_equal(E1, E)
+            np.testing.assert_array_equal(E2, E)
+            left = np.where(offset <= 0.0, anchor - 1, anchor)
+            np.testing.assert_array_equal(sums[0], left)
+            has_left, has_right = left >= 0, left + 1 < n
+            lo, hi = left[has_left], left[has_right] + 1
+            for got, want, where in [
+                (sums[1], A[lo], has_left),
+                (sums[2], Ad[lo], has_left),
+                (sums[3], B[hi], has_right),
+                (sums[4], Bd[hi], has_right),
+                (few_at[0], A[lo], has_left),
+                (few_at[1], Ad[lo], has_left),
+                (few_at[2], B[hi], has_right),
+                (few_at[3], Bd[hi], has_right),
+            ]:
+                np.testing.assert_array_equal(got[where], want)
+            assert np.all(sums[1:, ~has_left][:2] == 0.0) and np.all(sums[3:, ~has_right] == 0.0)
