@@ -59,6 +59,31 @@ def test_topk_cross_entropy_pullback_allocates_the_gradient_and_one_row(dtype):
     assert peak <= 16 * N + 4096
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_permutation_cross_entropy_forward_and_pullback_peak(dtype):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, N // 2)).astype(dtype)
+    ranks = np.argsort(rng.standard_normal(x.shape), axis=1) + 1
+    fn = softorder.permutation_cross_entropy
+    out, pullback = softorder.vjp(fn, x, ranks, alpha=0.1)
+    cotangent = np.ones((), out.dtype)
+    pullback(cotangent)  # kernels compiled or loaded
+    tracemalloc.start()
+    try:
+        out, pullback = softorder.vjp(fn, x, ranks, alpha=0.1)
+        kept = tracemalloc.get_traced_memory()[0]
+        pullback(cotangent)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # kept by the forward pass: the sorted row (float64), its order and the boundaries' int32
+    # anchors (4 bytes each) and offsets (8); the pullback adds x_bar (float64) and 3 rows of
+    # float64 scratch: 56 bytes per element at the peak (was 100: int64 anchors, 7 rows of
+    # scratch, a row of the boundaries' cotangents and x_bar)
+    assert kept <= 24 * N + 4096
+    assert peak <= 56 * N + 8192
+
+
 def _rows(dtype) -> list[np.ndarray]:
     rng = np.random.default_rng(5)
     x = rng.standard_normal((4, 300))
