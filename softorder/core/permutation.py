@@ -42,7 +42,7 @@ from softorder.core.lapsum import (
     sum_tables,
 )
 from softorder.core.rows import gather_finite, has_nan, scatter_finite
-from softorder.core.sort import BATCH, WINDOW, descending_tables
+from softorder.core.sort import descending_tables
 
 FORWARD_WORK = TABLES
 #: the tables with moments, the gradient, and a row for the CPU pullback's injections
@@ -600,6 +600,11 @@ LADDER_FORWARD_WORK = 3
 #: terms by rank, go in the row of ``x_bar``)
 LADDER_VJP_WORK = 3
 
+#: injections kept aside while their points' ``B``, ``Bd`` may still be read
+#: (:func:`_ladder_loss_row_vjp`): a power of 2, moved into the rows BATCH at a time
+WINDOW = 16
+BATCH = 8
+
 _I32_1 = types.Array(types.int32, 1, "C")
 #: the per-row helpers of the ladder kernels, called by symbol (compiled once, not again
 #: inside each kernel)
@@ -684,10 +689,12 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
     cotangents ``beta`` (:func:`~softorder.core.lapsum.inverse_pullback`) in one pass over
     the ranks: boundary ``k - 1``'s cotangent is complete at rank ``k``, and the boundaries
     (targets ``1..n-1``) ascend, so each is pulled back as it comes, with ``beta`` in a
-    register instead of a row. The pullback is that of
-    :func:`~softorder.core.sort._sort_pullback_in_place` (the injections in the rows of ``B``
-    and ``Bd`` behind the ascending targets, ``A`` and ``Ad`` by their recurrences
-    :data:`~softorder.core.sort.BATCH` points at a time). Writes the direct terms into
+    register instead of a row. With ``M`` the largest left point ``L`` so far, later
+    boundaries have ``L >= M - 2`` (a ladder), so ``B`` and ``Bd`` are never read again at the
+    points up to ``M - 2``: those slots take their points' injections, moved there from a
+    window of :data:`WINDOW` points :data:`BATCH` at a time, and ``A``, ``Ad`` come from their
+    recurrences :data:`BATCH` points at a time. Every injection is added in the boundaries'
+    order, as in the rows of injections of ``inverse_pullback``. Writes the direct terms into
     ``byrank`` (rank order) and returns ``(direct alpha_bar, pullback alpha_bar, done)``: the
     same operations in the same order as the general kernel, so the same bits. ``done``
     false: a target out of order, or a tie that throws an injection beyond the window
