@@ -17,7 +17,7 @@ import numpy as np
 from numba import prange, types
 
 from softorder.core._jit import SymbolCalls, helper, kernel
-from softorder.core.kernel_sums import _first_at_or_above
+from softorder.core.kernel_sums import _first_at_or_above, carry_injections, inject_exact
 from softorder.core.laplace import INF, exp_nonpositive, gap, offset_z, rel_weight
 from softorder.core.lapsum import (
     TABLES_WITH_MOMENTS,
@@ -31,9 +31,9 @@ from softorder.core.rows import gather_finite, has_nan, scatter_finite
 #: rows of scratch: the tables and the gradient (the CPU kernel keeps the gradient in the row
 #: of ``S`` and the pullback's upward injections in the last row)
 VJP_WORK = TABLES_WITH_MOMENTS + 1
-#: rows of scratch of soft sort's VJP (:func:`sort_vjp`): E, B, Bd, then the injections and the
-#: gradient in the rows of B and Bd (``A`` and ``Ad`` are kept in registers)
-SORT_VJP_WORK = 3
+#: rows of scratch of soft sort's VJP (:func:`sort_vjp`): E, B, Bd, the upward injections and
+#: the gradient (``A`` and ``Ad`` are kept in registers: :func:`sort_row_vjp`)
+SORT_VJP_WORK = 5
 #: the tables and the tangent (the CPU kernel keeps it in the row of ``S``: one row untouched)
 JVP_WORK = TABLES_WITH_MOMENTS + 1
 #: With at most n / FEW_TARGETS targets per row (soft quantile) the VJP (:func:`few_inverse_vjp`)
@@ -46,6 +46,10 @@ FEW_VJP_WORK = 1
 #: and at most this many (:func:`~softorder.core.lapsum.neighbour_sums` sorts them by
 #: insertion)
 MAX_FEW_TARGETS = 64
+#: the longest row whose few-target pullback runs its two carrying passes beside each other
+#: (:func:`_carry_beside`): their scratch of n / 2 becomes resident, which at n = 1e6 would
+#: cost a float32 row's bytes; longer rows run them one after the other
+CARRY_BESIDE_N = 1 << 16
 
 
 _F, _B = types.float64, types.boolean
@@ -112,20 +116,20 @@ def inverse_vjp(xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha
 def sort_vjp(xs, order, alpha, anchor, offset, u, x_bar, alpha_bar, work):
     """Soft sort's :func:`inverse_vjp` (n targets, no ``w_bar``): cotangent ``u`` (rows, n) ->
     ``x_bar`` (rows, n; original element order) and ``alpha_bar`` (rows,), the same values to
-    the bit, with 4 rows of scratch fewer: ``work`` (rows, :data:`SORT_VJP_WORK`, n).
+    the bit, with two rows of scratch fewer: ``work`` (rows, :data:`SORT_VJP_WORK`, n).
     ``x_bar`` may be ``u`` itself. ``u`` may be float32 (read as it is) and ``x_bar`` float32
     (the float64 gradient rounded once): a float32 input's gradient without a float64 copy of
     its cotangent or a float64 row of results.
 
     :func:`~softorder.core.lapsum.inverse_pullback` with the tables of
     :func:`~softorder.core.lapsum.moment_tables` split by direction: ``E``, ``B``, ``Bd`` in
-    rows (:func:`descending_tables`), ``A``, ``Ad`` by their recurrences as the targets come;
-    soft sort's targets ascend, so ``B`` and ``Bd`` behind them take the injections
-    (:func:`_sort_pullback_in_place`). The same operations in the same order, so the same
-    values to the bit, in 3 rows of n instead of 7. A row whose targets come out of order, or
-    with a tie that throws an injection far ahead, takes :func:`inverse_vjp`'s path instead,
-    with 7 rows of its own (allocated then; soft sort's own targets never need it in the
-    tests' ties and infinities).
+    rows (:func:`descending_tables`), ``A``, ``Ad`` by their recurrences in registers,
+    advanced to each target's left point ``L`` as the targets come. Soft sort's targets
+    ascend, so ``L`` never falls more than 2 below the largest ``L`` so far
+    (:func:`~softorder.core.lapsum.solve_ladder`: ``L`` is ``J - 2``, ``J - 1`` or ``J`` for a
+    non-decreasing count ``J``): the values at the last three points are kept, and any other
+    ``L`` restarts the recurrence (right, only slower). The same operations in the same
+    order, so the same values to the bit.
 
     A kernel of its own: :func:`inverse_vjp` also compiles the few-targets path
     (:func:`few_tables`), which n targets never take, into soft sort's first call.
@@ -142,70 +146,34 @@ def sort_vjp(xs, order, alpha, anchor, offset, u, x_bar, alpha_bar, work):
         E = w[0, :n]
         B = w[1, :n]
         Bd = w[2, :n]
+        inj_up = w[3, :n]
+        rbar = w[4, :n]  # the downward injections, then the gradient in sorted order
         _call_descending_tables(r, inv_alpha, E, B, Bd)
-        ab, done = _sort_pullback_in_place(
-            r, alpha[row], inv_alpha, E, B, Bd, anchor[row], offset[row], u[row]
+        inj_up[:] = 0.0
+        rbar[:] = 0.0
+        alpha_bar[row] = _sort_pullback(
+            r, alpha[row], inv_alpha, E, B, Bd, anchor[row], offset[row], u[row], inj_up, rbar
         )
-        if done:  # the injections up in the row of B, down in that of Bd
-            alpha_bar[row] = ab
-            _carry_and_scatter(r, order[row], E, B, Bd, x_bar[row])
-            continue
-        # targets out of order, or a tie far from its target: inverse_vjp's path (the same
-        # bits), with scratch and float64, int64 copies of this row's arguments of its own
-        fallback = np.empty((TABLES_WITH_MOMENTS + 1, n))
-        tables = _call_sort_tables(r, inv_alpha, fallback)
-        rbar = fallback[3, :n]  # S: the gradients do not read it
-        alpha_bar[row] = _call_sort_pullback(
-            r,
-            alpha[row],
-            tables,
-            anchor[row].astype(np.int64),
-            offset[row],
-            u[row].astype(np.float64),
-            rbar,
-            rbar[:0],
-            fallback[TABLES_WITH_MOMENTS, :n],
-            rbar,
-            False,
-            True,
-        )
+        _call_sort_carry(E, inj_up, rbar, rbar, True)
         scatter_finite(r, order[row], rbar, x_bar[row])
 
 
-#: injections kept aside while their points' ``B``, ``Bd`` may still be read
-#: (:func:`_sort_pullback_in_place`): a power of 2, moved into the rows BATCH at a time
-WINDOW = 16
-BATCH = 8
-
-
 @helper
-def _sort_pullback_in_place(r, alpha, inv_alpha, E, B, Bd, anchor, offset, u):
-    """The loop over the targets of :func:`~softorder.core.lapsum.inverse_pullback` with the
-    injections in the rows of ``B`` (upward) and ``Bd`` (downward) instead of rows of their
-    own, and ``A``, ``Ad`` computed :data:`BATCH` points at a time and kept for
-    :data:`WINDOW` points. Returns ``(alpha_bar, done)``.
-
-    With ``M`` the largest left point ``L`` so far, later targets have ``L >= M - 2`` (soft
-    sort's ladder), so ``B`` and ``Bd`` are never read again at the points up to ``M - 2``:
-    those slots take their points' injections, moved there from a window of :data:`WINDOW`
-    points :data:`BATCH` at a time. Every injection is added in the targets' order, as in
-    the rows of injections of ``inverse_pullback``, so the sums are the same to the bit. A
-    target with ``L < M - 2`` (targets out of order), or a tie that sends an injection beyond
-    the window, stops the loop with ``done`` false (``B``, ``Bd`` then hold neither tables
-    nor injections): the caller takes :func:`inverse_vjp`'s path.
+def _sort_pullback(r, alpha, inv_alpha, E, B, Bd, anchor, offset, u, inj_up, inj_down):
+    """The loop over the targets of :func:`sort_vjp`: injects each target into ``inj_up``,
+    ``inj_down`` and returns ``alpha_bar``, the operations of
+    :func:`~softorder.core.lapsum.inverse_pullback` with ``A[L]``, ``Ad[L]`` from their
+    recurrences (``u`` float32 or float64: compiled for each).
     """
     n = r.shape[0]
     m = anchor.shape[0]
-    win_up = np.zeros(WINDOW)
-    win_down = np.zeros(WINDOW)
-    mask = WINDOW - 1
-    M = 1  # the largest L so far (at least 1)
-    F = 0  # the points below F hold their injections; the window those from F on
-    P = 0  # A, Ad are known at the points up to P - 1, kept from P - WINDOW on
-    a_win = np.empty(WINDOW)
-    ad_win = np.empty(WINDOW)
-    a = 1.0
-    ad = 0.0
+    p = 0  # A, Ad at p (a0, ad0), p - 1 and p - 2
+    a0 = 1.0
+    ad0 = 0.0
+    a1 = 0.0
+    ad1 = 0.0
+    a2 = 0.0
+    ad2 = 0.0
     alpha_bar = 0.0
     for j in range(m):
         an = anchor[j]
@@ -217,35 +185,26 @@ def _sort_pullback_in_place(r, alpha, inv_alpha, E, B, Bd, anchor, offset, u):
             continue
         L = an - 1 if t <= 0.0 else an
         R = L + 1
-        if L < M - 2:
-            return alpha_bar, False
-        M = L if L > M else M
-        # B, Bd at the points up to M - 2 are read no more: their injections go there, 8 at
-        # a time (a loop over the points passed, a random count per target, was mispredicted
-        # about once per target)
-        while F + BATCH <= M - 1:
-            for k in range(F, F + BATCH):
-                B[k] = win_up[k & mask]
-                Bd[k] = win_down[k & mask]
-                win_up[k & mask] = 0.0
-                win_down[k & mask] = 0.0
-            F += BATCH
-        # A, Ad by their recurrences (moment_step_up), BATCH points at a time, kept for the
-        # last WINDOW points
-        while P <= L:
-            for k in range(P, P + BATCH):
-                if k < n:
-                    e = E[k] if k > 0 else 0.0
-                    d = gap(r[k], r[k - 1]) if k > 0 else 0.0
-                    ad = e * (ad + d * inv_alpha * a) if e > 0.0 else 0.0
-                    a = 1.0 + e * a if k > 0 else 1.0
-                    a_win[k & mask] = a
-                    ad_win[k & mask] = ad
-            P += BATCH
-        aL = a_win[L & mask] if L >= 0 else 0.0
-        adL = ad_win[L & mask] if L >= 0 else 0.0
-        # inverse_pullback's usual target, then its general case; R is in the window, and L
-        # too unless it is below F
+        aL = 0.0
+        adL = 0.0
+        if L >= 0:
+            if L < p - 2:
+                p = 0
+                a0 = 1.0
+                ad0 = 0.0
+            while p < L:
+                p += 1
+                e = E[p]
+                d = gap(r[p], r[p - 1])
+                a2 = a1
+                ad2 = ad1
+                a1 = a0
+                ad1 = ad0
+                a0 = 1.0 + e * a1  # moment_step_up
+                ad0 = e * (ad1 + d * inv_alpha * a1) if e > 0.0 else 0.0
+            aL = a0 if L == p else a1 if L == p - 1 else a2
+            adL = ad0 if L == p else ad1 if L == p - 1 else ad2
+        # inverse_pullback's usual target, then its general case
         if L >= 0 and R < n:
             zl = offset_z(ra, r[L], inv_alpha, t)
             zr = offset_z(ra, r[R], inv_alpha, t)
@@ -257,11 +216,8 @@ def _sort_pullback_in_place(r, alpha, inv_alpha, E, B, Bd, anchor, offset, u):
                 G = aL * el + B[R] * er
                 Z = (zl * aL + adL) * el + (zr * B[R] - Bd[R]) * er
                 cj = uj / G
-                win_up[R & mask] += cj * er
-                if L < F:
-                    Bd[L] += cj * el
-                else:
-                    win_down[L & mask] += cj * el
+                inj_up[R] += cj * er
+                inj_down[L] += cj * el
                 alpha_bar += uj * Z / G
                 continue
         zl = offset_z(ra, r[L], inv_alpha, t) if L >= 0 else INF
@@ -284,54 +240,13 @@ def _sort_pullback_in_place(r, alpha, inv_alpha, E, B, Bd, anchor, offset, u):
         cj = uj / G
         if (L < 0 or zl > 0.0) and (R >= n or zr <= 0.0):
             if R < n:
-                win_up[R & mask] += cj * er
+                inj_up[R] += cj * er
             if L >= 0:
-                if L < F:
-                    Bd[L] += cj * el
-                else:
-                    win_down[L & mask] += cj * el
-        else:  # ties or rounding: inject_exact's two points, wherever they are
-            i = _first_at_or_above(r, inv_alpha, ra, t, R)
-            if i >= F + WINDOW:
-                return alpha_bar, False
-            if i < n:
-                c = cj * exp_nonpositive(sh + offset_z(ra, r[i], inv_alpha, t))
-                if i < F:
-                    B[i] += c
-                else:
-                    win_up[i & mask] += c
-            if i > 0:
-                c = cj * exp_nonpositive(sh - offset_z(ra, r[i - 1], inv_alpha, t))
-                if i - 1 < F:
-                    Bd[i - 1] += c
-                else:
-                    win_down[(i - 1) & mask] += c
+                inj_down[L] += cj * el
+        else:  # ties or rounding: inject_exact's two points
+            inject_exact(r, inv_alpha, ra, t, sh, cj, R, inj_up, inj_down)
         alpha_bar += uj * Z / G
-    for k in range(F, min(F + WINDOW, n)):
-        B[k] = win_up[k & mask]
-        Bd[k] = win_down[k & mask]
-    return alpha_bar, True
-
-
-@helper
-def _carry_and_scatter(r, order, E, inj_up, inj_down, xb):
-    """:func:`~softorder.core.kernel_sums.carry_injections` into ``inj_down`` (fresh), its
-    upward pass fused with :func:`~softorder.core.rows.scatter_finite` into ``xb``: the same
-    sums in the same order, one pass over the row less.
-    """
-    n = r.shape[0]
-    acc = 0.0
-    for i in range(n - 1, -1, -1):
-        if i < n - 1:
-            acc *= E[i + 1]
-        acc += inj_down[i]
-        inj_down[i] = acc
-    acc = 0.0
-    for i in range(n):
-        if i > 0:
-            acc *= E[i]
-        acc += inj_up[i]
-        xb[order[i]] = inj_down[i] + acc if abs(r[i]) != INF else 0.0
+    return alpha_bar
 
 
 @helper
@@ -356,13 +271,11 @@ def descending_tables(r, inv_alpha, E, B, Bd):
 _SORT_VJP_CALLS = SymbolCalls(
     # r, inv_alpha, E, B, Bd
     descending_tables=(descending_tables, (_F1, _F, _F1, _F1, _F1)),
-    # inverse_vjp's, for the rows that the usual path does not take
-    moment_tables=_VJP_CALLS._helpers["moment_tables"],
-    inverse_pullback=_VJP_CALLS._helpers["inverse_pullback"],
+    # E, injections up and down, out, fresh_out
+    carry_injections=(carry_injections, (_F1, _F1, _F1, _F1, _B)),
 )
 _call_descending_tables = _SORT_VJP_CALLS.descending_tables
-_call_sort_tables = _SORT_VJP_CALLS.moment_tables
-_call_sort_pullback = _SORT_VJP_CALLS.inverse_pullback
+_call_sort_carry = _SORT_VJP_CALLS.carry_injections
 
 
 @kernel
@@ -584,6 +497,11 @@ def few_pullback(r, alpha, tables, anchor, offset, u, rbar, wbar, want_wbar):
             by_point[k] = by_point[k - 1]
             k -= 1
         by_point[k] = j
+    if n <= CARRY_BESIDE_N:
+        # the spent B (written at a few points, never read again) holds the lower half's
+        # upward sums
+        _carry_beside(E, rbar, up_at, up, by_point, B)
+        return alpha_bar
     acc = 0.0
     for i in range(n - 1, -1, -1):
         if i < n - 1:
@@ -602,3 +520,50 @@ def few_pullback(r, alpha, tables, anchor, offset, u, rbar, wbar, want_wbar):
         acc += injected
         E[i] = rbar[i] + acc
     return alpha_bar
+
+
+@helper
+def _carry_beside(E, rbar, up_at, up, by_point, S):
+    """:func:`few_pullback`'s two passes (the downward one in ``rbar``, then the upward one
+    into ``E``) in one loop, the upward pass at ``k`` beside the downward one at ``n - 1 - k``,
+    so that the latency of each accumulator's chain hides the other's: the same operations on
+    the same values, so the same sums to the bit. The upward sums of the lower half wait in
+    ``S`` (length >= n / 2, rows written at every point: :data:`CARRY_BESIDE_N`) until the
+    downward pass has reached them; each ``E[i]`` is overwritten only after both passes read
+    it.
+    """
+    n = E.shape[0]
+    m = up_at.shape[0]
+    h = (n + 1) // 2
+    down = 0.0
+    acc = 0.0
+    p = 0
+    for k in range(h):  # the downward pass over the upper half, the upward over the lower
+        i = n - 1 - k
+        if i < n - 1:
+            down *= E[i + 1]
+        down += rbar[i]
+        rbar[i] = down
+        if k > 0:
+            acc *= E[k]
+        injected = 0.0
+        while p < m and up_at[by_point[p]] == k:
+            injected += up[by_point[p]]
+            p += 1
+        acc += injected
+        S[k] = acc
+    for k in range(h, n):  # and the other way round; the lower half's sums as they end
+        i = n - 1 - k
+        down *= E[i + 1]
+        down += rbar[i]
+        rbar[i] = down
+        if i + 1 < h:  # E[i + 1] read by both passes
+            E[i + 1] = rbar[i + 1] + S[i + 1]
+        acc *= E[k]
+        injected = 0.0
+        while p < m and up_at[by_point[p]] == k:
+            injected += up[by_point[p]]
+            p += 1
+        acc += injected
+        E[k] = rbar[k] + acc
+    E[0] = rbar[0] + S[0]
