@@ -691,6 +691,37 @@ def _check_dim(x: Tensor, dim) -> int:
     return dim
 
 
+def _run_input(name: str, x, statics: dict) -> Tensor:
+    """:func:`_run` for an operation whose arguments besides the input ``x`` may all be
+    settings and numbers: ``statics`` holds them, ``dim`` as ``axis``, last (where
+    :func:`_run` puts it). The common case is decided here with few operations (each counts
+    at n = 1e2): one plain CPU tensor of a wide float dtype, a valid int ``dim``, plain
+    settings, no transform; it makes the call :func:`_run` would make, with the same statics
+    in the same order. Every other call goes through :func:`_run`.
+    """
+    if (
+        not torch.compiler.is_compiling()
+        and type(x) is Tensor
+        and x.is_cpu
+        and x.dtype in _WIDE_FLOATS
+        and "cpu" not in _ON_DEVICE
+        and not (compat.transforms_active() or compat.is_wrapped(x) or compat.dual_level_open())
+    ):
+        dim, shape = statics["axis"], x.shape
+        if type(dim) is int and -len(shape) <= dim < len(shape) and shape[dim]:
+            for value in statics.values():
+                if type(value) not in _PLAIN_TYPES:
+                    break
+            else:
+                call = _Call(name, (_INPUT_NAMES[name],), statics)
+                if x.requires_grad and torch.is_grad_enabled():
+                    return _InputOnlyOperation.c_apply(call, x)
+                return _values(call, x)  # nothing to differentiate: no Function (about 2 us)
+    arguments = {_INPUT_NAMES[name]: x, **statics}
+    arguments["dim"] = arguments.pop("axis")
+    return _run(name, arguments)
+
+
 def _run(name: str, arguments: dict) -> Tensor:
     """Call the NumPy API's operation ``name`` with the bridge function's ``arguments``.
 
@@ -699,35 +730,9 @@ def _run(name: str, arguments: dict) -> Tensor:
     """
     input_name = _INPUT_NAMES[name]
     x = arguments[input_name]
-    compiling = torch.compiler.is_compiling()
-    if (
-        not compiling
-        and type(x) is Tensor
-        and x.is_cpu
-        and x.dtype in _WIDE_FLOATS
-        and "cpu" not in _ON_DEVICE
-        and not (compat.transforms_active() or compat.is_wrapped(x) or compat.dual_level_open())
-    ):
-        # the common case, decided with few operations (each counts at n = 1e2): one plain
-        # CPU tensor and plain settings, no transform; the general path below would make the
-        # same call, with the same statics in the same order
-        del arguments[input_name]
-        if "dim" in arguments:
-            dim, shape = arguments.pop("dim"), x.shape
-            if not (type(dim) is int and -len(shape) <= dim < len(shape) and shape[dim]):
-                dim = _check_dim(x, dim)  # (the common case passes without the call)
-            arguments["axis"] = dim
-        for value in arguments.values():
-            if type(value) not in _PLAIN_TYPES:
-                break
-        else:
-            call = _Call(name, (input_name,), arguments)
-            if x.requires_grad and torch.is_grad_enabled():
-                return _InputOnlyOperation.c_apply(call, x)
-            return _values(call, x)  # nothing to differentiate: no Function (about 2 us)
-        arguments = {input_name: x, **arguments}
     if not isinstance(x, Tensor) or not x.dtype.is_floating_point:  # (getters: no arg parsing)
         _check_input(x, input_name)  # raises
+    compiling = torch.compiler.is_compiling()
     if compiling:
         _plain_settings_when_compiling(arguments)
         _no_forward_mode_when_compiling()
@@ -863,7 +868,7 @@ def soft_topk(
     >>> p.round(decimals=3), float(p.sum())
     (tensor([1., 0., 1., 0.]), 2.0)
     """
-    return _run("soft_topk", dict(x=x, k=k, alpha=alpha, dim=dim, largest=largest))
+    return _run_input("soft_topk", x, {"k": k, "alpha": alpha, "largest": largest, "axis": dim})
 
 
 @documented(operations.log_soft_topk, _TORCH)
@@ -877,7 +882,7 @@ def log_soft_topk(
     >>> sot.log_soft_topk(torch.tensor([0.0, 2000.0], dtype=torch.float64), 1, alpha=1.0)
     tensor([-1000.6931,    -0.0000], dtype=torch.float64)
     """
-    return _run("log_soft_topk", dict(x=x, k=k, alpha=alpha, dim=dim, largest=largest))
+    return _run_input("log_soft_topk", x, {"k": k, "alpha": alpha, "largest": largest, "axis": dim})
 
 
 @documented(operations.soft_rank, _TORCH)
@@ -891,7 +896,7 @@ def soft_rank(
     >>> sot.soft_rank(torch.tensor([0.5, -1.0, 3.0]), alpha=0.01)
     tensor([2., 1., 3.])
     """
-    return _run("soft_rank", dict(x=x, alpha=alpha, dim=dim, descending=descending))
+    return _run_input("soft_rank", x, {"alpha": alpha, "descending": descending, "axis": dim})
 
 
 @documented(operations.soft_sort, _TORCH)
@@ -905,7 +910,7 @@ def soft_sort(
     >>> sot.soft_sort(torch.tensor([2.0, -1.0, 0.5]), alpha=0.001)
     tensor([-1.0000,  0.5000,  2.0000])
     """
-    return _run("soft_sort", dict(x=x, alpha=alpha, dim=dim, descending=descending))
+    return _run_input("soft_sort", x, {"alpha": alpha, "descending": descending, "axis": dim})
 
 
 @documented(operations.soft_quantile, _TORCH)
@@ -920,7 +925,7 @@ def soft_quantile(
     >>> sot.soft_quantile(x, torch.tensor([0.25, 0.75]), alpha=1e-3)
     tensor([1.5000, 3.5000], dtype=torch.float64)
     """
-    return _run("soft_quantile", dict(x=x, q=q, alpha=alpha, dim=dim))
+    return _run_input("soft_quantile", x, {"q": q, "alpha": alpha, "axis": dim})
 
 
 @documented(operations.soft_permutation, _TORCH)
@@ -936,7 +941,8 @@ def soft_permutation(
     >>> P @ x
     tensor([-3.0000,  0.2000,  1.0000])
     """
-    return _run("soft_permutation", dict(x=x, alpha=alpha, dim=dim, descending=descending))
+    statics = {"alpha": alpha, "descending": descending, "axis": dim}
+    return _run_input("soft_permutation", x, statics)
 
 
 @documented(operations.topk_cross_entropy, _TORCH)
