@@ -219,8 +219,9 @@ def direct_backward(cls: type) -> type:
     which looks up ``backward`` and ``vjp`` and checks that only one is defined on every call
     (about 0.3 us, 1% of the bridge's per-call floor at n = 1e2). The decorator makes the
     node class's ``apply`` the ``backward`` itself, which is what that method ends up
-    calling. Without the private node class, or for a Function that ``apply`` treats
-    otherwise (a ``vjp``, ``boxed_grads_call``), ``cls`` is left as it is.
+    calling (checked with torch 2.6.0, 2.13.0 and 2.14.1). Without the private node class,
+    or for a Function that ``apply`` treats otherwise (a ``vjp``, ``boxed_grads_call``),
+    ``cls`` is left as it is.
     """
     node = cls.__dict__.get("_backward_cls")
     function = torch.autograd.Function
