@@ -63,8 +63,8 @@ def test_spread_joined_is_spread_to_points_to_the_bit(rng, spreads, alpha):
             shift = -np.abs(rng.standard_normal(K))
             out1 = rng.standard_normal(n) * (trial % 2)
             out2 = out1.copy()
-            spreads(r, 1.0 / alpha, E, anchor, offset, c, shift, order, out1, out2,
-                    np.empty(K), np.empty(K))  # fmt: skip
+            up_at, down_at = np.empty(K), np.empty(K)
+            spreads(r, 1.0 / alpha, E, anchor, offset, c, shift, order, out1, out2, up_at, down_at)
             np.testing.assert_array_equal(out2, out1)
             np.testing.assert_array_equal(np.signbit(out2), np.signbit(out1))
 
@@ -119,3 +119,49 @@ def test_moment_sums_at_are_moment_tables_to_the_bit(rng, alpha):
             ]:
                 np.testing.assert_array_equal(got[where], want)
             assert np.all(sums[1:, ~has_left][:2] == 0.0) and np.all(sums[3:, ~has_right] == 0.0)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_few_inverse_vjp_is_inverse_vjp_to_the_bit(rng, dtype):
+    """The few-target pullback (its tables at the targets' points, its two carrying passes
+    beside each other) against the general one, on rows with ties, infinities, a NaN row,
+    targets at both ends and zero cotangents of both signs."""
+    from softorder.core import sort
+
+    for n in [*range(1, 30), 999, 1000]:
+        for trial in range(8):
+            rows = 3
+            x = np.stack([_rows(rng, n, trial) for _ in range(rows)]).astype(dtype)
+            x = x.astype(np.float64)
+            if trial == 5 and n > 1:
+                x[1, -1] = np.nan
+            m = int(rng.integers(1, 5))
+            w = np.sort(rng.uniform(0.0, n, size=(rows, m)), axis=1)
+            if trial > 5:
+                w[:, 0] = 0.5 / (n + 1)
+                w[:, -1] = n - 0.5 / (n + 1)
+            alpha = rng.choice([1e-3, 0.1, 50.0], size=rows)
+            out = np.empty((rows, m))
+            anchor, offset = np.empty((rows, m), np.int64), np.empty((rows, m))
+            lapsum.inverse_kernel(
+                x, alpha, w, np.argsort(w, axis=1), out, anchor, offset, np.empty((rows, 4, n))
+            )
+            order = np.argsort(rng.standard_normal((rows, n)), axis=1)
+            u = rng.standard_normal((rows, m)) * rng.choice([0.0, 1.0, -0.0], size=(rows, m))
+            got = []
+            kernels = [(sort.few_inverse_vjp, sort.FEW_VJP_WORK), (sort.inverse_vjp, sort.VJP_WORK)]
+            for kernel, width in kernels:
+                x_bar, w_bar, alpha_bar = (
+                    np.full((rows, n), 7.0),
+                    np.full((rows, m), 7.0),
+                    np.ones(rows),
+                )
+                work = np.full((rows, width, n), 3.0)
+                worder, twork = np.empty((rows, 0), np.int64), np.empty((rows, 0, m))
+                kernel(
+                    x, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha_bar, work, twork
+                )
+                got.append((x_bar, w_bar, alpha_bar))
+            for few, general in zip(*got, strict=True):
+                np.testing.assert_array_equal(few, general)
+                np.testing.assert_array_equal(np.signbit(few), np.signbit(general))
