@@ -241,6 +241,41 @@ def prefix_sums_halves(r, inv_alpha, A, B):
         j -= 1
 
 
+@helper
+def prefix_tables_halves(r, inv_alpha, E, A, B):
+    """:func:`prefix_sums` (the same operations, so the same ``E``, ``A`` and ``B`` to the
+    bit) in the order of :func:`prefix_sums_halves`: ``A``'s recurrence up the lower half
+    beside ``B``'s down the upper half, each computing its decays, then both finish the other
+    half from the decays the other stored.
+    """
+    n = r.shape[0]
+    h = (n + 1) // 2
+    E[0] = 0.0
+    A[0] = 1.0
+    B[n - 1] = 1.0
+    a = 1.0
+    b = 1.0
+    j = n - 2
+    for i in range(1, h):
+        e = math.exp(-gap(r[i], r[i - 1]) * inv_alpha)
+        E[i] = e
+        a = 1.0 + e * a
+        A[i] = a
+        f = math.exp(-gap(r[j + 1], r[j]) * inv_alpha)
+        E[j + 1] = f
+        b = 1.0 + f * b
+        B[j] = b
+        j -= 1
+    if n % 2 == 0:  # E[h], between the halves, is the one neither computed
+        E[h] = math.exp(-gap(r[h], r[h - 1]) * inv_alpha)
+    for i in range(h, n):
+        a = 1.0 + E[i] * a
+        A[i] = a
+        b = 1.0 + E[j + 1] * b
+        B[j] = b
+        j -= 1
+
+
 @inner_helper
 def lapsum_at(A, B, i):
     """``S(r[i])``, as :func:`lapsum_at_points` stores it."""
@@ -819,7 +854,7 @@ def inverse_kernel(xs, alpha, w, worder, out, anchor, offset, work):
 #: the kernel (the first call's compilation)
 _SORT_CALLS = SymbolCalls(
     # r, inv_alpha, E, A, B
-    prefix_sums=(prefix_sums, (_F1, _F, _F1, _F1, _F1)),
+    prefix_sums=(prefix_tables_halves, (_F1, _F, _F1, _F1, _F1)),
     # r, alpha, inv_alpha, E, A, B, w0, anchor, t, out
     solve_ladder=(solve_ladder, (_F1, _F, _F, _F1, _F1, _F1, _F, _L1, _F1, _F1)),
 )
@@ -851,7 +886,7 @@ def sort_kernel(xs, alpha, out, anchor, offset, work):
 #: the per-row helpers of :func:`sort_forward`: :func:`sort_kernel`'s, with int32 anchors
 _SORT_FORWARD_CALLS = SymbolCalls(
     # r, inv_alpha, E, A, B
-    prefix_sums=(prefix_sums, (_F1, _F, _F1, _F1, _F1)),
+    prefix_sums=(prefix_tables_halves, (_F1, _F, _F1, _F1, _F1)),
     # r, alpha, inv_alpha, E, A, B, w0, anchor, t, out
     solve_ladder=(
         solve_ladder,
