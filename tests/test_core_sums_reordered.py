@@ -1,9 +1,8 @@
 """Kernels' sums computed in another order, or with their merge points found first, give the
 same values to the bit as the plain passes they replace: ``topk_loss._spread_joined`` against
-``kernel_sums.spread_to_points``, ``lapsum.neighbour_sums`` and ``sort.few_tables`` (through
-``lapsum.moment_sums_at``) against the full tables of ``lapsum.moment_tables``, on rows with
-ties, infinities, infinite offsets, zero and negative-zero coefficients, targets at both ends
-and any order of the sources."""
+``kernel_sums.spread_to_points``, ``lapsum.neighbour_sums`` and ``sort.few_tables`` against
+the full tables of ``lapsum.moment_tables``, on rows with ties, infinities, infinite offsets,
+zero and negative-zero coefficients, targets at both ends and any order of the sources."""
 
 import numpy as np
 import pytest
@@ -70,7 +69,7 @@ def test_spread_joined_is_spread_to_points_to_the_bit(rng, spreads, alpha):
 
 
 @pytest.mark.parametrize("alpha", [1e-3, 0.1, 50.0])
-def test_moment_sums_at_are_moment_tables_to_the_bit(rng, alpha):
+def test_neighbour_sums_and_few_tables_are_moment_tables_to_the_bit(rng, alpha):
     import numba
 
     @numba.njit

@@ -467,78 +467,17 @@ def moment_step_down(r, i, e, inv_alpha, b, bd):
 
 
 @helper
-def moment_sums_at(r, inv_alpha, E, ups, downs, up_sums, down_sums):
-    """Fill ``E`` and read the recurrences of ``A``, ``Ad`` at the points ``ups`` and of
-    ``B``, ``Bd`` at the points ``downs`` (each ascending, in ``[0, n)``; repeats allowed):
-    ``up_sums[:, p] = (A, Ad)`` at ``ups[p]``, ``down_sums[:, p] = (B, Bd)`` at ``downs[p]``.
-    The same values to the bit as :func:`moment_tables` (the same operations on each value).
-
-    The decays first, in a pass of their own: an ``exp`` call beside the recurrences clobbers
-    the registers that hold their accumulators. Then ``A``'s recurrence up to the last of
-    ``ups`` and ``B``'s down to the first of ``downs`` run in one loop, so that the latency
-    of each hides the other's.
-    """
-    n = r.shape[0]
-    mu = ups.shape[0]
-    md = downs.shape[0]
-    E[0] = 0.0
-    for i in range(1, n):
-        E[i] = math.exp(-gap(r[i], r[i - 1]) * inv_alpha)
-    last_up = ups[mu - 1] if mu > 0 else 0  # A's recurrence steps to 1..last_up
-    first_down = downs[0] if md > 0 else n - 1  # B's to n - 2 down to first_down
-    a = 1.0
-    ad = 0.0
-    pu = 0
-    nu = ups[0] if mu > 0 else -1  # the next point to read A at
-    while nu == 0:
-        up_sums[0, pu] = a
-        up_sums[1, pu] = ad
-        pu += 1
-        nu = ups[pu] if pu < mu else -1
-    b = 1.0
-    bd = 0.0
-    pd = md - 1
-    nd = downs[pd] if md > 0 else -1
-    while nd == n - 1:
-        down_sums[0, pd] = b
-        down_sums[1, pd] = bd
-        pd -= 1
-        nd = downs[pd] if pd >= 0 else -1
-    q = 1  # A's next point
-    p = n - 2  # B's next point
-    while q <= last_up or p >= first_down:
-        if q <= last_up:
-            e = E[q]
-            d = gap(r[q], r[q - 1])
-            ad = e * (ad + d * inv_alpha * a) if e > 0.0 else 0.0
-            a = 1.0 + e * a
-            while q == nu:
-                up_sums[0, pu] = a
-                up_sums[1, pu] = ad
-                pu += 1
-                nu = ups[pu] if pu < mu else -1
-            q += 1
-        if p >= first_down:
-            e = E[p + 1]
-            d = gap(r[p + 1], r[p])
-            bd = e * (bd + d * inv_alpha * b) if e > 0.0 else 0.0
-            b = 1.0 + e * b
-            while p == nd:
-                down_sums[0, pd] = b
-                down_sums[1, pd] = bd
-                pd -= 1
-                nd = downs[pd] if pd >= 0 else -1
-            p -= 1
-
-
-@helper
 def neighbour_sums(r, inv_alpha, E, anchor, offset, sums):
     """Fill ``E`` and, for each target ``j`` (``anchor``, ``offset``) with left point ``L``
     (``anchor - 1`` for ``offset <= 0``, else ``anchor``; -1 for none) and right point
     ``L + 1`` (n for none), ``sums[:, j] = (L, A[L], Ad[L], B[L + 1], Bd[L + 1])``: the
-    recurrences of :func:`row_tables` with moments, read at the targets' points
-    (:func:`moment_sums_at`; the same values to the bit; 0 for a missing point). For a few
-    targets: they are sorted by insertion, O(m + inversions).
+    recurrences of :func:`row_tables` with moments, kept in registers and read at the
+    targets' points (the same values to the bit; 0 for a missing point). For a few targets:
+    they are sorted by insertion, O(m + inversions).
+
+    The decays come first, in a pass of their own (an ``exp`` call beside a recurrence
+    clobbers the registers of its accumulators), and ``A``'s recurrence stops at the last
+    left point: the top-k loss's targets sit near the bottom of the row.
     """
     n = r.shape[0]
     m = anchor.shape[0]
@@ -550,41 +489,47 @@ def neighbour_sums(r, inv_alpha, E, anchor, offset, sums):
         sums[3, j] = 0.0
         sums[4, j] = 0.0
     # (np.argsort compiled a sort of its own into every kernel that calls this)
-    points = np.empty(3 * m, np.int64)  # (one allocation for the three)
-    by_left = points[:m]
+    by_left = np.empty(m, np.int64)
     for j in range(m):
         k = j
         while k > 0 and L[by_left[k - 1]] > L[j]:
             by_left[k] = by_left[k - 1]
             k -= 1
         by_left[k] = j
-    ups = points[m : 2 * m]
-    downs = points[2 * m :]
-    mu = 0
-    md = 0
-    for p in range(m):
-        left = int(L[by_left[p]])
-        if left >= 0:
-            ups[mu] = left
-            mu += 1
-        if left + 1 < n:
-            downs[md] = left + 1
-            md += 1
-    at = np.empty((4, m))
-    moment_sums_at(r, inv_alpha, E, ups[:mu], downs[:md], at[:2, :mu], at[2:, :md])
-    mu = 0
-    md = 0
-    for p in range(m):
-        j = by_left[p]
-        left = int(L[j])
-        if left >= 0:
-            sums[1, j] = at[0, mu]
-            sums[2, j] = at[1, mu]
-            mu += 1
-        if left + 1 < n:
-            sums[3, j] = at[2, md]
-            sums[4, j] = at[3, md]
-            md += 1
+    E[0] = 0.0
+    for i in range(1, n):
+        E[i] = math.exp(-gap(r[i], r[i - 1]) * inv_alpha)
+    a = 1.0
+    ad = 0.0
+    p = 0
+    for i in range(n):
+        if p == m:  # every left point read
+            break
+        if i > 0:
+            d = gap(r[i], r[i - 1])
+            e = E[i]  # moment_step_up's, its exp done
+            ad = e * (ad + d * inv_alpha * a) if e > 0.0 else 0.0
+            a = 1.0 + e * a
+        while p < m and L[by_left[p]] <= i:
+            j = by_left[p]
+            if L[j] == i:
+                sums[1, j] = a
+                sums[2, j] = ad
+            p += 1
+    b = 1.0
+    bd = 0.0
+    p = m - 1
+    for i in range(n - 1, -1, -1):
+        if p < 0:  # every right point read
+            break
+        if i < n - 1:
+            b, bd = moment_step_down(r, i, E[i + 1], inv_alpha, b, bd)
+        while p >= 0 and L[by_left[p]] + 1 >= i:
+            j = by_left[p]
+            if L[j] + 1 == i:
+                sums[3, j] = b
+                sums[4, j] = bd
+            p -= 1
 
 
 @kernel

@@ -16,14 +16,15 @@ import math
 import numpy as np
 from numba import prange, types
 
-from softorder.core._jit import SymbolCalls, helper, kernel
+from softorder.core._jit import SymbolCalls, helper, inner_helper, kernel
 from softorder.core.kernel_sums import _first_at_or_above, carry_injections, inject_exact
 from softorder.core.laplace import INF, exp_nonpositive, gap, offset_z, rel_weight
 from softorder.core.lapsum import (
     TABLES_WITH_MOMENTS,
     inverse_pullback,
     inverse_pushforward,
-    moment_sums_at,
+    moment_step_down,
+    moment_step_up,
     moment_tables,
 )
 from softorder.core.rows import gather_finite, has_nan, scatter_finite
@@ -353,11 +354,10 @@ def few_inverse_vjp(
 def few_tables(r, inv_alpha, anchor, offset, E, marks):
     """The tables of :func:`~softorder.core.lapsum.moment_tables` as the
     pullback of a few targets reads them: ``E`` whole, ``A``, ``Ad`` at each target's left
-    point and ``B``, ``Bd`` at its right one, by the same recurrences
-    (:func:`~softorder.core.lapsum.moment_sums_at`: the same values to the bit). The rest of
-    those arrays is never written, so its pages never become resident: at n = 1e6, 32 MB
-    less than the full tables. ``marks`` (n) is returned in the place of ``S``, unread and
-    unwritten (the caller reuses it).
+    point and ``B``, ``Bd`` at its right one, by the same recurrences (the same values to the
+    bit). The rest of those arrays is never written, so its pages never become resident: at
+    n = 1e6, 32 MB less than the full tables. ``marks`` (n) marks the points read (1: left,
+    2: right, 3: both); the caller reuses it.
     """
     n = r.shape[0]
     m = anchor.shape[0]
@@ -367,34 +367,30 @@ def few_tables(r, inv_alpha, anchor, offset, E, marks):
     B = np.empty(n)
     Ad = np.empty(n)
     Bd = np.empty(n)
-    points = np.empty(3 * m, np.int64)  # (one allocation for the three)
-    lefts = points[:m]  # the targets' left points, ascending (by insertion)
+    marks[:] = 0.0
     for j in range(m):
         left = anchor[j] - 1 if offset[j] <= 0.0 else anchor[j]
-        k = j
-        while k > 0 and lefts[k - 1] > left:
-            lefts[k] = lefts[k - 1]
-            k -= 1
-        lefts[k] = left
-    ups = points[m : 2 * m]
-    downs = points[2 * m :]
-    mu = 0
-    md = 0
-    for p in range(m):
-        if lefts[p] >= 0:
-            ups[mu] = lefts[p]
-            mu += 1
-        if lefts[p] + 1 < n:
-            downs[md] = lefts[p] + 1
-            md += 1
-    at = np.empty((4, m))
-    moment_sums_at(r, inv_alpha, E, ups[:mu], downs[:md], at[:2, :mu], at[2:, :md])
-    for p in range(mu):
-        A[ups[p]] = at[0, p]
-        Ad[ups[p]] = at[1, p]
-    for p in range(md):
-        B[downs[p]] = at[2, p]
-        Bd[downs[p]] = at[3, p]
+        if left >= 0 and (marks[left] == 0.0 or marks[left] == 2.0):
+            marks[left] += 1.0
+        if left + 1 < n and marks[left + 1] < 2.0:
+            marks[left + 1] += 2.0
+    E[0] = 0.0
+    a = 1.0
+    ad = 0.0
+    for i in range(n):
+        if i > 0:
+            E[i], a, ad = moment_step_up(gap(r[i], r[i - 1]), inv_alpha, a, ad)
+        if marks[i] == 1.0 or marks[i] == 3.0:
+            A[i] = a
+            Ad[i] = ad
+    b = 1.0
+    bd = 0.0
+    for i in range(n - 1, -1, -1):
+        if i < n - 1:
+            b, bd = moment_step_down(r, i, E[i + 1], inv_alpha, b, bd)
+        if marks[i] >= 2.0:
+            B[i] = b
+            Bd[i] = bd
     return E, A, B, Ad, Bd, marks
 
 
@@ -522,7 +518,7 @@ def few_pullback(r, alpha, tables, anchor, offset, u, rbar, wbar, want_wbar):
     return alpha_bar
 
 
-@helper
+@inner_helper
 def _carry_beside(E, rbar, up_at, up, by_point, S):
     """:func:`few_pullback`'s two passes (the downward one in ``rbar``, then the upward one
     into ``E``) in one loop, the upward pass at ``k`` beside the downward one at ``n - 1 - k``,
