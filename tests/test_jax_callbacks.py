@@ -67,6 +67,24 @@ def test_kept_and_restored_contexts_give_the_same_gradients(case, x64_on, rng, m
         assert np.isfinite(got).all()
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_a_kept_context_serves_several_pullbacks(case, rng, monkeypatch):
+    """The rules' VJPs never write into a context: a pullback called twice on a kept context
+    gives the restored context's gradients both times.
+    """
+    fn, extra = CASES[case]
+    args = (jnp.asarray(_rows(rng).astype(np.float32)), jnp.asarray(np.float32(0.7)))
+    out, pullback = jax.vjp(lambda x, a: fn(x, *extra, a), *args)
+    cotangent = jnp.asarray(rng.standard_normal(out.shape).astype(np.float32))
+    twice = [jax.tree.map(np.asarray, pullback(cotangent)) for _ in range(2)]
+    monkeypatch.setattr(call_module, "_RECENT_BYTES", -1)
+    call_module._RECENT.clear()
+    restored = jax.tree.map(np.asarray, jax.vjp(lambda x, a: fn(x, *extra, a), *args)[1](cotangent))
+    for got in twice:
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(restored), strict=True):
+            np.testing.assert_array_equal(a, b, strict=True)
+
+
 def test_a_pullback_takes_only_its_own_forward_passes_context(rng):
     """Pullbacks called out of order, after more forward passes than are kept, on inputs
     that differ in one bit: each gives the gradient of its own forward pass.
@@ -89,6 +107,8 @@ def test_a_pullback_takes_only_its_own_forward_passes_context(rng):
     for i in reversed(range(len(inputs))):
         got = np.asarray(pullbacks[i](cotangent)[0])
         np.testing.assert_array_equal(got, fresh[i])
+        again = np.asarray(pullbacks[i](cotangent)[0])  # a kept context serves twice
+        np.testing.assert_array_equal(again, fresh[i])
     assert not np.array_equal(fresh[0], fresh[1])  # (the nudge changes the gradient)
 
 

@@ -266,18 +266,22 @@ class Call(NamedTuple):
         passes as a Python float: the same value, checked the same way, on the rules' fast
         path for scalars.
         """
-        lead = len(np.shape(arrays[0])) - self.x_ndim
-        arguments = dict(self.spec.statics)
-        input_name = self.spec.rule.input_name
-        for name, arr, insert in zip(self.spec.names, arrays, self.inserts, strict=True):
+        spec = self.spec
+        arguments = dict(spec.statics)
+        input_name = spec.rule.input_name
+        lead = None
+        for name, arr, insert in zip(spec.names, arrays, self.inserts, strict=True):
             if host:
-                arr = np.asarray(arr)
-                if name in _SCALARS and arr.ndim == 0 and arr.dtype.kind == "f":
+                if type(arr) is not np.ndarray:
+                    arr = np.asarray(arr)
+                if arr.ndim == 0 and name in _SCALARS and arr.dtype.kind == "f":
                     arguments[name] = float(arr)  # exact: a float32 widens exactly
                     continue
                 if not arr.flags.writeable and (name != input_name or arr.dtype == _F64):
                     arr = arr.copy()
             if insert:
+                if lead is None:
+                    lead = len(np.shape(arrays[0])) - self.x_ndim
                 arr = arr.reshape(arr.shape[:lead] + (1,) * insert + arr.shape[lead:])
             arguments[name] = arr
         return arguments
