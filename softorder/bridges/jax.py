@@ -13,7 +13,11 @@ passes are callbacks into the numba core
 (:func:`jax.experimental.buffer_callback.buffer_callback` calls, into the CPU kernels on the
 CPU and into the GPU kernels on a CUDA backend: see "Devices"), or XLA FFI calls (see "FFI
 route"); the forward pass keeps the O(n)-per-row residuals of the rule (the argsort of each
-row and the inversion targets), so the backward pass never sorts again.
+row and the inversion targets), so the backward pass never sorts again. On the CPU a small
+call (at most 64 KiB of arguments) also keeps its whole context, in host memory, for the
+backward pass on the same arguments (:mod:`softorder._engine.call`: the last 8 such contexts,
+found by the call and the bytes of every argument), which then rebuilds nothing: the same
+gradients to the bit, for less Python per call.
 
 FFI route
     On the CPU backend, ``soft_rank``, ``soft_sort``, ``soft_topk`` and ``log_soft_topk`` with a
