@@ -126,3 +126,60 @@ def test_scalars_pass_as_numbers_and_read_only_buffers_are_copied():
     assert arguments["x"].flags.writeable  # float64: the kernels would read it as it is
     np.testing.assert_array_equal(arguments["x"], x64)
     assert call.arguments([x32, q, alpha])["x"] is x32  # converted to float64 before any kernel
+
+
+def _backward_outputs(jaxpr) -> list:
+    """The number of results of each backward buffer_callback in ``jaxpr`` (nested too)."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "buffer_callback" and "_Backward" in str(eqn.params["callback"]):
+            found.append(len(eqn.outvars))
+        for param in eqn.params.values():
+            sub = getattr(param, "jaxpr", param)
+            if hasattr(sub, "eqns"):
+                found += _backward_outputs(sub)
+    return found
+
+
+def test_the_backward_pass_returns_only_the_gradients_asked_for(rng):
+    """Arguments that are not differentiated (JAX's symbolic zeros) get no gradient from the
+    callback; those that are get the same gradients as when all are.
+    """
+    x = jnp.asarray(_rows(rng).astype(np.float32))
+    q, alpha = jnp.float32(0.3), jnp.float32(0.7)
+
+    def loss(x, q, alpha):
+        return jnp.sum(soj.soft_quantile(x, q, alpha) * jnp.arange(1.0, 4.0))
+
+    for argnums, outputs in (((0,), 1), ((0, 2), 2), ((1,), 1), ((0, 1, 2), 3)):
+        jaxpr = jax.make_jaxpr(jax.grad(loss, argnums))(x, q, alpha).jaxpr
+        assert _backward_outputs(jaxpr) == [outputs]
+    every = jax.jit(jax.grad(loss, (0, 1, 2)))(x, q, alpha)
+    for argnums in ((0,), (1,), (2,), (0, 2)):
+        some = jax.jit(jax.grad(loss, argnums))(x, q, alpha)
+        for i, grad in zip(argnums, some, strict=True):
+            np.testing.assert_array_equal(np.asarray(grad), np.asarray(every[i]), strict=True)
+
+
+def test_a_symbolic_zero_cotangent_is_a_zero_cotangent(rng):
+    x = jnp.asarray(_rows(rng).astype(np.float32))
+    alpha = jnp.float32(0.7)
+    call_args = (x, alpha)
+    _, vjp = jax.vjp(lambda x, a: soj.soft_permutation(x, a), *call_args)
+    zeros = vjp(jnp.zeros((3, 5, 5), jnp.float32))
+    saved = None
+
+    def grab(call, route, *primals):
+        nonlocal saved
+        out, saved = soj._apply_fwd(call, route, *primals)
+        return out, saved
+
+    # the backward rule itself, given JAX's symbolic zero for the cotangent
+    primals = [jax.custom_derivatives.CustomVJPPrimal(a, True) for a in (x, alpha)]
+    spec = soj.CallSpec("soft_permutation", ("x", "alpha"), (("axis", -1), ("descending", False)))
+    call = soj.Call.plan(spec, {"x": x, "alpha": alpha}, "float32", True)
+    grab(call, "host", *primals)
+    symbolic = jax.custom_derivatives.SymbolicZero(jax.core.ShapedArray((3, 5, 5), jnp.float32))
+    got = soj._apply_bwd(call, "host", saved, symbolic)
+    for a, b in zip(got, zeros, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), strict=True)

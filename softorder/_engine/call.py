@@ -346,34 +346,38 @@ class Call(NamedTuple):
             (target if stored == dtype else target.view(dtype))[...] = residuals[name]
         _keep(self, arrays, ctx)
 
-    def backward_flat(self, flat, launch=None) -> list:
+    def backward_flat(self, flat, launch=None, wanted: tuple | None = None) -> list:
         """:meth:`backward` of a callback that receives the arrays, then the stored
         residuals, then the cotangent; with ``launch`` (a device backend's
         :class:`~softorder._engine.backends.numba_cuda.Launch`) they are device buffers.
         """
         count = len(self.spec.names)
         if launch is None:
-            return self.backward(flat[:count], flat[count:-1], flat[-1])
+            return self.backward(flat[:count], flat[count:-1], flat[-1], wanted=wanted)
         arrays = launch.arguments(flat[:count])
         stored = [launch.wrap(b) for b in flat[count:-1]]
-        return self.backward(arrays, stored, launch.wrap(flat[-1]), host=False)
+        return self.backward(arrays, stored, launch.wrap(flat[-1]), host=False, wanted=wanted)
 
-    def backward(self, arrays, stored, cotangent, host: bool = True) -> list:
-        """The gradients of the :attr:`differentiable` arguments: on the host in their
-        arguments' dtypes and shapes; on the device (``host=False``) as the rule gives them.
+    def backward(
+        self, arrays, stored, cotangent, host: bool = True, wanted: tuple | None = None
+    ) -> list:
+        """The gradients of the :attr:`differentiable` arguments (of those at the positions
+        ``wanted`` when given): on the host in their arguments' dtypes and shapes; on the
+        device (``host=False``) as the rule gives them.
         """
-        grads = self._gradients(arrays, stored, cotangent, host)
+        grads = self._wanted(self._gradients(arrays, stored, cotangent, host), wanted)
         if not host:
-            return list(grads)
+            return grads
         return [
             np.asarray(grad, dtype=np.asarray(arrays[i]).dtype).reshape(np.shape(arrays[i]))
-            for i, grad in zip(self.differentiable, grads, strict=True)
+            for i, grad in zip(self._positions(wanted), grads, strict=True)
         ]
 
-    def backward_into(self, flat, outs: list) -> None:
+    def backward_into(self, flat, outs: list, wanted: tuple | None = None) -> None:
         """:meth:`backward_flat` on the host, written into ``outs`` (writable NumPy arrays of
-        the :attr:`differentiable` arguments' shapes and dtypes): each gradient cast once, as
-        it is written (the same values, to the bit, as :meth:`backward`'s).
+        the shapes and dtypes of the :attr:`differentiable` arguments, or of those at the
+        positions ``wanted``): each gradient cast once, as it is written (the same values, to
+        the bit, as :meth:`backward`'s).
 
         The context comes from :func:`recall` when the forward pass on these arguments kept
         it, and is restored from the residuals otherwise.
@@ -385,8 +389,20 @@ class Call(NamedTuple):
             grads = self._gradients(arrays, flat[count:-1], flat[-1], True)
         else:
             grads = self.spec.rule.vjp(ctx, _host_cotangent(flat[-1]))
-        for target, grad in zip(outs, grads, strict=True):
+        for target, grad in zip(outs, self._wanted(grads, wanted), strict=True):
             target[...] = grad if np.shape(grad) == target.shape else np.reshape(grad, target.shape)
+
+    def _positions(self, wanted: tuple | None) -> tuple:
+        """The positions of the arguments whose gradients are returned."""
+        return self.differentiable if wanted is None else wanted
+
+    def _wanted(self, grads, wanted: tuple | None) -> list:
+        """The rule's gradients (one per :attr:`differentiable` argument) of the arguments at
+        the positions ``wanted`` (all when ``None``).
+        """
+        if wanted is None or wanted == self.differentiable:
+            return list(grads)
+        return [g for i, g in zip(self.differentiable, grads, strict=True) if i in wanted]
 
     def _gradients(self, arrays, stored, cotangent, host: bool) -> tuple:
         """The rule's gradients, in the order of ``rule.differentiable`` (which is the order

@@ -188,19 +188,20 @@ class _Forward:
 @dataclasses.dataclass(frozen=True)
 class _Backward:
     call: Call
+    wanted: tuple  # positions of the arguments whose gradients are returned
 
     def __call__(self, *flat):
-        return tuple(self.call.backward_flat(flat))
+        return tuple(self.call.backward_flat(flat, wanted=self.wanted))
 
     def into(self, out: list, buffers: tuple) -> None:
         """The same on the host, written into the output arrays ``out``."""
-        self.call.backward_into(buffers, out)
+        self.call.backward_into(buffers, out, self.wanted)
 
     def on_device(self, device: Launch, buffers: tuple) -> list:
         """The same on device arrays: the gradients, on the device (cast and reshaped to
         their arguments' buffers when written).
         """
-        return self.call.backward_flat(buffers, device)
+        return self.call.backward_flat(buffers, device, self.wanted)
 
 
 # --------------------------------------------------------------------------------------------
@@ -443,23 +444,42 @@ def _apply(call: Call, route: str, *arrays):
     return _vary(_forward(call, route, arrays, keep=False), _varying_axes(arrays))[0]
 
 
-def _apply_fwd(call: Call, route: str, *arrays):
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class _Wanted:
+    """The positions of the arguments a backward pass returns gradients for (a static part
+    of the residuals).
+    """
+
+    positions: tuple
+
+
+def _apply_fwd(call: Call, route: str, *primals):
+    # (symbolic zeros: each primal says whether it is differentiated; the backward pass
+    # computes and returns only those gradients, the others are zero to JAX anyway)
+    arrays = tuple(p.value for p in primals)
     out, *residuals = _vary(_forward(call, route, arrays, keep=True), _varying_axes(arrays))
-    return out, (arrays, tuple(residuals))
+    wanted = _Wanted(tuple(i for i in call.differentiable if primals[i].perturbed))
+    return out, (arrays, tuple(residuals), wanted)
 
 
 def _apply_bwd(call: Call, route: str, saved, cotangent):
-    arrays, residuals = saved
-    shapes = tuple(_struct(arrays[i].shape, arrays[i].dtype) for i in call.differentiable)
-    grads = _callback(_Backward(call), shapes, (*arrays, *residuals, cotangent), route)
+    arrays, residuals, wanted = saved
+    out: list = [None] * len(arrays)  # None: no gradient (labels, p_k, target_ranks, ...)
+    if not wanted.positions:
+        return tuple(out)
+    if isinstance(cotangent, jax.custom_derivatives.SymbolicZero):
+        cotangent = jnp.zeros(cotangent.aval.shape, cotangent.aval.dtype)  # as JAX would
+    shapes = tuple(_struct(arrays[i].shape, arrays[i].dtype) for i in wanted.positions)
+    backward = _Backward(call, wanted.positions)
+    grads = _callback(backward, shapes, (*arrays, *residuals, cotangent), route)
     grads = _vary(grads, _varying_axes(arrays))
-    out: list = [None] * len(arrays)  # None: no gradient (labels, p_k, target_ranks)
-    for i, grad in zip(call.differentiable, grads, strict=True):
+    for i, grad in zip(wanted.positions, grads, strict=True):
         out[i] = grad
     return tuple(out)
 
 
-_apply.defvjp(_apply_fwd, _apply_bwd)
+_apply.defvjp(_apply_fwd, _apply_bwd, symbolic_zeros=True)
 
 
 # --------------------------------------------------------------------------------------------
