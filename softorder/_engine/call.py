@@ -333,7 +333,7 @@ class Call(NamedTuple):
         once, as it is written (the same values, to the bit, as :meth:`forward`'s).
 
         When it keeps residuals, a small call also keeps its context for the backward pass
-        that follows (:func:`recall`).
+        that follows (:func:`_recall`).
         """
         arrays = [np.asarray(arr) for arr in arrays]
         rule = self.spec.rule
@@ -379,7 +379,7 @@ class Call(NamedTuple):
         positions ``wanted``): each gradient cast once, as it is written (the same values, to
         the bit, as :meth:`backward`'s).
 
-        The context comes from :func:`recall` when the forward pass on these arguments kept
+        The context comes from :func:`_recall` when the forward pass on these arguments kept
         it, and is restored from the residuals otherwise.
         """
         count = len(self.spec.names)
