@@ -9,8 +9,7 @@ smallest-k membership of ``r``. For the label ``y`` and ``P_K`` over k = 1..K:
 
 All K memberships come from one inversion pass. With mixture weights ``pi_k``,
 ``d loss / d r_i = -sum_k pi_k kappa_ky (db_k/dr_i - delta_iy)``: the sum over k is one
-:func:`~softorder.core.kernel_sums.spread_to_points` merge (:func:`_spread_joined`), so the
-gradient is O(n + K) per row.
+:func:`~softorder.core.kernel_sums.spread_to_points` merge, so the gradient is O(n + K) per row.
 """
 
 from __future__ import annotations
@@ -22,7 +21,8 @@ import numpy as np
 from numba import prange
 
 from softorder.core._jit import helper, kernel
-from softorder.core.laplace import INF, exp_nonpositive, hazard, log_cdf, offset_z
+from softorder.core.kernel_sums import spread_to_points
+from softorder.core.laplace import INF, hazard, log_cdf, offset_z
 from softorder.core.lapsum import (
     TABLES,
     TABLES_WITH_MOMENTS,
@@ -138,96 +138,6 @@ def row_loss(top, total, has_mass, split, pk1, softmax_ce):
     return loss
 
 
-@helper
-def _join_points(r, inv_alpha, anchor, offset, order, up_at, down_at):
-    """Where each source of :func:`~softorder.core.kernel_sums.spread_to_points` joins its
-    passes: ``up_at[p]``, the point at which the upward merge takes the source ``order[p]``
-    (n: never), ``down_at[p]``, the one at which the downward merge does (-1: never).
-
-    ``offset_z`` of a source is non-increasing along the sorted row (each of its operations is
-    monotone, and its infinite cases keep the order), so the first point of the upward merge's
-    test ``z <= 0`` and the last of the downward one's ``z > 0`` are found by bisection, after
-    the previous source's point as the merge visits them: the same points as the merge's
-    test at every point, in O(K log n) instead of O(n).
-    """
-    n = r.shape[0]
-    m = order.shape[0]
-    lo = 0
-    for p in range(m):
-        s = order[p]
-        ra = r[anchor[s]]
-        t = offset[s]
-        a = lo
-        b = n
-        while a < b:
-            mid = (a + b) // 2
-            if offset_z(ra, r[mid], inv_alpha, t) <= 0.0:
-                b = mid
-            else:
-                a = mid + 1
-        up_at[p] = a
-        lo = a
-    hi = n - 1
-    for q in range(m - 1, -1, -1):
-        s = order[q]
-        ra = r[anchor[s]]
-        t = offset[s]
-        a = -1
-        b = hi
-        while a < b:
-            mid = (a + b + 1) // 2
-            if offset_z(ra, r[mid], inv_alpha, t) > 0.0:
-                a = mid
-            else:
-                b = mid - 1
-        down_at[q] = a
-        hi = a
-
-
-@helper
-def _spread_joined(r, inv_alpha, E, anchor, offset, c, shift, order, out, up_at, down_at):
-    """:func:`~softorder.core.kernel_sums.spread_to_points`, the same sums to the bit, about
-    1.4x faster: the sources' points come first (:func:`_join_points`, into ``up_at`` and
-    ``down_at``, K each), so the passes test no source at each point, and each pass's chain
-    of products starts at its first source: before it the pass's sum is +0, which it adds
-    in a loop of its own (no chain; it turns -0 into +0). The top-k loss's sources sit near
-    the bottom of the row, so its downward chain is short.
-    """
-    n = r.shape[0]
-    m = order.shape[0]
-    _join_points(r, inv_alpha, anchor, offset, order, up_at, down_at)
-    first = int(up_at[0]) if m > 0 else n
-    for i in range(first):
-        out[i] += 0.0
-    acc = 0.0
-    p = 0
-    for i in range(first, n):
-        if i > 0:
-            acc *= E[i]
-        while p < m and up_at[p] == i:
-            s = order[p]
-            if c[s] != 0.0:
-                z = offset_z(r[anchor[s]], r[i], inv_alpha, offset[s])
-                acc += c[s] * exp_nonpositive(shift[s] + z)
-            p += 1
-        out[i] += acc
-    last = int(down_at[m - 1]) if m > 0 else -1
-    for i in range(n - 1, last, -1):
-        out[i] += 0.0
-    acc = 0.0
-    p = m - 1
-    for i in range(last, -1, -1):
-        if i < n - 1:
-            acc *= E[i + 1]
-        while p >= 0 and down_at[p] == i:
-            s = order[p]
-            if c[s] != 0.0:
-                z = offset_z(r[anchor[s]], r[i], inv_alpha, offset[s])
-                acc += c[s] * exp_nonpositive(shift[s] - z)
-            p -= 1
-        out[i] += acc
-
-
 @functools.lru_cache(maxsize=32)
 def _ladder(K: int) -> tuple[np.ndarray, np.ndarray]:
     """The targets ``1..K`` (float64) and their order ``0..K-1`` (kernels only read them)."""
@@ -285,7 +195,7 @@ def topk_loss_vjp(
     ``parallel`` are those of the kernel :func:`_loss_vjp`.
     """
     K = log_pk.shape[1]
-    worder, kwork = _ladder(K)[1], np.empty((xs.shape[0], 11, K))
+    worder, kwork = _ladder(K)[1], np.empty((xs.shape[0], 9, K))
     _loss_vjp(
         xs,
         order,
@@ -324,8 +234,8 @@ def _loss_vjp(
     kwork,
 ):
     """:func:`topk_loss_vjp` with the targets' order and per-row scratch of K (``kwork``,
-    rows x 11 x K: the terms, positions, coefficients, shifts, the neighbour sums, then the
-    sources' points) from the caller (see :func:`_loss_forward`).
+    rows x 9 x K: the terms, positions, coefficients, shifts, then the neighbour sums) from the
+    caller (see :func:`_loss_forward`).
     """
     rows, n = xs.shape
     K = log_pk.shape[1]
@@ -340,7 +250,7 @@ def _loss_vjp(
         # no tables: only E and the sums at each target's two neighbours (1 of the rows of
         # ``work`` is filled; the GPU twin fills them all)
         E = work[row, 0]
-        sums = kwork[row, 4:9]
+        sums = kwork[row, 4:]
         neighbour_sums(r, inv_alpha, E, anchor[row], offset[row], sums)
         # the gradient in sorted order goes to the row of x_bar, then to the spent E for the
         # scatter into x_bar: one row of n less than a row of work of its own
@@ -387,19 +297,7 @@ def _loss_vjp(
                 shift[j] = sh
                 rbar[iy] += pk
                 abar -= pk * (Z / G - zy)
-            _spread_joined(
-                r,
-                inv_alpha,
-                E,
-                anchor[row],
-                offset[row],
-                c,
-                shift,
-                worder,
-                rbar,
-                kwork[row, 9],
-                kwork[row, 10],
-            )
+            spread_to_points(r, inv_alpha, E, anchor[row], offset[row], c, shift, worder, rbar)
         if softmax_part and not infinite and r[0] != -INF:
             # d softmax_CE / dr_l = delta_ly - softmax(-r)_l (no gradient at a +inf logit)
             cs = cot[row] * pk1[row]
