@@ -33,26 +33,9 @@ def test_sort_vjp_equals_inverse_vjp_bitwise(rng, kind, shape):
     rows, n = shape
     xs, order = _rows(rng, kind, rows, n)
     alpha = rng.uniform(1e-3, 3.0, rows)
-    anchor, offset = np.empty((rows, n), np.int64), np.empty((rows, n))
-    core.lapsum.sort_kernel(
-        xs, alpha, np.empty((rows, n)), anchor, offset, core.workspace(rows, 3, n)
-    )
+    anchor, offset = _ladder(xs, alpha)
     u = rng.normal(size=(rows, n))
-    x_bar, alpha_bar = np.empty((rows, n)), np.empty(rows)
-    core.inverse_vjp(
-        xs,
-        order,
-        alpha,
-        anchor,
-        offset,
-        np.empty((rows, 0), np.int64),
-        u,
-        x_bar,
-        np.empty((rows, 0)),
-        alpha_bar,
-        core.workspace(rows, core.sort.VJP_WORK, n),
-        core.workspace(rows, 0, n),
-    )
+    x_bar, alpha_bar = _inverse_vjp(xs, order, alpha, anchor, offset, u)
     work = core.workspace(rows, core.sort.SORT_VJP_WORK, n)
     got, got_alpha = np.empty((rows, n)), np.empty(rows)
     core.sort.sort_vjp(xs, order, alpha, anchor, offset, u, got, got_alpha, work)
