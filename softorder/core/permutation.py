@@ -238,6 +238,34 @@ def _rank_z(r, inv_alpha, anchor, offset, k, ri):
     return offset_z(r[anchor[k - 1]], ri, inv_alpha, offset[k - 1])
 
 
+@inner_helper
+def _rank_terms(r, inv_alpha, anchor, offset, k, ri, c):
+    """The direct terms of the element of target rank ``k + 1`` (sorted value ``ri``), loss
+    cotangent ``c``: its gradient ``rb``, the cotangents ``up`` and ``down`` of boundaries
+    ``k + 1`` and ``k``, and their parts of ``alpha_bar`` before the sign, ``up * z1`` and
+    ``down * z0`` (the callers subtract them one after the other, in that order).
+    """
+    rb = 0.0
+    up = 0.0
+    down = 0.0
+    up_z1 = 0.0
+    down_z0 = 0.0
+    if abs(ri) != INF:
+        z0 = _rank_z(r, inv_alpha, anchor, offset, k, ri)
+        z1 = _rank_z(r, inv_alpha, anchor, offset, k + 1, ri)
+        g0, g1 = density_ratios(z0, z1)
+        # d(-log P)/dz1 = -f(z1)/P and d(-log P)/dz0 = f(z0)/P
+        if abs(z1) != INF:
+            up = -g1 * c * inv_alpha
+            rb -= up
+            up_z1 = up * z1
+        if abs(z0) != INF:
+            down = g0 * c * inv_alpha
+            rb -= down
+            down_z0 = down * z0
+    return rb, up, down, up_z1, down_z0
+
+
 @helper
 def _loss_by_rank_vjp(r, inv_alpha, order, target, anchor, offset, c, byrank, beta, rbar):
     """:func:`_loss_row_vjp` for target ranks that are a permutation, rank by rank from
@@ -250,23 +278,9 @@ def _loss_by_rank_vjp(r, inv_alpha, order, target, anchor, offset, c, byrank, be
     abar = 0.0
     pending = 0.0  # the cotangent of boundary k from the rank below (beta[k - 1] at rank k)
     for k in range(n):  # the element of target rank k + 1, between boundaries k and k + 1
-        ri = byrank[k]
-        rb = 0.0
-        up = 0.0
-        down = 0.0
-        if abs(ri) != INF:
-            z0 = _rank_z(r, inv_alpha, an, off, k, ri)
-            z1 = _rank_z(r, inv_alpha, an, off, k + 1, ri)
-            g0, g1 = density_ratios(z0, z1)
-            # d(-log P)/dz1 = -f(z1)/P and d(-log P)/dz0 = f(z0)/P
-            if abs(z1) != INF:
-                up = -g1 * c * inv_alpha
-                rb -= up
-                abar -= up * z1
-            if abs(z0) != INF:
-                down = g0 * c * inv_alpha
-                rb -= down
-                abar -= down * z0
+        rb, up, down, up_z1, down_z0 = _rank_terms(r, inv_alpha, an, off, k, byrank[k], c)
+        abar -= up_z1
+        abar -= down_z0
         byrank[k] = rb
         if k > 0:
             beta[k - 1] = pending + down
@@ -715,23 +729,9 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
     alpha_bar = 0.0  # the pullback's part, summed in the boundaries' order
     pending = 0.0  # the cotangent of boundary k from the rank below
     for k in range(n):  # the element of target rank k + 1, between boundaries k and k + 1
-        ri = byrank[k]
-        rb = 0.0
-        up = 0.0
-        down = 0.0
-        if abs(ri) != INF:
-            z0 = _rank_z(r, inv_alpha, anchor, offset, k, ri)
-            z1 = _rank_z(r, inv_alpha, anchor, offset, k + 1, ri)
-            g0, g1 = density_ratios(z0, z1)
-            # d(-log P)/dz1 = -f(z1)/P and d(-log P)/dz0 = f(z0)/P
-            if abs(z1) != INF:
-                up = -g1 * c * inv_alpha
-                rb -= up
-                abar -= up * z1
-            if abs(z0) != INF:
-                down = g0 * c * inv_alpha
-                rb -= down
-                abar -= down * z0
+        rb, up, down, up_z1, down_z0 = _rank_terms(r, inv_alpha, anchor, offset, k, byrank[k], c)
+        abar -= up_z1
+        abar -= down_z0
         byrank[k] = rb
         if k == 0:
             pending = up
