@@ -183,3 +183,45 @@ def test_a_symbolic_zero_cotangent_is_a_zero_cotangent(rng):
     got = soj._apply_bwd(call, "host", saved, symbolic)
     for a, b in zip(got, zeros, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), strict=True)
+
+
+LABELS = np.array([0, 4, 2])
+
+
+def test_a_kept_context_holds_no_view_of_the_callbacks_buffers(rng):
+    """The arrays a callback receives are views of XLA's buffers (writable, in this JAX), which
+    XLA may reuse once the callback returns: a kept context must not read them later. Here
+    the forward pass's labels and target ranks are overwritten after it returns; the backward
+    pass, on equal arguments in other buffers, still gives the restored context's gradients.
+    """
+    x = _rows(rng)
+    cases = [
+        ("topk_cross_entropy", ("logits", "labels", "p_k", "alpha"), (LABELS, [0.5, 0.5])),
+        ("permutation_cross_entropy", ("x", "target_ranks", "alpha"), (RANKS,)),
+    ]
+    for op, names, extra in cases:
+        arguments = [x, *(np.asarray(a) for a in extra), np.asarray(0.7)]
+        statics = (("reduction", "mean"), ("descending", False))
+        if op == "topk_cross_entropy":
+            statics = (("reduction", "mean"), ("split_top1", False))
+        spec = call_module.CallSpec(op, names, statics)
+        call = call_module.Call.plan(spec, dict(zip(names, arguments, strict=True)), "float64")
+
+        forward_buffers = [np.array(a) for a in arguments]  # XLA's buffers, as views
+        views = [b[...] for b in forward_buffers]
+        assert not any(v.flags.owndata for v in views)
+        call_module._RECENT.clear()
+        forward = [np.empty(shape, dtype) for shape, dtype in [call.result, *call.stored_shapes()]]
+        call.forward_into(views, forward)
+        assert call_module._RECENT  # kept
+        for b in forward_buffers:  # reused by XLA for something else
+            b[...] = np.zeros_like(b) if b.dtype.kind in "iu" else np.full_like(b, np.nan)
+        cotangent = np.asarray(1.0)
+        flat = [np.array(a) for a in arguments] + [np.asarray(r) for r in forward[1:]]
+        grads = [np.empty(np.shape(arguments[i]), np.float64) for i in call.differentiable]
+        call.backward_into([*flat, cotangent], grads)
+        call_module._RECENT.clear()
+        restored = call.backward([np.array(a) for a in arguments], forward[1:], cotangent)
+        for got, want in zip(grads, restored, strict=True):
+            np.testing.assert_array_equal(got, want)
+            assert np.isfinite(got).all()

@@ -337,14 +337,20 @@ class Call(NamedTuple):
         """
         arrays = [np.asarray(arr) for arr in arrays]
         rule = self.spec.rule
-        ctx = rule.prepare(**self.arguments(arrays))
+        key = _key(self, arrays) if len(outs) > 1 else None
+        # a kept context outlives the callback, and the arrays it received are views of the
+        # framework's buffers (writable ones, in some JAX versions), which the framework may
+        # free or reuse once the callback returns: a context to keep is built from copies
+        own = arrays if key is None else [a if a.flags.owndata else a.copy() for a in arrays]
+        ctx = rule.prepare(**self.arguments(own))
         outs[0][...] = rule.forward(ctx)
         if len(outs) == 1:
             return
         residuals = rule.residuals(ctx)
         for (name, _, dtype, stored), target in zip(self.residuals, outs[1:], strict=True):
             (target if stored == dtype else target.view(dtype))[...] = residuals[name]
-        _keep(self, arrays, ctx)
+        if key is not None:
+            _keep(key, self, ctx)
 
     def backward_flat(self, flat, launch=None, wanted: tuple | None = None) -> list:
         """:meth:`backward` of a callback that receives the arrays, then the stored
@@ -427,7 +433,7 @@ def _host_cotangent(cotangent) -> np.ndarray:
 # Exact by construction: a context is a function of the call and of its arguments' bytes
 # (prepare and forward are deterministic), and the rules' vjp never writes into a context (a
 # pullback of the NumPy API may be called several times). A context holds only arrays of its
-# own: Call.arguments copies or converts every argument it passes on.
+# own: Call.forward_into builds a context it keeps from copies of the arguments it received.
 
 #: how many contexts are kept, at most; and the largest arguments (bytes in all) whose
 #: context is kept, where the Python around the kernels costs as much as they do
@@ -450,10 +456,8 @@ def _key(call: Call, arrays: list) -> tuple | None:
     return tuple(parts)
 
 
-def _keep(call: Call, arrays: list, ctx) -> None:
-    key = _key(call, arrays)
-    if key is None:
-        return
+def _keep(key: tuple, call: Call, ctx) -> None:
+    """Keep ``ctx``, the context of ``call`` on the arguments of ``key`` (:func:`_key`)."""
     _RECENT[key] = (call, ctx)
     while len(_RECENT) > _RECENT_COUNT:
         try:

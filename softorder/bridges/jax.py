@@ -228,8 +228,8 @@ class _InPlace:
 
     def __call__(self, ctx, out, *buffers) -> None:
         if not self.device or (_on_host(buffers[0]) and not _simulator()):
-            # NumPy views of XLA's buffers: the arguments are read-only (the rules copy what
-            # a kernel would take as it is: Call.arguments), the outputs written in place
+            # NumPy views of XLA's buffers: the engine never writes into the arguments (nor
+            # keeps them past the call: Call.forward_into), the outputs are written in place
             self.fn.into([np.asarray(target) for target in out], buffers)
             return
         with _launching(ctx, buffers[0]) as device:
