@@ -635,6 +635,58 @@ _call_carry_injections = _PULLBACK_CALLS.carry_injections
 
 
 @address_only
+@inner_helper
+def target_weights(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR):
+    """The weights of one target (anchor value ``ra``, offset ``t``) on its points ``L`` and
+    ``R = L + 1``, for :func:`inverse_pullback` and its specialisations (soft sort's and the
+    permutation loss's): ``(how, G, Z, el, er, shift)``. ``aL``, ``adL`` are ``A[L]``,
+    ``Ad[L]`` and ``bR``, ``bdR`` are ``B[R]``, ``Bd[R]`` (anything where the point does not
+    exist). ``how``: 0, nothing to pull back; 1, inject ``cj * er`` upward at ``R`` and
+    ``cj * el`` downward at ``L`` (where they exist); 2, ties or rounding: inject at the two
+    points :func:`~softorder.core.kernel_sums.inject_exact` finds.
+
+    The usual target (strictly above its left point, at or below its right one, both finite)
+    is written without branches on the side of ``t`` and on which point is nearer (random per
+    target, they were mispredicted about twice per target), with the arithmetic of the
+    general case: with ``shift = min(zl, -zr)`` one of the two factors ``exp(shift - |z|)``
+    is 1 and the other ``exp(-|zl + zr|)``.
+    """
+    n = r.shape[0]
+    if L >= 0 and R < n:
+        zl = offset_z(ra, r[L], inv_alpha, t)
+        zr = offset_z(ra, r[R], inv_alpha, t)
+        if zl > 0.0 and zl != INF and zr <= 0.0 and zr != -INF:
+            e = math.exp(-abs(zl + zr))
+            left_nearer = zl <= -zr
+            el = 1.0 if left_nearer else e
+            er = e if left_nearer else 1.0
+            G = aL * el + bR * er
+            Z = (zl * aL + adL) * el + (zr * bR - bdR) * er
+            return 1, G, Z, el, er, (-zr if -zr < zl else zl)
+    zl = offset_z(ra, r[L], inv_alpha, t) if L >= 0 else INF
+    zr = offset_z(ra, r[R], inv_alpha, t) if R < n else -INF
+    sh = -zr if -zr < zl else zl  # min(zl, -zr)
+    if sh == INF:
+        return 0, 0.0, 0.0, 0.0, 0.0, sh
+    G = 0.0
+    Z = 0.0
+    el = rel_weight(zl, sh)
+    if el > 0.0:
+        G += aL * el
+        Z += (zl * aL + adL) * el
+    er = rel_weight(zr, sh)
+    if er > 0.0:
+        G += bR * er
+        Z += (zr * bR - bdR) * er
+    if G == 0.0:
+        return 0, G, Z, el, er, sh
+    if (L < 0 or zl > 0.0) and (R >= n or zr <= 0.0):
+        # L and R are the last point below the target and the first at or above it: their
+        # factors exp(min(0, shift - |z|)) are el and er
+        return 1, G, Z, el, er, sh
+    return 2, G, Z, el, er, sh
+
+
 @helper
 def inverse_pullback(
     r, alpha, tables, anchor, offset, u, rbar, wbar, inj_up, inj_down, want_wbar, fresh_rbar
@@ -672,62 +724,29 @@ def inverse_pullback(
         position = ra if t == 0.0 or abs(ra) == INF else ra + alpha * t  # target_position
         if uj == 0.0 or abs(position) == INF:
             continue
-        # The usual target: strictly above its left point, at or below its right one, both
-        # finite. Written without branches on the side of t and on which point is nearer
-        # (random per target, they were mispredicted about twice per target); the same
-        # arithmetic as the general code below: with shift = min(zl, -zr), one of the two
-        # factors exp(shift - |z|) is 1 and the other exp(-|zl + zr|).
         L = an - 1 if t <= 0.0 else an
         R = L + 1
-        if L >= 0 and R < n:
-            zl = offset_z(ra, r[L], inv_alpha, t)
-            zr = offset_z(ra, r[R], inv_alpha, t)
-            if zl > 0.0 and zl != INF and zr <= 0.0 and zr != -INF:
-                e = math.exp(-abs(zl + zr))
-                left_nearer = zl <= -zr
-                el = 1.0 if left_nearer else e
-                er = e if left_nearer else 1.0
-                G = A[L] * el + B[R] * er
-                Z = (zl * A[L] + Ad[L]) * el + (zr * B[R] - Bd[R]) * er
-                cj = uj / G
-                inj_up[R] += cj * er
-                inj_down[L] += cj * el
-                if want_wbar:
-                    wbar[j] = uj * 2.0 * alpha * math.exp(-zr if -zr < zl else zl) / G
-                alpha_bar += uj * Z / G
-                continue
-        if t <= 0.0:
-            R = an
-            L = an - 1
-        else:
-            L = an
-            R = an + 1
-        zl = offset_z(ra, r[L], inv_alpha, t) if L >= 0 else INF
-        zr = offset_z(ra, r[R], inv_alpha, t) if R < n else -INF
-        sh = -zr if -zr < zl else zl  # min(zl, -zr)
-        if sh == INF:
-            continue
-        G = 0.0
-        Z = 0.0
-        el = rel_weight(zl, sh)
-        if el > 0.0:
-            G += A[L] * el
-            Z += (zl * A[L] + Ad[L]) * el
-        er = rel_weight(zr, sh)
-        if er > 0.0:
-            G += B[R] * er
-            Z += (zr * B[R] - Bd[R]) * er
-        if G == 0.0:
+        how, G, Z, el, er, sh = target_weights(
+            r,
+            inv_alpha,
+            ra,
+            t,
+            L,
+            R,
+            A[L] if L >= 0 else 0.0,
+            Ad[L] if L >= 0 else 0.0,
+            B[R] if R < n else 0.0,
+            Bd[R] if R < n else 0.0,
+        )
+        if how == 0:
             continue
         cj = uj / G
-        if (L < 0 or zl > 0.0) and (R >= n or zr <= 0.0):
-            # L and R are the last point below b_j and the first at or above it: their
-            # factors exp(min(0, shift - |z|)) are el and er
+        if how == 1:
             if R < n:
                 inj_up[R] += cj * er
             if L >= 0:
                 inj_down[L] += cj * el
-        else:  # ties or rounding: find those two points
+        else:
             _call_inject_exact(r, inv_alpha, ra, t, sh, cj, R, inj_up, inj_down)
         if want_wbar:
             wbar[j] = uj * 2.0 * alpha * math.exp(sh) / G
