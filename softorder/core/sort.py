@@ -26,6 +26,7 @@ from softorder.core.lapsum import (
     moment_step_down,
     moment_step_up,
     moment_tables,
+    target_weights,
 )
 from softorder.core.rows import gather_finite, has_nan, scatter_finite
 
@@ -205,46 +206,27 @@ def _sort_pullback(r, alpha, inv_alpha, E, B, Bd, anchor, offset, u, inj_up, inj
                 ad0 = e * (ad1 + d * inv_alpha * a1) if e > 0.0 else 0.0
             aL = a0 if L == p else a1 if L == p - 1 else a2
             adL = ad0 if L == p else ad1 if L == p - 1 else ad2
-        # inverse_pullback's usual target, then its general case
-        if L >= 0 and R < n:
-            zl = offset_z(ra, r[L], inv_alpha, t)
-            zr = offset_z(ra, r[R], inv_alpha, t)
-            if zl > 0.0 and zl != INF and zr <= 0.0 and zr != -INF:
-                e = math.exp(-abs(zl + zr))
-                left_nearer = zl <= -zr
-                el = 1.0 if left_nearer else e
-                er = e if left_nearer else 1.0
-                G = aL * el + B[R] * er
-                Z = (zl * aL + adL) * el + (zr * B[R] - Bd[R]) * er
-                cj = uj / G
-                inj_up[R] += cj * er
-                inj_down[L] += cj * el
-                alpha_bar += uj * Z / G
-                continue
-        zl = offset_z(ra, r[L], inv_alpha, t) if L >= 0 else INF
-        zr = offset_z(ra, r[R], inv_alpha, t) if R < n else -INF
-        sh = -zr if -zr < zl else zl  # min(zl, -zr)
-        if sh == INF:
-            continue
-        G = 0.0
-        Z = 0.0
-        el = rel_weight(zl, sh)
-        if el > 0.0:
-            G += aL * el
-            Z += (zl * aL + adL) * el
-        er = rel_weight(zr, sh)
-        if er > 0.0:
-            G += B[R] * er
-            Z += (zr * B[R] - Bd[R]) * er
-        if G == 0.0:
+        how, G, Z, el, er, sh = target_weights(
+            r,
+            inv_alpha,
+            ra,
+            t,
+            L,
+            R,
+            aL,
+            adL,
+            B[R] if R < n else 0.0,
+            Bd[R] if R < n else 0.0,
+        )
+        if how == 0:
             continue
         cj = uj / G
-        if (L < 0 or zl > 0.0) and (R >= n or zr <= 0.0):
+        if how == 1:
             if R < n:
                 inj_up[R] += cj * er
             if L >= 0:
                 inj_down[L] += cj * el
-        else:  # ties or rounding: inject_exact's two points
+        else:
             inject_exact(r, inv_alpha, ra, t, sh, cj, R, inj_up, inj_down)
         alpha_bar += uj * Z / G
     return alpha_bar
