@@ -27,7 +27,6 @@ from softorder.core.laplace import (
     hazard,
     log_cdf,
     offset_z,
-    rel_weight,
 )
 from softorder.core.lapsum import (
     PULLBACK_WORK,
@@ -40,6 +39,7 @@ from softorder.core.lapsum import (
     prefix_sums,
     solve_ladder,
     sum_tables,
+    target_weights,
 )
 from softorder.core.rows import gather_finite, has_nan, scatter_finite
 from softorder.core.sort import descending_tables
@@ -155,8 +155,9 @@ def _inv_expm1(d):
 
 @helper
 def log_rank_probability(z0, z1):
-    """``log(F(z1) - F(z0))`` for ``z0 <= z1``: :func:`~softorder.core.laplace.log_cdf_diff`
-    with the tails' ``log(-expm1(z0 - z1))`` from :func:`_log1mexp`.
+    """``log(F(z1) - F(z0))`` for ``z0 <= z1``, stable in both tails: there
+    ``F(z1) - F(z0) = f(z) (1 - exp(z0 - z1))`` with ``z`` the end nearer 0, and the log of the
+    second factor is :func:`_log1mexp`.
     """
     if z0 == z1:
         return -INF
@@ -769,45 +770,22 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
                     a_win[q & mask] = a_run
                     ad_win[q & mask] = ad_run
             P += BATCH
-        aL = a_win[L & mask] if L >= 0 else 0.0
-        adL = ad_win[L & mask] if L >= 0 else 0.0
-        if L >= 0 and R < n:
-            zl = offset_z(ra, r[L], inv_alpha, t)
-            zr = offset_z(ra, r[R], inv_alpha, t)
-            if zl > 0.0 and zl != INF and zr <= 0.0 and zr != -INF:
-                e = math.exp(-abs(zl + zr))
-                left_nearer = zl <= -zr
-                el = 1.0 if left_nearer else e
-                er = e if left_nearer else 1.0
-                G = aL * el + B[R] * er
-                Z = (zl * aL + adL) * el + (zr * B[R] - Bd[R]) * er
-                cj = uj / G
-                win_up[R & mask] += cj * er
-                if L < F:
-                    Bd[L] += cj * el
-                else:
-                    win_down[L & mask] += cj * el
-                alpha_bar += uj * Z / G
-                continue
-        zl = offset_z(ra, r[L], inv_alpha, t) if L >= 0 else INF
-        zr = offset_z(ra, r[R], inv_alpha, t) if R < n else -INF
-        sh = -zr if -zr < zl else zl  # min(zl, -zr)
-        if sh == INF:
-            continue
-        G = 0.0
-        Z = 0.0
-        el = rel_weight(zl, sh)
-        if el > 0.0:
-            G += aL * el
-            Z += (zl * aL + adL) * el
-        er = rel_weight(zr, sh)
-        if er > 0.0:
-            G += B[R] * er
-            Z += (zr * B[R] - Bd[R]) * er
-        if G == 0.0:
+        how, G, Z, el, er, sh = target_weights(
+            r,
+            inv_alpha,
+            ra,
+            t,
+            L,
+            R,
+            a_win[L & mask] if L >= 0 else 0.0,
+            ad_win[L & mask] if L >= 0 else 0.0,
+            B[R] if R < n else 0.0,
+            Bd[R] if R < n else 0.0,
+        )
+        if how == 0:
             continue
         cj = uj / G
-        if (L < 0 or zl > 0.0) and (R >= n or zr <= 0.0):
+        if how == 1:
             if R < n:
                 win_up[R & mask] += cj * er
             if L >= 0:
