@@ -91,22 +91,6 @@ def cdf_diff(z0, z1):
 
 
 @helper
-def log_cdf_diff(z0, z1):
-    """``log(F(z1) - F(z0))`` for ``z0 <= z1``, stable in both tails."""
-    if z0 == z1:
-        return -INF
-    if z0 == -INF:
-        return log_cdf(z1)
-    if z1 == INF:
-        return log_cdf(-z0)
-    if z1 <= 0.0:
-        return LOG_HALF + z1 + math.log(-math.expm1(z0 - z1))
-    if z0 >= 0.0:
-        return LOG_HALF - z0 + math.log(-math.expm1(z0 - z1))
-    return math.log1p(-0.5 * (math.exp(z0) + math.exp(-z1)))
-
-
-@helper
 def rel_weight(z, shift):
     """``exp(shift - |z|)``: a Laplace weight relative to the nearest point (0 at infinity)."""
     a = abs(z)
