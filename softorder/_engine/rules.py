@@ -190,16 +190,20 @@ def _restored_targets(value, rows: Rows, name: str, high: float, high_text: str)
 
 
 class OrderRule(Rule):
-    """A rule whose residual ``order`` is handed out as int64, the dtype :meth:`describe`
-    declares for it, whatever index dtype the backend sorts into (the host keeps int32
-    orders for rows shorter than 2**31: 4 bytes per element less at every step).
+    """A rule whose index residuals (:attr:`index_residuals`: the sort ``order``, and the
+    targets' ``anchor`` where a kernel keeps them narrow) are handed out as int64, the dtype
+    :meth:`describe` declares for them, whatever index dtype the host keeps (int32 for rows
+    shorter than 2**31: 4 bytes per element less at every step).
     """
+
+    index_residuals: tuple = ("order",)
 
     def residuals(self, ctx) -> dict:
         arrays = super().residuals(ctx)
-        order = arrays["order"]
-        if isinstance(order, np.ndarray) and order.dtype != np.int64:
-            arrays["order"] = order.astype(np.int64)
+        for name in self.index_residuals:
+            index = arrays.get(name)
+            if isinstance(index, np.ndarray) and index.dtype != np.int64:
+                arrays[name] = index.astype(np.int64)
         return arrays
 
 
@@ -372,6 +376,7 @@ def _signed(ctx: Context, a):
 class SortRule(InverseRule):
     differentiable = ("x", "alpha")
     targets_differentiable = False
+    index_residuals = ("order", "anchor")  # the CPU forward keeps int32 anchors
 
     def prepare(self, x, alpha, axis, descending, order=None):
         return _descending_context(x, alpha, axis, descending, order)
@@ -384,14 +389,6 @@ class SortRule(InverseRule):
 
     def _target_order(self, ctx):
         return _same_row(ctx, np.arange(ctx.rows.n))
-
-    def residuals(self, ctx) -> dict:
-        # the anchors as describe() declares them (the host keeps them in int32)
-        arrays = super().residuals(ctx)
-        anchor = arrays["anchor"]
-        if isinstance(anchor, np.ndarray) and anchor.dtype != np.int64:
-            arrays["anchor"] = anchor.astype(np.int64)
-        return arrays
 
     def forward(self, ctx):
         rows = ctx.rows
@@ -886,6 +883,7 @@ class TopKCrossEntropyRule(LossRule):
 
 class PermutationCrossEntropyRule(LossRule):
     differentiable = ("x", "alpha")
+    index_residuals = ("order", "anchor")  # the CPU forward keeps int32 anchors
 
     def prepare(self, x, target_ranks, alpha, reduction, descending, order=None):
         rows = Rows.from_input(x, -1, negate=check_flag(descending, "descending"), order=order)
@@ -906,14 +904,6 @@ class PermutationCrossEntropyRule(LossRule):
 
     def target_count(self, layout, arguments):
         return layout.n - 1
-
-    def residuals(self, ctx) -> dict:
-        # the anchors as describe() declares them (the host keeps them in int32)
-        arrays = super().residuals(ctx)
-        anchor = arrays["anchor"]
-        if isinstance(anchor, np.ndarray) and anchor.dtype != np.int64:
-            arrays["anchor"] = anchor.astype(np.int64)
-        return arrays
 
     def forward(self, ctx):
         rows = ctx.rows
