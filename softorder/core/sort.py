@@ -18,7 +18,7 @@ from numba import prange, types
 
 from softorder.core._jit import SymbolCalls, helper, inner_helper, kernel
 from softorder.core.kernel_sums import _first_at_or_above, carry_injections, inject_exact
-from softorder.core.laplace import INF, exp_nonpositive, gap, offset_z, rel_weight
+from softorder.core.laplace import INF, exp_nonpositive, gap, offset_z
 from softorder.core.lapsum import (
     TABLES_WITH_MOMENTS,
     inverse_pullback,
@@ -405,52 +405,24 @@ def few_pullback(r, alpha, tables, anchor, offset, u, rbar, wbar, want_wbar):
         position = ra if t == 0.0 or abs(ra) == INF else ra + alpha * t  # target_position
         if uj == 0.0 or abs(position) == INF:
             continue
-        # the usual target (inverse_pullback's branch-free case)
         L = an - 1 if t <= 0.0 else an
         R = L + 1
-        if L >= 0 and R < n:
-            zl = offset_z(ra, r[L], inv_alpha, t)
-            zr = offset_z(ra, r[R], inv_alpha, t)
-            if zl > 0.0 and zl != INF and zr <= 0.0 and zr != -INF:
-                e = math.exp(-abs(zl + zr))
-                left_nearer = zl <= -zr
-                el = 1.0 if left_nearer else e
-                er = e if left_nearer else 1.0
-                G = A[L] * el + B[R] * er
-                Z = (zl * A[L] + Ad[L]) * el + (zr * B[R] - Bd[R]) * er
-                cj = uj / G
-                up_at[j] = R
-                up[j] = cj * er
-                rbar[L] += cj * el
-                if want_wbar:
-                    wbar[j] = uj * 2.0 * alpha * math.exp(-zr if -zr < zl else zl) / G
-                alpha_bar += uj * Z / G
-                continue
-        if t <= 0.0:
-            R = an
-            L = an - 1
-        else:
-            L = an
-            R = an + 1
-        zl = offset_z(ra, r[L], inv_alpha, t) if L >= 0 else INF
-        zr = offset_z(ra, r[R], inv_alpha, t) if R < n else -INF
-        sh = -zr if -zr < zl else zl  # min(zl, -zr)
-        if sh == INF:
-            continue
-        G = 0.0
-        Z = 0.0
-        el = rel_weight(zl, sh)
-        if el > 0.0:
-            G += A[L] * el
-            Z += (zl * A[L] + Ad[L]) * el
-        er = rel_weight(zr, sh)
-        if er > 0.0:
-            G += B[R] * er
-            Z += (zr * B[R] - Bd[R]) * er
-        if G == 0.0:
+        how, G, Z, el, er, sh = target_weights(
+            r,
+            inv_alpha,
+            ra,
+            t,
+            L,
+            R,
+            A[L] if L >= 0 else 0.0,
+            Ad[L] if L >= 0 else 0.0,
+            B[R] if R < n else 0.0,
+            Bd[R] if R < n else 0.0,
+        )
+        if how == 0:
             continue
         cj = uj / G
-        if (L < 0 or zl > 0.0) and (R >= n or zr <= 0.0):
+        if how == 1:
             if R < n:
                 up_at[j] = R
                 up[j] = cj * er
