@@ -634,7 +634,6 @@ _call_inject_exact = _PULLBACK_CALLS.inject_exact
 _call_carry_injections = _PULLBACK_CALLS.carry_injections
 
 
-@address_only
 @inner_helper
 def target_weights(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR):
     """The weights of one target (anchor value ``ra``, offset ``t``) on its points ``L`` and
@@ -687,6 +686,7 @@ def target_weights(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR):
     return 2, G, Z, el, er, sh
 
 
+@address_only
 @helper
 def inverse_pullback(
     r, alpha, tables, anchor, offset, u, rbar, wbar, inj_up, inj_down, want_wbar, fresh_rbar
