@@ -3,9 +3,8 @@
 The JAX bridge routes ``soft_rank``, ``soft_sort``, ``soft_topk`` and ``log_soft_topk`` here
 when a call is traced for the CPU backend with a concrete ``alpha`` (and ``k``, one per row):
 then nothing is left to validate when the computation runs, and a call costs its kernels,
-without the Python, the GIL and the host copies of :func:`jax.pure_callback` (at n = 1e2 a
-``jit(grad)`` of ``soft_rank`` took 250-300 us through ``pure_callback``, almost all of it
-fixed cost; 13 us here).
+without the Python, the GIL and the host copies of :func:`jax.pure_callback`, whose fixed
+cost is most of a small call's (figures in CHANGELOG.md).
 
 Each handler is one C function of XLA's typed FFI (``api_version=1``,
 ``XLA_FFI_Error* handler(XLA_FFI_CallFrame*)``, see ``xla/ffi/api/c_api.h`` in

@@ -12,8 +12,8 @@ Conventions shared by every kernel:
 * Scratch memory comes from the caller as a ``work`` array of shape ``(rows, W, n)`` (and a
   ``twork`` of shape ``(rows, T, m)`` for per-target scratch), with ``W``/``T`` given by the
   ``*_WORK`` constants of each module; :func:`workspace` allocates one. Large fresh allocations
-  inside numba page-fault on every call (about 3 ms per 8 MB here) while NumPy's are cheap,
-  which at n = 1e6 decided whether a gradient cost 3x or 7x a sort.
+  inside numba page-fault on every call while NumPy's are cheap, which at n = 1e6 costs more
+  than the kernels' own work (figures in CHANGELOG.md).
 """
 
 import importlib

@@ -40,8 +40,8 @@ import threading
 
 #: Below this many rows or elements a kernel runs on the calling thread alone. Waking the
 #: thread pool costs more than it saves on small inputs, and on a busy machine (data loaders,
-#: another process) OpenMP's barrier turned a 0.4 ms single-row call into 16 ms at the 90th
-#: percentile, against 0.4 ms on one thread (measured on 2 cores, n = 1e4).
+#: another process) OpenMP's barrier makes a short call's slow tail many times its median
+#: (figures in CHANGELOG.md).
 MIN_PARALLEL_ROWS = 2
 MIN_PARALLEL_ELEMENTS = 32768
 
@@ -62,9 +62,8 @@ def set_parallel(enabled: bool) -> bool:
     every kernel on the calling thread; returns the previous setting.
 
     The PyTorch and JAX bridges turn it off when imported: PyTorch's OpenMP threads and numba's
-    spin against each other. With both pools active on 2 cores, 256 x 1000 ``soft_rank``
-    forward + backward took 56 ms, and a 1 MB ``torch.clone`` between calls 7.7 ms; on one
-    thread, 7.6 ms and 0.1 ms.
+    spin against each other: with both pools active, calls of either library became several
+    times slower (figures in CHANGELOG.md).
 
     Examples
     --------
@@ -223,7 +222,7 @@ def _jit(fn, variant: str = "serial", **options):
 def _unliteral_calls(dispatcher) -> None:
     """Type calls from compiled code with non-literal argument types: numba otherwise compiles
     one copy of a helper per literal value (``row_tables(..., True, ...)`` and ``(..., False,
-    ...)``), which was 7% of a cold soft_sort forward + backward.
+    ...)``), which lengthens the first call (CHANGELOG.md).
     """
     from numba.core import types
 
@@ -281,7 +280,7 @@ def address_only(dispatcher):
 def inner_helper(fn):
     """Compile a small helper called once per element with array arguments, inlined into its
     callers: a call that passes arrays costs their reference counting, which made
-    ``target_sums`` 3x slower called than written in place (63 ns against 20 ns).
+    ``target_sums`` several times slower called than written in place (CHANGELOG.md).
     """
     return _jit(fn, inline="always", **_INTERNAL)
 
