@@ -52,9 +52,12 @@ def unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:
     if grad.shape == shape:  # nothing was broadcast (tuple equality: cheap)
         return grad
     extra = grad.ndim - len(shape)
-    grad = grad.sum(axis=tuple(range(extra))) if extra > 0 else grad
-    axes = tuple(i for i, s in enumerate(shape) if s == 1 and grad.shape[i] != 1)
-    return grad.sum(axis=axes, keepdims=True) if axes else grad
+    # Rows whose gradients overflow float64 with opposite signs sum to NaN, the honest answer
+    # (documented in docs/gotchas.rst); NumPy's "invalid value" warning would only obscure it.
+    with np.errstate(invalid="ignore"):
+        grad = grad.sum(axis=tuple(range(extra))) if extra > 0 else grad
+        axes = tuple(i for i, s in enumerate(shape) if s == 1 and grad.shape[i] != 1)
+        return grad.sum(axis=axes, keepdims=True) if axes else grad
 
 
 class NumpyBackend:
