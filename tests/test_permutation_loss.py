@@ -16,7 +16,12 @@ import numpy as np
 import pytest
 
 import softorder as so
-from softorder.core.permutation import SERIES_GAP, density_ratios, log_rank_probability
+from softorder.core.permutation import (
+    SERIES_GAP,
+    _log_rank_probability_near,
+    density_ratios,
+    log_rank_probability,
+)
 from tests import naive
 
 EPS = np.finfo(np.float64).eps
@@ -31,6 +36,11 @@ def _ratios(z0, z1):
 @numba.njit(cache=False)
 def _log_p(z0, z1):
     return log_rank_probability(z0, z1)
+
+
+@numba.njit(cache=False)
+def _log_p_near(z0, z1):
+    return _log_rank_probability_near(z0, z1)
 
 
 def _exact(z0: float, z1: float) -> tuple[float, float]:
@@ -76,6 +86,22 @@ def test_log_rank_probability_against_extended_precision(z0, z1):
     scale = abs(z0) + abs(z1) + abs(float(want)) + 1.0
     straddle = 1.0 if (z1 <= 0.0 or z0 >= 0.0) else max(1.0, 1.0 / float(mpmath.exp(want)))
     assert abs(got - float(want)) <= 4 * EPS * scale * straddle, (got, float(want))
+
+
+def test_log_rank_probability_near_is_the_same_bits(rng):
+    """The ladder forward's inlined case gives log_rank_probability's value to the bit: the
+    listed pairs, random pairs on both sides of 0 and of the series' gap, and the limits.
+    """
+    z0 = rng.normal(scale=5.0, size=4000)
+    gaps = np.concatenate(
+        [rng.uniform(0.0, 2 * SERIES_GAP, 3000), rng.exponential(3.0, 990), np.zeros(10)]
+    )
+    pairs = list(zip(z0, z0 + gaps, strict=True)) + PAIRS
+    pairs += [(-math.inf, -2.0), (-math.inf, 3.0), (2.0, math.inf), (-math.inf, math.inf)]
+    pairs += [(0.5, 0.5 - 1e-3), (-0.5, -0.5 - 1e-3), (-1e-3, 1e-3)]  # out of order, straddling
+    for a, b in pairs:
+        want, got = _log_p(a, b), _log_p_near(a, b)
+        assert np.float64(got).tobytes() == np.float64(want).tobytes(), (a, b, got, want)
 
 
 @pytest.mark.parametrize("z0, z1", PAIRS)
