@@ -61,6 +61,27 @@ def gradient_scratch(work, n):
     return work[k, :n], work[k + 1, :n], work[k + 2, :n], work[k + 3, :n], work[k + 4, :n]
 
 
+@helper
+def finite_row(r, inv_alpha):
+    """Whether the sorted row ``r`` (no NaN) and ``inv_alpha`` are finite: then
+    :func:`finite_z` is :func:`~softorder.core.laplace.offset_z` for its finite targets.
+    """
+    return abs(r[0]) != INF and abs(r[r.shape[0] - 1]) != INF and inv_alpha != INF
+
+
+@helper
+def finite_z(r_anchor, r_i, inv_alpha, t):
+    """:func:`~softorder.core.laplace.offset_z` of finite values, ``inv_alpha`` and ``t``
+    (:func:`finite_row`) without its cases, the same value to the bit: its distance,
+    ``gap(r_anchor, r_i)`` or ``-gap(r_i, r_anchor)``, is ``r_anchor - r_i`` (rounding to
+    nearest is symmetric), +0.0 for equal values (``+ 0.0`` turns the ``-0.0`` of
+    ``-0.0 - 0.0`` into +0.0 and leaves any other value as it is), and ``z`` is NaN only
+    from ``inf - inf``. The forward's membership passes took a tenth longer through
+    ``offset_z``'s branches (256 x 1000).
+    """
+    return ((r_anchor - r_i) + 0.0) * inv_alpha + t
+
+
 @kernel
 def topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work):
     """Memberships (or their logs when ``log``) ``out`` (rows, m, n) for targets ``w`` (rows, m);
@@ -81,10 +102,18 @@ def topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work):
         prefix_sums_halves(r, inv_alpha, A, B)
         solve_targets_ab(r, inv_alpha, A, B, w[row], worder[row], anchor[row], offset[row])
         sorted_out = B  # spent once the targets are solved
+        finite = finite_row(r, inv_alpha)
         for j in range(m):
             ra = r[anchor[row, j]]
             t = offset[row, j]
-            if log:
+            if finite and abs(t) != INF:  # the usual case, without offset_z's cases
+                if log:
+                    for i in range(n):
+                        sorted_out[i] = log_cdf(finite_z(ra, r[i], inv_alpha, t))
+                else:
+                    for i in range(n):
+                        sorted_out[i] = cdf(finite_z(ra, r[i], inv_alpha, t))
+            elif log:
                 for i in range(n):
                     sorted_out[i] = log_cdf(offset_z(ra, r[i], inv_alpha, t))
             else:
