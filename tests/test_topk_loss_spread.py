@@ -50,8 +50,14 @@ def test_spread_to_points_is_kernel_sums_to_the_bit(rng, both, alpha):
                 anchor, offset = np.empty(m, np.int64), np.empty(m)
                 work = np.empty((4, n))
                 lapsum.inverse_kernel(
-                    r[None], np.array([alpha]), w[None], np.argsort(w)[None], np.empty((1, m)),
-                    anchor[None], offset[None], work[None],
+                    r[None],
+                    np.array([alpha]),
+                    w[None],
+                    np.argsort(w)[None],
+                    np.empty((1, m)),
+                    anchor[None],
+                    offset[None],
+                    work[None],
                 )
             else:
                 anchor = rng.integers(0, n, size=m)
