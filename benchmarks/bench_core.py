@@ -119,6 +119,9 @@ def memory_child(label, dtype, n):
     x = rng.standard_normal(n).astype(dtype)
     run = forward_vjp(label, x, rng)
     run()  # compiles or loads the kernels
+    # the scratch the warm-up call left for the next (softorder.set_scratch_limit) goes too:
+    # the measured call's peak counts the scratch it takes
+    softorder.set_scratch_limit(softorder.set_scratch_limit(0))
     gc.collect()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets VmHWM to the current resident size

@@ -6,6 +6,7 @@ array([2., 1., 3.])
 """
 
 from softorder._engine.autodiff import jvp, vjp
+from softorder._engine.scratch import set_scratch_limit
 from softorder._precompile import precompile
 from softorder._version import __version__
 from softorder.operations import (
@@ -25,6 +26,7 @@ __all__ = [
     "log_soft_topk",
     "permutation_cross_entropy",
     "precompile",
+    "set_scratch_limit",
     "soft_permutation",
     "soft_quantile",
     "soft_rank",

@@ -3,7 +3,8 @@ allocate less give the same results to the bit.
 
 NumPy's allocations are traced by ``tracemalloc`` (numba's are not: the kernels allocate
 nothing large of their own), so the bytes a pullback asks for are a deterministic figure,
-unlike the resident peak that ``benchmarks/bench_core.py`` reports.
+unlike the resident peak that ``benchmarks/bench_core.py`` reports. The traced calls keep no
+scratch for the next (``softorder.set_scratch_limit(0)``): what they allocate is theirs.
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ def _pullback_peak(fn, x, *args, **kwargs) -> int:
     out, pullback = softorder.vjp(fn, x, *args, alpha=0.1, **kwargs)
     cotangent = np.ones(np.shape(out), np.asarray(out).dtype)
     pullback(cotangent)  # kernels compiled or loaded
+    previous = softorder.set_scratch_limit(0)  # every kernel's scratch allocated and freed
     tracemalloc.start()
     try:
         pullback(cotangent)
         return tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
+        softorder.set_scratch_limit(previous)
 
 
 @pytest.mark.parametrize(
@@ -68,6 +71,7 @@ def test_permutation_cross_entropy_forward_and_pullback_peak(dtype):
     out, pullback = softorder.vjp(fn, x, ranks, alpha=0.1)
     cotangent = np.ones((), out.dtype)
     pullback(cotangent)  # kernels compiled or loaded
+    previous = softorder.set_scratch_limit(0)  # every kernel's scratch allocated and freed
     tracemalloc.start()
     try:
         out, pullback = softorder.vjp(fn, x, ranks, alpha=0.1)
@@ -76,6 +80,7 @@ def test_permutation_cross_entropy_forward_and_pullback_peak(dtype):
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
+        softorder.set_scratch_limit(previous)
     # kept by the forward pass: the sorted row (float64), its order and the boundaries' int32
     # anchors (4 bytes each) and offsets (8); the pullback adds x_bar (float64) and 3 rows of
     # float64 scratch: 56 bytes per element at the peak (was 100: int64 anchors, 7 rows of

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from softorder import core
+from softorder._engine import scratch
 from softorder._engine.autodiff import Rule
 from softorder._engine.backend import NUMPY
 from softorder._engine.backends.protocol import Backend
@@ -65,9 +66,16 @@ class Context:
         return self.rows.backend.zeros(shape)
 
     def work(self, width: int, length: int | None = None) -> np.ndarray:
-        """Scratch for one kernel call: (rows, width, length or n)."""
+        """Scratch for one kernel call: (rows, width, length or n), uninitialised. Host
+        scratch is a view of the thread's reused buffer (:mod:`softorder._engine.scratch`):
+        it is never a result nor saved (a view kept alive keeps its region from later calls,
+        which then allocate afresh).
+        """
         rows = self.rows
-        return rows.backend.empty((rows.rows, width, max(rows.n if length is None else length, 1)))
+        shape = (rows.rows, width, max(rows.n if length is None else length, 1))
+        if rows.backend is NUMPY:
+            return scratch.take(shape)
+        return rows.backend.empty(shape)
 
     def target_storage(self, m: int) -> tuple[np.ndarray, np.ndarray]:
         """Arrays (rows, m) that the forward kernels fill with each target's ``(anchor,
