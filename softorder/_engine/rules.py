@@ -72,10 +72,10 @@ class Context:
         which then allocate afresh).
         """
         rows = self.rows
-        shape = (rows.rows, width, max(rows.n if length is None else length, 1))
-        if rows.backend is NUMPY:
-            return scratch.take(shape)
-        return rows.backend.empty(shape)
+        length = max(rows.n if length is None else length, 1)
+        if rows.backend is NUMPY and 8 * rows.rows * width * length >= scratch.MIN_BYTES:
+            return scratch.take((rows.rows, width, length))
+        return rows.backend.empty((rows.rows, width, length))
 
     def target_storage(self, m: int) -> tuple[np.ndarray, np.ndarray]:
         """Arrays (rows, m) that the forward kernels fill with each target's ``(anchor,
