@@ -16,12 +16,10 @@ import numpy as np
 import pytest
 
 import softorder as so
-from softorder.core.permutation import (
-    SERIES_GAP,
-    _log_rank_probability_near,
-    density_ratios,
-    log_rank_probability,
-)
+from softorder import core
+from softorder.core import permutation as perm
+from softorder.core.laplace import offset_z
+from softorder.core.permutation import SERIES_GAP, density_ratios, log_rank_probability
 from tests import naive
 
 EPS = np.finfo(np.float64).eps
@@ -39,8 +37,8 @@ def _log_p(z0, z1):
 
 
 @numba.njit(cache=False)
-def _log_p_near(z0, z1):
-    return _log_rank_probability_near(z0, z1)
+def _offset_z(ra, ri, inv_alpha, t):
+    return offset_z(ra, ri, inv_alpha, t)
 
 
 def _exact(z0: float, z1: float) -> tuple[float, float]:
@@ -88,20 +86,62 @@ def test_log_rank_probability_against_extended_precision(z0, z1):
     assert abs(got - float(want)) <= 4 * EPS * scale * straddle, (got, float(want))
 
 
-def test_log_rank_probability_near_is_the_same_bits(rng):
-    """The ladder forward's inlined case gives log_rank_probability's value to the bit: the
-    listed pairs, random pairs on both sides of 0 and of the series' gap, and the limits.
+def _ladder_loss(x, target, alpha):
+    """The API's loss kernel on rows ``x`` (rows, n): losses, sorted rows, anchors, offsets."""
+    rows, n = x.shape
+    order = np.argsort(x, axis=1)
+    xs = np.take_along_axis(x, order, axis=1)
+    out = np.empty(rows)
+    anchor, offset = np.empty((rows, n - 1), np.int32), np.empty((rows, n - 1))
+    work = core.workspace(rows, perm.LADDER_FORWARD_WORK, n)
+    perm.ladder_loss_forward(xs, order, np.full(rows, alpha), target, out, anchor, offset, work)
+    return out, xs, order, anchor, offset
+
+
+@pytest.mark.parametrize(
+    "n, alpha, ties", [(60, 20.0, False), (300, 0.5, False), (2000, 5.0, False), (2000, 0.5, True)]
+)
+def test_loss_against_extended_precision(rng, n, alpha, ties):
+    """The loss takes the ``log d`` of LOG_GROUP ranks in the tails' series as one log of
+    their product: within 16 eps (relative; every term is positive) of the 40-digit sum of
+    the exact ``-log P`` at the same boundaries, where most gaps are in the series' range
+    (n alpha large). The element-by-element sum of log_rank_probability, which it replaced,
+    was 4.6 eps off on average there (18 cases, up to 17), the grouped sum 2.0 (up to 7).
     """
-    z0 = rng.normal(scale=5.0, size=4000)
-    gaps = np.concatenate(
-        [rng.uniform(0.0, 2 * SERIES_GAP, 3000), rng.exponential(3.0, 990), np.zeros(10)]
-    )
-    pairs = list(zip(z0, z0 + gaps, strict=True)) + PAIRS
-    pairs += [(-math.inf, -2.0), (-math.inf, 3.0), (2.0, math.inf), (-math.inf, math.inf)]
-    pairs += [(0.5, 0.5 - 1e-3), (-0.5, -0.5 - 1e-3), (-1e-3, 1e-3)]  # out of order, straddling
-    for a, b in pairs:
-        want, got = _log_p(a, b), _log_p_near(a, b)
-        assert np.float64(got).tobytes() == np.float64(want).tobytes(), (a, b, got, want)
+    x = rng.normal(size=(1, n))
+    if ties:
+        x = np.round(x * 50) / 50
+    target = np.argsort(rng.normal(size=(1, n)), axis=1) + 1
+    out, xs, order, anchor, offset = _ladder_loss(x, target, alpha)
+    r, inv_alpha = xs[0], 1.0 / alpha
+    byrank = np.empty(n)
+    byrank[target[0, order[0]] - 1] = r
+    exact = mpmath.mpf(0)
+    grouped = 0
+    with mpmath.workdps(40):
+        for k in range(n):
+            ri = byrank[k]
+            z0 = _offset_z(r[anchor[0, k - 1]], ri, inv_alpha, offset[0, k - 1]) if k else -np.inf
+            z1 = _offset_z(r[anchor[0, k]], ri, inv_alpha, offset[0, k]) if k < n - 1 else np.inf
+            grouped += perm.PRODUCT_MIN_GAP <= z1 - z0 < SERIES_GAP
+            if z0 == -np.inf or z1 == np.inf:
+                exact -= mpmath.log(_exact(max(z0, -1e4), min(z1, 1e4))[2])
+            else:
+                exact -= mpmath.log(_exact(z0, z1)[2])
+    assert grouped > n // 2
+    assert abs(out[0] - float(exact)) <= 16 * EPS * float(exact), (out[0], float(exact))
+
+
+def test_loss_of_a_constant_row():
+    """Equal values: every rank has probability 1/n, the loss is n log n (the grouped logs of
+    the gaps' products give it within 4 eps; the element-by-element sum was 38 eps off at
+    n = 500).
+    """
+    for n, alpha in ((500, 0.3), (4000, 20.0), (64, 1e-3)):
+        target = np.arange(1, n + 1)[None, :]
+        out = _ladder_loss(np.full((1, n), 1.5), target, alpha)[0]
+        want = n * math.log(n)
+        assert abs(out[0] - want) <= 4 * EPS * want, (n, out[0], want)
 
 
 @pytest.mark.parametrize("z0, z1", PAIRS)

@@ -132,13 +132,20 @@ SERIES_GAP = 0.1
 
 
 @helper
+def _log1mexp_even(d):
+    """The even part ``d^2/24 - d^4/2880 + d^6/181440 - d^8/9676800`` of the series
+    ``log((1 - exp(-d)) / d) = -d/2 + d^2/24 - ...`` (``d < SERIES_GAP``).
+    """
+    d2 = d * d
+    tail = d2 * (1.0 / 181440.0 - d2 * (1.0 / 9676800.0))
+    return d2 * (1.0 / 24.0 - d2 * (1.0 / 2880.0 - tail))
+
+
+@helper
 def _log1mexp(d):
     """``log(1 - exp(-d))`` for ``d > 0``."""
     if d < SERIES_GAP:
-        d2 = d * d
-        # log((1 - exp(-d)) / d) = -d/2 + d^2/24 - d^4/2880 + d^6/181440 - d^8/9676800 ...
-        tail = d2 * (1.0 / 181440.0 - d2 * (1.0 / 9676800.0))
-        return math.log(d) - 0.5 * d + d2 * (1.0 / 24.0 - d2 * (1.0 / 2880.0 - tail))
+        return math.log(d) - 0.5 * d + _log1mexp_even(d)
     return math.log(-math.expm1(-d))
 
 
@@ -172,20 +179,6 @@ def log_rank_probability(z0, z1):
     return math.log1p(-0.5 * (math.exp(z0) + math.exp(-z1)))
 
 
-@inner_helper
-def _log_rank_probability_near(z0, z1):
-    """:func:`log_rank_probability` (the same operations, so the same value) with its usual
-    case, both boundaries on one side of the element and close together, written in the
-    caller: a select for the side instead of a mispredicted branch (the side is random per
-    element), and no call into ``log_rank_probability``.
-    """
-    d = z1 - z0
-    if d < SERIES_GAP and z0 != z1 and (z1 <= 0.0 or z0 >= 0.0):
-        # LOG_HALF - z0 is LOG_HALF + (-z0) to the bit
-        return (LOG_HALF + (z1 if z1 <= 0.0 else -z0)) + _log1mexp(d)
-    return log_rank_probability(z0, z1)
-
-
 @helper
 def density_ratios(z0, z1):
     """``(f(z0) / P, f(z1) / P)`` with ``P = F(z1) - F(z0)`` for ``z0 <= z1``: the loss's
@@ -215,6 +208,53 @@ def density_ratios(z0, z1):
     return e0 / p, e1 / p
 
 
+#: ranks whose ``log d`` (the gap between their two boundaries) :func:`_loss_by_rank` takes
+#: as one log of their product
+LOG_GROUP = 8
+#: the smallest gap whose ``log d`` joins a product: ``LOG_GROUP`` of them stay above 1e-280,
+#: far from underflow (a smaller gap, a tie's, takes its own log)
+PRODUCT_MIN_GAP = 1e-35
+
+
+@helper
+def _loss_by_rank(r, inv_alpha, anchor, offset, byrank):
+    """``-sum_k log P_k`` of one row whose target ranks are a permutation, from the values by
+    rank ``byrank`` (:func:`_values_by_rank`) and the boundaries ``anchor``, ``offset``.
+
+    ``log P_k`` is :func:`log_rank_probability`, but where its tails' series apply (both
+    boundaries on one side of the element, gap ``d = z1 - z0`` in [PRODUCT_MIN_GAP,
+    SERIES_GAP): the usual case) it is ``log(1/2) - |z| + log d - d/2 + even(d)`` (``z`` the
+    nearer boundary), and the ``log d`` of :data:`LOG_GROUP` such ranks are one log of their
+    product, summed apart: one ``log`` per 8 ranks instead of one each. The product's 7
+    roundings move its log by at most 3.5 eps, less than the roundings of the 8 logs it
+    replaces; every part is positive, so nothing cancels (tests: within 16 eps of 40 digits,
+    closer on average than the element-by-element sum). The side is a select, not a branch
+    (it is random per rank).
+    """
+    n = r.shape[0]
+    loss = 0.0
+    logs = 0.0
+    product = 1.0
+    count = 0
+    for k in range(n):  # the element of target rank k + 1, between boundaries k and k + 1
+        ri = byrank[k]
+        z0 = offset_z(r[anchor[k - 1]], ri, inv_alpha, offset[k - 1]) if k > 0 else -INF
+        z1 = offset_z(r[anchor[k]], ri, inv_alpha, offset[k]) if k < n - 1 else INF
+        d = z1 - z0
+        if PRODUCT_MIN_GAP <= d < SERIES_GAP and (z1 <= 0.0 or z0 >= 0.0):
+            near = z1 if z1 <= 0.0 else -z0  # -|z| of the boundary nearer the element
+            loss -= (LOG_HALF + near) + (_log1mexp_even(d) - 0.5 * d)
+            product *= d
+            count += 1
+            if count == LOG_GROUP:
+                logs += math.log(product)
+                product = 1.0
+                count = 0
+        else:
+            loss -= log_rank_probability(z0, z1)
+    return loss - (logs + math.log(product))  # (log(1) = 0: nothing left over)
+
+
 @helper
 def _loss_row_vjp(r, inv_alpha, order, target, anchor, offset, c, beta, rbar):
     """The loss's direct gradient terms of one row element by element (any target ranks):
@@ -241,16 +281,6 @@ def _loss_row_vjp(r, inv_alpha, order, target, anchor, offset, c, beta, rbar):
             rbar[i] -= gamma
             abar -= gamma * z0
     return abar
-
-
-@inner_helper
-def _rank_z(r, inv_alpha, anchor, offset, k, ri):
-    """:func:`_boundary_z` for boundary ``k`` in 0..n (the same value)."""
-    if k == 0:
-        return -INF
-    if k == r.shape[0]:
-        return INF
-    return offset_z(r[anchor[k - 1]], ri, inv_alpha, offset[k - 1])
 
 
 @inner_helper
@@ -295,7 +325,7 @@ def _loss_by_rank_vjp(r, inv_alpha, order, target, anchor, offset, c, byrank, be
     abar = 0.0
     pending = 0.0  # the cotangent of boundary k from the rank below (beta[k - 1] at rank k)
     for k in range(n):  # the element of target rank k + 1, between boundaries k and k + 1
-        # (_rank_z's values, read here: see _rank_terms)
+        # (_boundary_z's values, read here: see _rank_terms)
         ri = byrank[k]
         z0 = offset_z(r[an[k - 1]], ri, inv_alpha, off[k - 1]) if k > 0 else -INF
         z1 = offset_z(r[an[k]], ri, inv_alpha, off[k]) if k < n - 1 else INF
@@ -458,15 +488,7 @@ def permutation_loss_forward(
             out[row] = np.nan
             repeated += 1
             continue
-        an = anchor[row]
-        off = offset[row]
-        loss = 0.0
-        for k in range(n):  # the element of target rank k + 1, between boundaries k and k + 1
-            ri = terms[k]
-            z0 = _rank_z(r, inv_alpha, an, off, k, ri)
-            z1 = _rank_z(r, inv_alpha, an, off, k + 1, ri)
-            loss -= log_rank_probability(z0, z1)
-        out[row] = loss
+        out[row] = _loss_by_rank(r, inv_alpha, anchor[row], offset[row], terms)
     return repeated
 
 
@@ -650,10 +672,13 @@ _LADDER_CALLS = SymbolCalls(
     solve_ladder=(solve_ladder, (_F1, _F, _F, _F1, _F1, _F1, _F, _I32_1, _F1, _F1)),
     # r, inv_alpha, E, B, Bd
     descending_tables=(descending_tables, (_F1, _F, _F1, _F1, _F1)),
+    # r, inv_alpha, anchor, offset, byrank
+    loss_by_rank=(_loss_by_rank, (_F1, _F, _I32_1, _F1, _F1)),
 )
 _call_prefix_tables = _LADDER_CALLS.prefix_tables_halves
 _call_solve_ladder_int32 = _LADDER_CALLS.solve_ladder
 _call_descending_tables = _LADDER_CALLS.descending_tables
+_call_loss_by_rank = _LADDER_CALLS.loss_by_rank
 
 
 @kernel
@@ -685,13 +710,7 @@ def _ladder_forward_rows(xs, order, alpha, target, out, anchor, offset, work):
             out[row] = np.nan
             repeated += 1
             continue
-        loss = 0.0
-        for k in range(n):  # the element of target rank k + 1, between boundaries k and k + 1
-            ri = terms[k]
-            z0 = _rank_z(r, inv_alpha, an, off, k, ri)
-            z1 = _rank_z(r, inv_alpha, an, off, k + 1, ri)
-            loss -= _log_rank_probability_near(z0, z1)
-        out[row] = loss
+        out[row] = _call_loss_by_rank(r, inv_alpha, an, off, terms)
     return repeated
 
 
@@ -750,7 +769,7 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
     alpha_bar = 0.0  # the pullback's part, summed in the boundaries' order
     pending = 0.0  # the cotangent of boundary k from the rank below
     for k in range(n):  # the element of target rank k + 1, between boundaries k and k + 1
-        ri = byrank[k]  # (_rank_z's values, read here: see _rank_terms)
+        ri = byrank[k]  # (_boundary_z's values, read here: see _rank_terms)
         z0 = offset_z(r[anchor[k - 1]], ri, inv_alpha, offset[k - 1]) if k > 0 else -INF
         z1 = offset_z(r[anchor[k]], ri, inv_alpha, offset[k]) if k < n - 1 else INF
         rb, up, down, up_z1, down_z0 = _rank_terms(z0, z1, abs(ri) != INF, c, inv_alpha)
