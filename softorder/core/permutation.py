@@ -887,6 +887,15 @@ def _ladder_carry_and_scatter(r, order, target, E, inj_up, inj_down, xb):
         xb[order[i]] = inj_up[i]
 
 
+#: the ladder VJP's pass over the ranks, called by symbol (compiled once, not linked into
+#: the kernel and optimised again there; int32 anchors: :func:`ladder_loss_vjp` narrows others)
+_LADDER_VJP_CALLS = SymbolCalls(
+    # r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byrank
+    row_vjp=(_ladder_loss_row_vjp, (_F1, _F, _F, _F1, _F1, _F1, _I32_1, _F1, _F, _F1)),
+)
+_call_ladder_row_vjp = _LADDER_VJP_CALLS.row_vjp
+
+
 @kernel
 def _ladder_vjp_rows(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar, work):
     """The rows of :func:`ladder_loss_vjp` that its ladder path takes; the others get a NaN
@@ -912,7 +921,7 @@ def _ladder_vjp_rows(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha
         B = w[1, :n]
         Bd = w[2, :n]
         _call_descending_tables(r, inv_alpha, E, B, Bd)
-        direct, pulled, done = _ladder_loss_row_vjp(
+        direct, pulled, done = _call_ladder_row_vjp(
             r, a, inv_alpha, E, B, Bd, anchor[row], offset[row], cot[row], byrank
         )
         if not done:
@@ -984,5 +993,7 @@ def ladder_loss_vjp(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_
     repeated target ranks, boundaries out of order or a far tie take the general kernel's
     path in a kernel of their own (:func:`_ladder_vjp_general`), compiled when first needed.
     """
+    if anchor.dtype != np.int32:  # (rows shorter than 2**31: the ladder's pass takes int32)
+        anchor = anchor.astype(np.int32)
     if _ladder_vjp_rows(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar, work):
         _ladder_vjp_general(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar)
