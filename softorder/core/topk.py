@@ -17,6 +17,7 @@ import numpy as np
 from numba import prange
 
 from softorder.core._jit import helper, inner_helper, kernel
+from softorder.core.fast_exp import FAST_EXP, exp_main, in_range
 from softorder.core.laplace import (
     INF,
     cdf,
@@ -82,6 +83,28 @@ def finite_z(r_anchor, r_i, inv_alpha, t):
     return ((r_anchor - r_i) + 0.0) * inv_alpha + t
 
 
+@helper
+def _cdf_pass(r, ra, t, inv_alpha, out):
+    """``out[i] = cdf(finite_z(ra, r[i], inv_alpha, t))`` (:func:`finite_row`), the same
+    values: ``exp(-|z|)`` by :func:`~softorder.core.fast_exp.exp_main` in a loop LLVM
+    vectorizes, then ``cdf`` itself at the few elements outside its range (none for most
+    rows), in a pass of their own.
+    """
+    n = r.shape[0]
+    far = False
+    for i in range(n):
+        z = finite_z(ra, r[i], inv_alpha, t)
+        az = abs(z)
+        far |= not in_range(az)
+        e = 0.5 * exp_main(-az)  # cdf's 0.5 * exp(z) for z <= 0, 0.5 * exp(-z) above
+        out[i] = e if z <= 0.0 else 1.0 - e
+    if far:
+        for i in range(n):
+            z = finite_z(ra, r[i], inv_alpha, t)
+            if not in_range(abs(z)):
+                out[i] = cdf(z)
+
+
 @kernel
 def topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work):
     """Memberships (or their logs when ``log``) ``out`` (rows, m, n) for targets ``w`` (rows, m);
@@ -110,6 +133,8 @@ def topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work):
                 if log:
                     for i in range(n):
                         sorted_out[i] = log_cdf(finite_z(ra, r[i], inv_alpha, t))
+                elif FAST_EXP:
+                    _cdf_pass(r, ra, t, inv_alpha, sorted_out)
                 else:
                     for i in range(n):
                         sorted_out[i] = cdf(finite_z(ra, r[i], inv_alpha, t))
@@ -193,6 +218,28 @@ def target_shift(r, inv_alpha, anchor, t):
 ONE_EXP_SHIFT = 700.0
 
 
+@helper
+def _weights_pass(r, ra, t, inv_alpha, shift, out):
+    """``out[i] = exp(shift - |z_i|)`` of a target (:func:`topk_vjp`'s relative weights: 1 at
+    ``|z_i| == shift``, 0 at infinity) in a row and offset :func:`finite_row` allows, the same
+    values: :func:`~softorder.core.fast_exp.exp_main` in a loop LLVM vectorizes, then
+    ``math.exp`` at the few elements outside its range (none for most rows).
+    """
+    n = r.shape[0]
+    far = False
+    for i in range(n):
+        az = abs(finite_z(ra, r[i], inv_alpha, t))
+        x = shift - az
+        far |= az != shift and not in_range(x)
+        w = exp_main(x)
+        out[i] = 1.0 if az == shift else w
+    if far:
+        for i in range(n):
+            az = abs(finite_z(ra, r[i], inv_alpha, t))
+            if az != shift and not in_range(shift - az):
+                out[i] = 0.0 if az == INF else math.exp(shift - az)
+
+
 @kernel
 def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, work):
     """Cotangent ``v`` (rows, m, n) -> ``x_bar`` (rows, n), ``w_bar`` (rows, m), ``alpha_bar``.
@@ -245,14 +292,20 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
             # each call of exp spilled its six accumulators. They wait in rbar while it holds
             # nothing (e may be vs), else in e, once rbar has taken the previous target's
             # omega_i phi
-            for i in range(n):
-                az = abs(offset_z(ra, r[i], inv_alpha, t))
-                ei = 0.0 if az == INF else 1.0 if az == shift else math.exp(shift - az)
-                if fresh:
-                    rbar[i] = ei
-                else:
-                    rbar[i] = rbar[i] + e[i] * pg
-                    e[i] = ei
+            if FAST_EXP and finite_row(r, inv_alpha) and abs(t) != INF:
+                if not fresh:
+                    for i in range(n):
+                        rbar[i] = rbar[i] + e[i] * pg
+                _weights_pass(r, ra, t, inv_alpha, shift, rbar if fresh else e)
+            else:
+                for i in range(n):
+                    az = abs(offset_z(ra, r[i], inv_alpha, t))
+                    ei = 0.0 if az == INF else 1.0 if az == shift else math.exp(shift - az)
+                    if fresh:
+                        rbar[i] = ei
+                    else:
+                        rbar[i] = rbar[i] + e[i] * pg
+                        e[i] = ei
             G = 0.0
             Z = 0.0
             phi = 0.0
@@ -367,9 +420,12 @@ def _one_target_vjp(r, o, inv_alpha, an, t, log, v, xb, w_bar, e):
     decay = math.exp(-shift) if one_exp else 0.0
     # the relative weights in a pass of their own, as in topk_vjp (an exp in the pass that
     # sums them spilled its accumulators); that pass gathers the cotangent as it goes
-    for i in range(n):
-        az = abs(offset_z(ra, r[i], inv_alpha, t))
-        e[i] = 0.0 if az == INF else 1.0 if az == shift else math.exp(shift - az)
+    if FAST_EXP and finite_row(r, inv_alpha) and abs(t) != INF:
+        _weights_pass(r, ra, t, inv_alpha, shift, e)
+    else:
+        for i in range(n):
+            az = abs(offset_z(ra, r[i], inv_alpha, t))
+            e[i] = 0.0 if az == INF else 1.0 if az == shift else math.exp(shift - az)
     G = 0.0
     Z = 0.0
     phi = 0.0
