@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 import softorder
-from softorder.core import _jit, lapsum, sort
+from softorder.core import _jit, sort
 
 CALLS = [
-    (lapsum.sort_forward, lapsum._SORT_FORWARD_CALLS),
-    (sort.sort_vjp, sort._SORT_VJP_CALLS),
+    (sort.ladder_forward, sort._LADDER_FORWARD_CALLS),
+    (sort.ladder_vjp, sort._LADDER_VJP_CALLS),
 ]
 
 
@@ -32,7 +32,7 @@ def _run_soft_sort():
     return out, x_bar, alpha_bar
 
 
-@pytest.mark.parametrize("run, calls", CALLS, ids=["sort_forward", "sort_vjp"])
+@pytest.mark.parametrize("run, calls", CALLS, ids=["ladder_forward", "ladder_vjp"])
 def test_the_kernel_declares_its_helpers_instead_of_compiling_them(run, calls):
     if not hasattr(run.serial, "overloads"):
         pytest.skip("NUMBA_DISABLE_JIT: no compiled code")
@@ -59,11 +59,11 @@ import json, sys
 import numpy as np
 sys.path.insert(0, {root!r})
 from tests.test_symbol_calls import _run_soft_sort
-from softorder.core import lapsum, sort
+from softorder.core import sort
 out, x_bar, alpha_bar = _run_soft_sort()
 stats = {{
     name: [len(k.serial.stats.cache_hits), len(k.serial.stats.cache_misses)]
-    for name, k in (("sort_forward", lapsum.sort_forward), ("sort_vjp", sort.sort_vjp))
+    for name, k in (("ladder_forward", sort.ladder_forward), ("ladder_vjp", sort.ladder_vjp))
 }}
 print(json.dumps({{"bits": [a.tobytes().hex() for a in (out, x_bar, np.asarray(alpha_bar))],
                   "stats": stats}}))
@@ -90,8 +90,8 @@ def test_kernels_loaded_from_the_cache_find_their_helpers(tmp_path):
         assert done.returncode == 0, done.stderr
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     first, second = runs
-    assert first["stats"] == {"sort_forward": [0, 1], "sort_vjp": [0, 1]}
-    assert second["stats"] == {"sort_forward": [1, 0], "sort_vjp": [1, 0]}
+    assert first["stats"] == {"ladder_forward": [0, 1], "ladder_vjp": [0, 1]}
+    assert second["stats"] == {"ladder_forward": [1, 0], "ladder_vjp": [1, 0]}
     assert first["bits"] == second["bits"]
 
 

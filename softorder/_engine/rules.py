@@ -382,12 +382,35 @@ def _signed(ctx: Context, a):
 
 
 class SortRule(InverseRule):
+    """Soft sort. On the CPU (rows shorter than 2**31) the forward pass keeps each target's
+    offset but not its anchor (:func:`~softorder.core.sort.ladder_forward`), which the VJP
+    counts again (:func:`~softorder.core.sort.ladder_vjp`); the anchors are solved
+    (:meth:`_solved_targets`) only where they are handed out or read: the bridges'
+    residuals, the JVP, rows the ladder VJP hands back.
+    """
+
     differentiable = ("x", "alpha")
     targets_differentiable = False
     index_residuals = ("order", "anchor")  # the CPU forward keeps int32 anchors
 
     def prepare(self, x, alpha, axis, descending, order=None):
-        return _descending_context(x, alpha, axis, descending, order)
+        ctx = _descending_context(x, alpha, axis, descending, order)
+        rows = ctx.rows
+        if rows.dtype == np.float32 and ctx.kernels is core and rows.n < 2**31:
+            # a float32 input's sorted values are float32 numbers: the ladder kernels read
+            # them in float32 and widen each one exactly (4 bytes per element less)
+            rows.xs = rows.xs.astype(np.float32)
+        return ctx
+
+    @staticmethod
+    def _widened(ctx):
+        """The sorted rows in float64, as the kernels other than the ladder's read them (kept
+        in the context: the paths that need them are the rarer ones).
+        """
+        rows = ctx.rows
+        if rows.xs.dtype != np.float64:
+            rows.xs = rows.xs.astype(np.float64)
+        return rows.xs
 
     def result(self, layout, arguments):
         return "row", (layout.n,)
@@ -407,18 +430,41 @@ class SortRule(InverseRule):
                 anchor, offset = ctx.target_storage(rows.n)
                 core.lapsum.sort_kernel(rows.xs, ctx.alpha, out, anchor, offset, work)
                 return rows.to_user(_signed(ctx, out), "row")
-            # int32 anchors, and a float32 input's result in float32 (rounded once, as the
-            # cast rounded it): 8 bytes per element less
+            # a float32 input's result in float32 (rounded once, as the cast rounded it); the
+            # counts of the targets wait in the result's own memory
             out = ctx.empty(shape, np.float32 if rows.dtype == np.float32 else np.float64)
-            s = ctx.saved
-            s["anchor"], s["offset"] = ctx.empty(shape, np.int32), ctx.empty(shape)
-            core.lapsum.sort_forward(rows.xs, ctx.alpha, out, s["anchor"], s["offset"], work)
+            counts = out.view(np.int32 if out.dtype == np.float32 else np.int64)
+            ctx.saved["offset"] = offset = ctx.empty(shape)
+            wide = offset if rows.xs.dtype == np.float32 else rows.xs
+            core.sort.ladder_forward(rows.xs, ctx.alpha, out, counts, offset, wide, work)
             return rows.to_user(_signed(ctx, out), "row")
         w = np.arange(rows.n, dtype=np.float64)
         w += 0.5
         w = _same_row(ctx, w)
         out = self._forward_targets(ctx, w, self._target_order(ctx))
         return rows.to_user(_signed(ctx, out), "row")
+
+    def _solved_targets(self, ctx, rows_at=None):
+        """The anchors (int32) and offsets of the CPU forward pass, solved again
+        (:func:`~softorder.core.lapsum.sort_forward`: the same bits), of every row or of
+        the rows ``rows_at``; ``(xs, alpha, anchor, offset)`` of those rows.
+        """
+        xs, alpha = self._widened(ctx), ctx.alpha
+        if rows_at is not None:
+            xs, alpha = xs[rows_at], alpha[rows_at]
+        shape = xs.shape
+        anchor, offset = np.empty(shape, np.int32), np.empty(shape)
+        work = np.empty((shape[0], core.lapsum.SORT_TABLES, max(shape[1], 1)))
+        core.lapsum.sort_forward(xs, alpha, np.empty(shape), anchor, offset, work)
+        return xs, alpha, anchor, offset
+
+    def residuals(self, ctx):
+        s = ctx.saved
+        if ctx.kernels is core and "anchor" not in s:
+            offset = s.pop("offset")  # (residual_names' order: anchor, then offset)
+            s["anchor"] = self._solved_targets(ctx)[2]
+            s["offset"] = offset
+        return super().residuals(ctx)
 
     def vjp(self, ctx, cotangent):
         rows = ctx.rows
@@ -431,17 +477,58 @@ class SortRule(InverseRule):
         if not cpu:
             x_bar, _, alpha_bar = self._pullback(ctx, u, owned)
             return rows.grad_to_user(x_bar), ctx.alpha_grad(alpha_bar)
-        # the CPU kernel of soft sort's own: x_bar in u when softorder owns u (it reads each
-        # row of u before it writes that row of x_bar); a float32 cotangent of a float32
-        # input it reads as it is, into a float32 x_bar (the float64 gradient rounded once)
+        # a float32 cotangent of a float32 input is read as it is, into a float32 x_bar (the
+        # float64 gradient rounded once)
         if v is not None:
             u, x_bar = (v if rows.sign > 0 else np.negative(v)), ctx.empty(v.shape, np.float32)
-        else:
-            x_bar = u if owned and u.shape == rows.xs.shape else ctx.empty(rows.xs.shape)
-        alpha_bar = ctx.empty(rows.rows)
         s = ctx.saved
+        alpha_bar = ctx.empty(rows.rows)
+        if "anchor" not in s:  # the ladder forward: the anchors are counted again
+            if v is None:
+                x_bar = ctx.empty(rows.xs.shape)  # (never u: the counts wait in x_bar)
+            counts = x_bar.view(np.int32 if x_bar.dtype == np.float32 else np.int64)
+            redo = np.empty(rows.rows, np.uint8)
+            work = ctx.work(core.sort.LADDER_WORK)
+            # a float32 row is widened into the rows of E (work[:, 0]), float64 read as it is
+            wide = work[:, 0] if rows.xs.dtype == np.float32 else rows.xs
+            core.sort.ladder_vjp(
+                rows.xs,
+                wide,
+                rows.order,
+                ctx.alpha,
+                s["offset"],
+                u,
+                x_bar,
+                counts,
+                alpha_bar,
+                work,
+                redo,
+            )
+            del work, wide
+            if redo.any():  # ties threw an injection beyond the window: sort_vjp's rows
+                at = np.flatnonzero(redo)
+                xs, alpha, anchor, offset = self._solved_targets(ctx, at)
+                sub_x_bar, sub_alpha_bar = np.empty(xs.shape, x_bar.dtype), np.empty(len(at))
+                work = np.empty((len(at), core.sort.SORT_VJP_WORK, rows.n))
+                core.sort.sort_vjp(
+                    xs,
+                    rows.order[at],
+                    alpha,
+                    anchor,
+                    offset,
+                    u[at],
+                    sub_x_bar,
+                    sub_alpha_bar,
+                    work,
+                )
+                x_bar[at], alpha_bar[at] = sub_x_bar, sub_alpha_bar
+            return rows.grad_to_user(x_bar), ctx.alpha_grad(alpha_bar)
+        # the anchors restored from residuals (or the int64 path): x_bar in u when softorder
+        # owns u (sort_vjp reads each row of u before it writes that row of x_bar)
+        if v is None:
+            x_bar = u if owned and u.shape == rows.xs.shape else ctx.empty(rows.xs.shape)
         core.sort.sort_vjp(
-            rows.xs,
+            self._widened(ctx),
             rows.order,
             ctx.alpha,
             s["anchor"],
@@ -454,8 +541,15 @@ class SortRule(InverseRule):
         return rows.grad_to_user(x_bar), ctx.alpha_grad(alpha_bar)
 
     def jvp(self, ctx, tangents):
-        rows = ctx.rows
-        out = self._pushforward(ctx, tangents, ctx.zeros(rows.xs.shape))
+        rows, s = ctx.rows, ctx.saved
+        solved = ctx.kernels is core and "anchor" not in s
+        if solved:  # for this call only: the forward pass's memory stays what it was
+            s["anchor"] = self._solved_targets(ctx)[2]  # (and the rows widened)
+        try:
+            out = self._pushforward(ctx, tangents, ctx.zeros(rows.xs.shape))
+        finally:
+            if solved:
+                del s["anchor"]
         return rows.to_user(_signed(ctx, out), "row")
 
 

@@ -20,12 +20,15 @@ from softorder.core._jit import SymbolCalls, helper, inner_helper, kernel
 from softorder.core.kernel_sums import _first_at_or_above, carry_injections, inject_exact
 from softorder.core.laplace import INF, exp_nonpositive, gap, offset_z
 from softorder.core.lapsum import (
+    SMALL_E,
     TABLES_WITH_MOMENTS,
     inverse_pullback,
     inverse_pushforward,
+    invert_far,
     moment_step_down,
     moment_step_up,
     moment_tables,
+    prefix_tables_halves,
     target_weights,
 )
 from softorder.core.rows import gather_finite, has_nan, scatter_finite
@@ -236,10 +239,10 @@ def _sort_pullback(r, alpha, inv_alpha, E, B, Bd, anchor, offset, u, inj_up, inj
 def descending_tables(r, inv_alpha, E, B, Bd):
     """``E``, ``B``, ``Bd`` of :func:`~softorder.core.lapsum.moment_tables` in one descending
     pass (the same operations on the same values: the same bits); :func:`sort_row_vjp`
-    computes ``A`` and ``Ad`` where it reads them.
+    computes ``A`` and ``Ad`` where it reads them. ``r`` may be ``E`` itself (each ``r[i]``
+    is read before ``E[i]`` is written).
     """
     n = r.shape[0]
-    E[0] = 0.0
     B[n - 1] = 1.0
     Bd[n - 1] = 0.0
     for i in range(n - 2, -1, -1):
@@ -248,6 +251,7 @@ def descending_tables(r, inv_alpha, E, B, Bd):
         E[i + 1] = e
         B[i] = 1.0 + e * B[i + 1]
         Bd[i] = e * (Bd[i + 1] + d * inv_alpha * B[i + 1]) if e > 0.0 else 0.0
+    E[0] = 0.0
 
 
 #: the per-row helpers of :func:`sort_vjp`, called by symbol
@@ -517,3 +521,312 @@ def _carry_beside(E, rbar, up_at, up, by_point, S):
         acc += injected
         E[k] = rbar[k] + acc
     E[0] = rbar[0] + S[0]
+
+
+# --- soft sort's CPU passes with each target's offset kept and its anchor counted again (issue
+# 13: memory)
+
+#: rows of scratch of :func:`ladder_forward` (E, A, B) and of :func:`ladder_vjp` (E, B, Bd;
+#: the injections go into the rows of B and Bd behind the ascending targets)
+LADDER_WORK = 3
+#: injections kept aside while their points' ``B``, ``Bd`` may still be read
+#: (:func:`_ladder_pullback`): a power of 2, moved into the rows BATCH at a time
+WINDOW = 16
+BATCH = 8
+
+
+@helper
+def ladder_counts(E, A, B, w0, counts):
+    """The counts of :func:`~softorder.core.lapsum.solve_ladder` (``counts[q]``: the points
+    whose first target at or above their ``S`` is ``q``), from the row ``A`` or, when ``A``
+    is empty, with ``A`` by its recurrence from ``E`` (the operations of
+    :func:`~softorder.core.lapsum.prefix_tables_halves`: the same ``A``, so the same counts).
+    """
+    n = E.shape[0]
+    m = counts.shape[0]
+    counts[:] = 0
+    if A.shape[0] == n:
+        for i in range(n):
+            first = math.ceil(i + 0.5 + 0.5 * (B[i] - A[i]) - w0)
+            if first < m:
+                counts[first if first > 0 else 0] += 1
+        return
+    a = 1.0
+    for i in range(n):
+        if i > 0:
+            a = 1.0 + E[i] * a
+        first = math.ceil(i + 0.5 + 0.5 * (B[i] - a) - w0)
+        if first < m:
+            counts[first if first > 0 else 0] += 1
+
+
+@inner_helper
+def ladder_anchor(n, w, J):
+    """The anchor :func:`~softorder.core.lapsum.solve_ladder` gives the target ``w`` in
+    interval ``J`` (``J - w`` decides it: its inverse anchors at ``J`` for ``w >= J``).
+    """
+    if J == 0:
+        return 0
+    if J == n:
+        return n - 1
+    return J if w - J >= 0.0 else J - 1
+
+
+@helper
+def _ladder_values(r, alpha, inv_alpha, E, A, B, w0, counts, offset, out):
+    """The targets ``w0 + q`` of one row from their counts (:func:`ladder_counts`):
+    :func:`~softorder.core.lapsum.solve_ladder`'s operations, each offset into ``offset[q]``
+    and its value :func:`~softorder.core.lapsum.target_position` into ``out[q]`` (rounded
+    once for a float32 ``out``; a select, where target_position's branch cost a third of the
+    loop). ``counts`` may be ``out`` itself seen as integers: each count is read before its
+    slot is written.
+    """
+    n = r.shape[0]
+    J = 0
+    for q in range(out.shape[0]):
+        J += counts[q]
+        w = w0 + q
+        if J == 0:
+            an = 0
+            t = math.log(2.0 * w / B[0])
+        elif J == n:
+            an = n - 1
+            t = -math.log(2.0 * (n - w) / A[n - 1])
+        elif E[J] < SMALL_E:
+            d = gap(np.float64(r[J]), np.float64(r[J - 1]))
+            an, t = invert_far(A[J - 1], B[J], d * inv_alpha, w - J, J)
+        else:
+            c = w - J
+            a = A[J - 1]
+            b = B[J]
+            d = math.sqrt(c * c + a * b * E[J])
+            up = c >= 0.0
+            num = c + d if up else a
+            den = b if up else d - c
+            an = J if up else J - 1
+            t = math.log(num / den)
+        offset[q] = t
+        ra = np.float64(r[an])
+        moved = ra + alpha * t
+        out[q] = ra if t == 0.0 or ra == INF or ra == -INF else moved
+
+
+@kernel
+def ladder_forward(xs, alpha, out, counts, offset, wide, work):
+    """Soft sort (:func:`~softorder.core.lapsum.sort_forward`'s values and offsets, the same
+    to the bit) without anchors: ``out`` (rows, n) float32 or float64, ``counts`` the same
+    memory seen as integers of its width (int32 or int64: each row's counts wait in its
+    slots, :func:`_ladder_values`), ``offset`` (rows, n), ``work`` (rows,
+    :data:`LADDER_WORK`, n). The VJP (:func:`ladder_vjp`) counts the anchors again.
+
+    ``xs`` may be float32 (a float32 input's sorted values: each one widens exactly, so the
+    results are a float64 row's): ``wide`` is then ``offset``, into which each row is
+    widened for the prefix sums before the offsets overwrite it; for float64 ``xs`` it is
+    ``xs`` itself.
+    """
+    rows, n = xs.shape
+    for row in prange(rows):
+        r = xs[row]
+        if has_nan(r):
+            out[row, :] = np.nan
+            offset[row, :] = np.nan
+            continue
+        rw = wide[row]
+        if xs.itemsize == 4:
+            for i in range(n):
+                rw[i] = r[i]
+        E = work[row, 0]
+        A = work[row, 1]
+        B = work[row, 2]
+        a = alpha[row]
+        _call_ladder_prefix_sums(rw, 1.0 / a, E, A, B)
+        c = counts[row, :n]
+        ladder_counts(E, A, B, 0.5, c)
+        _ladder_values(r, a, 1.0 / a, E, A, B, 0.5, c, offset[row], out[row])
+
+
+@kernel
+def ladder_vjp(xs, wide, order, alpha, offset, u, x_bar, counts, alpha_bar, work, redo):
+    """Soft sort's VJP (:func:`sort_vjp`'s values, the same to the bit) from the offsets of
+    :func:`ladder_forward`, its anchors counted again (:func:`ladder_counts`,
+    :func:`ladder_anchor`). ``u`` (rows, n) float32 or float64, ``x_bar`` (rows, n) of the
+    same dtype, never ``u``; ``counts``: ``x_bar``'s memory seen as integers of its width
+    (the counts wait there until the gradient is scattered into it); ``work`` (rows,
+    :data:`LADDER_WORK`, n): ``E``, ``B``, ``Bd``, then the injections in the rows of ``B``
+    and ``Bd`` (:func:`_ladder_pullback`). A row whose ties throw an injection beyond the
+    window gets ``redo[row] = 1`` and an unwritten ``x_bar`` row: the caller runs
+    :func:`sort_vjp` on it (a kernel compiled only when a row needs it).
+
+    ``xs`` may be float32 (:func:`ladder_forward`): ``wide`` is then the rows of ``E`` in
+    ``work`` (``work[:, 0]``), into which each row is widened for :func:`descending_tables`
+    (read as float32, the row fed ``exp`` half as fast); for float64 ``xs`` it is ``xs``.
+    """
+    rows, n = xs.shape
+    for row in prange(rows):
+        redo[row] = 0
+        r = xs[row]
+        if has_nan(r):
+            x_bar[row, :] = np.nan
+            alpha_bar[row] = np.nan
+            continue
+        w = work[row]
+        a = alpha[row]
+        inv_alpha = 1.0 / a
+        E = w[0, :n]
+        B = w[1, :n]
+        Bd = w[2, :n]
+        rw = wide[row]
+        if xs.itemsize == 4:
+            for i in range(n):
+                rw[i] = r[i]
+        descending_tables(rw, inv_alpha, E, B, Bd)
+        c = counts[row, :n]
+        ladder_counts(E, E[:0], B, 0.5, c)
+        ab, done = _ladder_pullback(r, a, inv_alpha, E, B, Bd, c, offset[row], u[row], 0.5)
+        if not done:
+            redo[row] = 1
+            continue
+        alpha_bar[row] = ab
+        _call_ladder_carry(E, B, Bd, Bd, True)  # the gradient (sorted order) in Bd
+        scatter_finite(r, order[row], Bd, x_bar[row])
+
+
+@helper
+def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
+    """:func:`_sort_pullback` of the targets ``w0 + q`` anchored from their counts, with the
+    injections in the rows of ``B`` (upward) and ``Bd`` (downward) instead of rows of their
+    own, and ``A``, ``Ad`` computed :data:`BATCH` points at a time and kept for
+    :data:`WINDOW` points. Returns ``(alpha_bar, done)``.
+
+    The interval ``J`` of the targets never decreases, and a target's points are
+    ``L >= J - 2`` and ``R = L + 1``; so with ``M`` the largest ``L`` so far, ``B`` and ``Bd``
+    are read no more at the points up to ``M - 2``: those slots take their points'
+    injections, moved there from a window of :data:`WINDOW` points. Every injection is added
+    in the targets' order, as in :func:`_sort_pullback`, so the sums are the same to the bit.
+    At the end every slot not yet moved takes its window entry, or 0 beyond the window
+    (targets skipped for a zero cotangent leave table values there otherwise). A tie that
+    sends an injection beyond the window stops the loop with ``done`` false (``B``, ``Bd``
+    then hold neither tables nor injections).
+    """
+    n = r.shape[0]
+    win_up = np.zeros(WINDOW)
+    win_down = np.zeros(WINDOW)
+    a_win = np.empty(WINDOW)
+    ad_win = np.empty(WINDOW)
+    mask = WINDOW - 1
+    M = 1  # the largest L so far (at least 1)
+    F = 0  # the points below F hold their injections; the window those from F on
+    P = 0  # A, Ad are known at the points up to P - 1, kept from P - WINDOW on
+    a = 1.0
+    ad = 0.0
+    alpha_bar = 0.0
+    J = 0
+    for q in range(n):
+        J += counts[q]
+        uj = u[q]
+        if uj == 0.0:
+            continue
+        an = ladder_anchor(n, w0 + q, J)
+        t = offset[q]
+        ra = np.float64(r[an])
+        position = ra if t == 0.0 or abs(ra) == INF else ra + alpha * t  # target_position
+        if abs(position) == INF:
+            continue
+        L = an - 1 if t <= 0.0 else an
+        R = L + 1
+        if L < M - 2:  # (never, for counts of a ladder)
+            return alpha_bar, False
+        M = L if L > M else M
+        # B, Bd at the points up to M - 2 are read no more: their injections go there
+        while F + BATCH <= M - 1:
+            for k in range(F, F + BATCH):
+                B[k] = win_up[k & mask]
+                Bd[k] = win_down[k & mask]
+                win_up[k & mask] = 0.0
+                win_down[k & mask] = 0.0
+            F += BATCH
+        # A, Ad by their recurrences (moment_step_up), BATCH points at a time (a loop over
+        # the points passed, a random count per target, was mispredicted about once per
+        # target)
+        while P <= L:
+            for k in range(P, P + BATCH):
+                if k < n:
+                    e = E[k] if k > 0 else 0.0
+                    d = gap(np.float64(r[k]), np.float64(r[k - 1])) if k > 0 else 0.0
+                    ad = e * (ad + d * inv_alpha * a) if e > 0.0 else 0.0
+                    a = 1.0 + e * a if k > 0 else 1.0
+                    a_win[k & mask] = a
+                    ad_win[k & mask] = ad
+            P += BATCH
+        how, G, Z, el, er, sh = target_weights(
+            r,
+            inv_alpha,
+            ra,
+            t,
+            L,
+            R,
+            a_win[L & mask] if L >= 0 else 0.0,
+            ad_win[L & mask] if L >= 0 else 0.0,
+            B[R] if R < n else 0.0,
+            Bd[R] if R < n else 0.0,
+        )
+        if how == 0:
+            continue
+        cj = uj / G
+        if how == 1:
+            if R < n:
+                win_up[R & mask] += cj * er
+            if L >= 0:
+                if L < F:
+                    Bd[L] += cj * el
+                else:
+                    win_down[L & mask] += cj * el
+        elif not _inject_in_window(r, inv_alpha, ra, t, sh, cj, R, F, B, Bd, win_up, win_down):
+            return alpha_bar, False
+        alpha_bar += uj * Z / G
+    for k in range(F, n):
+        inside = k < F + WINDOW
+        B[k] = win_up[k & mask] if inside else 0.0
+        Bd[k] = win_down[k & mask] if inside else 0.0
+    return alpha_bar, True
+
+
+@helper
+def _inject_in_window(r, inv_alpha, ra, t, shift, c, start, F, B, Bd, win_up, win_down):
+    """:func:`~softorder.core.kernel_sums.inject_exact` for :func:`_ladder_pullback` (ties or
+    rounding): each of its two injections into the row (``B`` upward, ``Bd`` downward)
+    below ``F`` or into the window from ``F`` on. False, injecting nothing, when the point
+    at or above the target lies beyond the window. A helper of its own: the rare case
+    written into the loop made its first compilation a third longer.
+    """
+    n = r.shape[0]
+    mask = WINDOW - 1
+    i = _first_at_or_above(r, inv_alpha, ra, t, start)
+    if i >= F + WINDOW:
+        return False
+    if i < n:
+        up = c * exp_nonpositive(shift + offset_z(ra, r[i], inv_alpha, t))
+        if i < F:
+            B[i] += up
+        else:
+            win_up[i & mask] += up
+    if i > 0:
+        down = c * exp_nonpositive(shift - offset_z(ra, r[i - 1], inv_alpha, t))
+        if i - 1 < F:
+            Bd[i - 1] += down
+        else:
+            win_down[(i - 1) & mask] += down
+    return True
+
+
+#: the per-row helpers of :func:`ladder_forward` and :func:`ladder_vjp` called by symbol
+_LADDER_FORWARD_CALLS = SymbolCalls(
+    # r, inv_alpha, E, A, B
+    prefix_sums=(prefix_tables_halves, (_F1, _F, _F1, _F1, _F1)),
+)
+_LADDER_VJP_CALLS = SymbolCalls(
+    # E, injections up and down, out, fresh_out
+    carry_injections=(carry_injections, (_F1, _F1, _F1, _F1, _B)),
+)
+_call_ladder_prefix_sums = _LADDER_FORWARD_CALLS.prefix_sums
+_call_ladder_carry = _LADDER_VJP_CALLS.carry_injections
