@@ -210,6 +210,17 @@ def in_range(x):
     return a >= TINY and a < LARGE
 
 
+@inner_helper
+def exp(x):
+    """``math.exp(x)``, the same value: :func:`exp_main` in its range where :data:`FAST_EXP`
+    (no call: inlined beside a recurrence, its operations overlap the recurrence's), else
+    ``math.exp``.
+    """
+    if FAST_EXP and in_range(x):
+        return exp_main(x)
+    return math.exp(x)
+
+
 def _reference(x: float) -> float:
     """:func:`exp_main` in Python, with exact fused multiply-adds (for the self-check)."""
 

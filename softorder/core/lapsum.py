@@ -21,6 +21,7 @@ import math
 import numpy as np
 from numba import prange, types
 
+from softorder.core import fast_exp
 from softorder.core._jit import SymbolCalls, address_only, helper, inner_helper, kernel
 from softorder.core.kernel_sums import carry_injections, gather_at_targets, inject_exact
 from softorder.core.laplace import INF, gap, logaddexp, offset_z, rel_weight
@@ -206,8 +207,10 @@ def prefix_sums_halves(r, inv_alpha, A, B):
     ``B``'s runs down the upper half, each computing its own decays ``E``, then both finish
     the other half from the decays the other left. The ``exp`` of the first half hide the
     latency of both recurrences, which ``prefix_sums_ab`` leaves exposed in its second,
-    ``exp``-free pass. The decays wait in the spare slots: ``E[i]`` of the lower half in
-    ``B[i]``, of the upper half in ``A[i]``, each read just before its slot is written.
+    ``exp``-free pass; they are :func:`~softorder.core.fast_exp.exp` (no call where libm's
+    ``exp`` allows: 256 x 1000, 1.16 -> 0.87 ms). The decays wait in the spare slots:
+    ``E[i]`` of the lower half in ``B[i]``, of the upper half in ``A[i]``, each read just
+    before its slot is written.
     """
     n = r.shape[0]
     h = (n + 1) // 2
@@ -218,11 +221,11 @@ def prefix_sums_halves(r, inv_alpha, A, B):
     e_next = 0.0  # E[j + 1] for B's next step
     j = n - 2
     for i in range(1, h):
-        e = math.exp(-gap(r[i], r[i - 1]) * inv_alpha)
+        e = fast_exp.exp(-gap(r[i], r[i - 1]) * inv_alpha)
         B[i] = e
         a = 1.0 + e * a
         A[i] = a
-        f = math.exp(-gap(r[j + 1], r[j]) * inv_alpha)
+        f = fast_exp.exp(-gap(r[j + 1], r[j]) * inv_alpha)
         A[j + 1] = f
         b = 1.0 + f * b
         B[j] = b  # (for odd n the last step writes B[h - 1] over E[h - 1], kept in e_next)
