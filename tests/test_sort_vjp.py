@@ -362,3 +362,34 @@ def test_soft_sort_residuals_and_jvp_solve_the_anchors_again(rng, dtype):
     plus = softorder.soft_sort(x.astype(np.float64) + h * tangent, alpha=0.2)
     minus = softorder.soft_sort(x.astype(np.float64) - h * tangent, alpha=0.2)
     np.testing.assert_allclose(jvp, (plus - minus) / (2 * h), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "infinite", "spread", "clusters"])
+def test_ladder_vjp_counts_the_forward_passes_anchors(rng, kind):
+    # the VJP's anchors are counted from its own tables (descending_tables, A by its
+    # recurrence): they must be the forward pass's (prefix_tables_halves) to the bit, or an
+    # offset would be read from the wrong point
+    import numba
+
+    @numba.njit
+    def both(xs, alpha, forward_counts, vjp_counts):
+        rows, n = xs.shape
+        E, A, B = np.empty(n), np.empty(n), np.empty(n)
+        Ev, Bv, Bdv = np.empty(n), np.empty(n), np.empty(n)
+        for row in range(rows):
+            core.lapsum.prefix_tables_halves(xs[row], 1.0 / alpha[row], E, A, B)
+            core.sort.ladder_counts(E, A, B, 0.5, forward_counts[row])
+            core.sort.descending_tables(xs[row], 1.0 / alpha[row], Ev, Bv, Bdv)
+            core.sort.ladder_counts(Ev, Ev[:0], Bv, 0.5, vjp_counts[row])
+
+    rows, n = 40, 700
+    if kind == "clusters":
+        x = np.repeat(rng.normal(size=(rows, n // 50)), 50, axis=1)
+        x += rng.normal(size=x.shape) * 1e-9
+        xs = np.sort(x, axis=1)
+    else:
+        xs = _rows(rng, kind, rows, n)[0]
+    alpha = np.exp(rng.uniform(np.log(1e-4), np.log(30.0), rows))
+    forward_counts, vjp_counts = np.empty((rows, n), np.int64), np.empty((rows, n), np.int64)
+    both(xs, alpha, forward_counts, vjp_counts)
+    np.testing.assert_array_equal(vjp_counts, forward_counts)
