@@ -456,7 +456,7 @@ def moment_step_up(d, inv_alpha, a, ad):
     """One step of the recurrences of ``A``, ``Ad`` (:func:`prefix_moments`) from ``r[i - 1]``
     to ``r[i]``, ``d = gap(r[i], r[i - 1])``: returns ``(E[i], A[i], Ad[i])``.
     """
-    e = math.exp(-d * inv_alpha)
+    e = fast_exp.exp(-d * inv_alpha)  # (inlined where it can be: no call in the recurrence)
     return e, 1.0 + e * a, (e * (ad + d * inv_alpha * a) if e > 0.0 else 0.0)
 
 
@@ -478,9 +478,11 @@ def neighbour_sums(r, inv_alpha, E, anchor, offset, sums):
     targets' points (the same values to the bit; 0 for a missing point). For a few targets:
     they are sorted by insertion, O(m + inversions).
 
-    The decays come first, in a pass of their own (an ``exp`` call beside a recurrence
-    clobbers the registers of its accumulators), and ``A``'s recurrence stops at the last
-    left point: the top-k loss's targets sit near the bottom of the row.
+    ``B``'s recurrence runs first, down the whole row, with the decays computed as it reads
+    them (:func:`~softorder.core.fast_exp.exp`: inlined where libm's ``exp`` allows; a call
+    beside the recurrence clobbered the registers of its accumulators); ``A``'s recurrence
+    then reads them and stops at the last left point: the top-k loss's targets sit near the
+    bottom of the row.
     """
     n = r.shape[0]
     m = anchor.shape[0]
@@ -499,9 +501,26 @@ def neighbour_sums(r, inv_alpha, E, anchor, offset, sums):
             by_left[k] = by_left[k - 1]
             k -= 1
         by_left[k] = j
+    # B's recurrence first, down the row, with the decays: each computed where it is read
+    # (fast_exp.exp: no call beside the recurrence), and on below the first right point for
+    # A's recurrence and the caller
     E[0] = 0.0
-    for i in range(1, n):
-        E[i] = math.exp(-gap(r[i], r[i - 1]) * inv_alpha)
+    b = 1.0
+    bd = 0.0
+    p = m - 1
+    for i in range(n - 1, -1, -1):
+        if i < n - 1:
+            e = fast_exp.exp(-gap(r[i + 1], r[i]) * inv_alpha)
+            E[i + 1] = e
+            if p < 0:  # every right point read
+                continue
+            b, bd = moment_step_down(r, i, e, inv_alpha, b, bd)
+        while p >= 0 and L[by_left[p]] + 1 >= i:
+            j = by_left[p]
+            if L[j] + 1 == i:
+                sums[3, j] = b
+                sums[4, j] = bd
+            p -= 1
     a = 1.0
     ad = 0.0
     p = 0
@@ -519,20 +538,6 @@ def neighbour_sums(r, inv_alpha, E, anchor, offset, sums):
                 sums[1, j] = a
                 sums[2, j] = ad
             p += 1
-    b = 1.0
-    bd = 0.0
-    p = m - 1
-    for i in range(n - 1, -1, -1):
-        if p < 0:  # every right point read
-            break
-        if i < n - 1:
-            b, bd = moment_step_down(r, i, E[i + 1], inv_alpha, b, bd)
-        while p >= 0 and L[by_left[p]] + 1 >= i:
-            j = by_left[p]
-            if L[j] + 1 == i:
-                sums[3, j] = b
-                sums[4, j] = bd
-            p -= 1
 
 
 @kernel
