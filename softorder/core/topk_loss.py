@@ -9,7 +9,7 @@ smallest-k membership of ``r``. For the label ``y`` and ``P_K`` over k = 1..K:
 
 All K memberships come from one inversion pass. With mixture weights ``pi_k``,
 ``d loss / d r_i = -sum_k pi_k kappa_ky (db_k/dr_i - delta_iy)``: the sum over k is one
-:func:`_spread_to_points` merge, so the gradient is O(n + K) per row.
+:func:`~softorder.core.kernel_sums.spread_to_points` merge, so the gradient is O(n + K) per row.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import numpy as np
 from numba import prange
 
 from softorder.core._jit import helper, kernel
-from softorder.core.laplace import INF, exp_nonpositive, hazard, log_cdf, offset_z
+from softorder.core.kernel_sums import spread_to_points
+from softorder.core.laplace import INF, hazard, log_cdf, offset_z
 from softorder.core.lapsum import (
     TABLES,
     TABLES_WITH_MOMENTS,
@@ -185,72 +186,6 @@ def _loss_forward(
         out[row] = row_loss(top, total, has_mass, split, pk1[row], softmax_ce)
 
 
-@helper
-def _spread_to_points(r, inv_alpha, E, anchor, offset, c, shift, order, out, joins):
-    """:func:`~softorder.core.kernel_sums.spread_to_points` (the same operations in the same
-    order, so the same values to the bit) with the point where each source joins each pass
-    found first, near its anchor, instead of testing the next source at every point: that
-    test (an ``offset_z`` per point and pass) was half of the spread's time.
-
-    ``z_i = offset_z(r[anchor], r[i], ...)`` of a source does not increase with ``i`` (a
-    sorted row; each of its operations is monotonic), so the first point with ``z_i <= 0``
-    lies at or below its anchor when ``z`` is <= 0 there, above it otherwise. The upward
-    pass takes source ``p`` (in ``order``) at that point or at the previous source's,
-    whichever is later; the downward pass at the point below it or at the next source's,
-    whichever is earlier. ``joins`` (2, >= m) holds them (float64: exact integers).
-    """
-    n = r.shape[0]
-    m = order.shape[0]
-    up = joins[0]
-    down = joins[1]
-    last = 0
-    for p in range(m):
-        s = order[p]
-        ra = r[anchor[s]]
-        t = offset[s]
-        i = anchor[s]
-        below = offset_z(ra, r[i], inv_alpha, t) <= 0.0
-        step = -1 if below else 1
-        i += step
-        while 0 <= i < n and (offset_z(ra, r[i], inv_alpha, t) <= 0.0) == below:
-            i += step
-        if below:
-            i += 1  # the first point with z <= 0
-        last = i if i > last else last
-        up[p] = last
-        down[p] = i - 1  # made no later than the next source's below
-    for p in range(m - 2, -1, -1):
-        down[p] = down[p + 1] if down[p + 1] < down[p] else down[p]
-    acc = 0.0
-    p = 0
-    at = up[0] if m > 0 else n
-    for i in range(n):
-        if i > 0:
-            acc *= E[i]
-        while i == at:
-            s = order[p]
-            z = offset_z(r[anchor[s]], r[i], inv_alpha, offset[s])
-            if c[s] != 0.0:
-                acc += c[s] * exp_nonpositive(shift[s] + z)
-            p += 1
-            at = up[p] if p < m else n
-        out[i] += acc
-    acc = 0.0
-    p = m - 1
-    at = down[p] if m > 0 else -1
-    for i in range(n - 1, -1, -1):
-        if i < n - 1:
-            acc *= E[i + 1]
-        while i == at:
-            s = order[p]
-            z = offset_z(r[anchor[s]], r[i], inv_alpha, offset[s])
-            if c[s] != 0.0:
-                acc += c[s] * exp_nonpositive(shift[s] - z)
-            p -= 1
-            at = down[p] if p >= 0 else -1
-        out[i] += acc
-
-
 def topk_loss_vjp(
     xs, order, alpha, labels, log_pk, split, pk1, anchor, offset, cot, x_bar, alpha_bar, work
 ):
@@ -260,7 +195,7 @@ def topk_loss_vjp(
     ``parallel`` are those of the kernel :func:`_loss_vjp`.
     """
     K = log_pk.shape[1]
-    worder, kwork = _ladder(K)[1], np.empty((xs.shape[0], 11, K))
+    worder, kwork = _ladder(K)[1], np.empty((xs.shape[0], 9, K))
     _loss_vjp(
         xs,
         order,
@@ -299,9 +234,8 @@ def _loss_vjp(
     kwork,
 ):
     """:func:`topk_loss_vjp` with the targets' order and per-row scratch of K (``kwork``,
-    rows x 11 x K: the terms, positions, coefficients, shifts, the neighbour sums, then the
-    points where :func:`_spread_to_points` takes each target) from the caller (see
-    :func:`_loss_forward`).
+    rows x 9 x K: the terms, positions, coefficients, shifts, then the neighbour sums) from the
+    caller (see :func:`_loss_forward`).
     """
     rows, n = xs.shape
     K = log_pk.shape[1]
@@ -363,9 +297,7 @@ def _loss_vjp(
                 shift[j] = sh
                 rbar[iy] += pk
                 abar -= pk * (Z / G - zy)
-            _spread_to_points(
-                r, inv_alpha, E, anchor[row], offset[row], c, shift, worder, rbar, kwork[row, 9:]
-            )
+            spread_to_points(r, inv_alpha, E, anchor[row], offset[row], c, shift, worder, rbar)
         if softmax_part and not infinite and r[0] != -INF:
             # d softmax_CE / dr_l = delta_ly - softmax(-r)_l (no gradient at a +inf logit)
             cs = cot[row] * pk1[row]
