@@ -236,10 +236,16 @@ def _loss_by_rank(r, inv_alpha, anchor, offset, byrank):
     logs = 0.0
     product = 1.0
     count = 0
+    t_lo = 0.0  # offset and anchor value of boundary k, read at the rank below
+    ra_lo = 0.0
     for k in range(n):  # the element of target rank k + 1, between boundaries k and k + 1
         ri = byrank[k]
-        z0 = offset_z(r[anchor[k - 1]], ri, inv_alpha, offset[k - 1]) if k > 0 else -INF
-        z1 = offset_z(r[anchor[k]], ri, inv_alpha, offset[k]) if k < n - 1 else INF
+        z0 = offset_z(ra_lo, ri, inv_alpha, t_lo) if k > 0 else -INF
+        z1 = INF
+        if k < n - 1:
+            t_lo = offset[k]
+            ra_lo = r[anchor[k]]
+            z1 = offset_z(ra_lo, ri, inv_alpha, t_lo)
         d = z1 - z0
         if PRODUCT_MIN_GAP <= d < SERIES_GAP and (z1 <= 0.0 or z0 >= 0.0):
             near = z1 if z1 <= 0.0 else -z0  # -|z| of the boundary nearer the element
@@ -768,10 +774,21 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
     abar = 0.0  # the direct terms' part, summed in the ranks' order
     alpha_bar = 0.0  # the pullback's part, summed in the boundaries' order
     pending = 0.0  # the cotangent of boundary k from the rank below
+    an_lo = 0  # anchor, offset and anchor value of boundary k, read at the rank below
+    t_lo = 0.0
+    ra_lo = 0.0
     for k in range(n):  # the element of target rank k + 1, between boundaries k and k + 1
         ri = byrank[k]  # (_boundary_z's values, read here: see _rank_terms)
-        z0 = offset_z(r[anchor[k - 1]], ri, inv_alpha, offset[k - 1]) if k > 0 else -INF
-        z1 = offset_z(r[anchor[k]], ri, inv_alpha, offset[k]) if k < n - 1 else INF
+        an = an_lo  # boundary j = k - 1, pulled back below
+        t = t_lo
+        ra = ra_lo
+        z0 = offset_z(ra, ri, inv_alpha, t) if k > 0 else -INF
+        z1 = INF
+        if k < n - 1:
+            an_lo = anchor[k]
+            t_lo = offset[k]
+            ra_lo = r[an_lo]
+            z1 = offset_z(ra_lo, ri, inv_alpha, t_lo)
         rb, up, down, up_z1, down_z0 = _rank_terms(z0, z1, abs(ri) != INF, c, inv_alpha)
         abar -= up_z1
         abar -= down_z0
@@ -781,10 +798,6 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
             continue
         uj = pending + down  # beta[k - 1]: boundary j = k - 1 is complete
         pending = up
-        j = k - 1
-        an = anchor[j]
-        t = offset[j]
-        ra = r[an]
         position = ra if t == 0.0 or abs(ra) == INF else ra + alpha * t  # target_position
         if uj == 0.0 or abs(position) == INF:
             continue
