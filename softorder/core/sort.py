@@ -29,6 +29,7 @@ from softorder.core.lapsum import (
     moment_step_up,
     moment_tables,
     prefix_tables_halves,
+    target_position,
     target_weights,
 )
 from softorder.core.rows import gather_finite, has_nan, scatter_finite
@@ -576,14 +577,15 @@ def ladder_anchor(n, w, J):
 def _ladder_values(r, alpha, inv_alpha, E, A, B, w0, counts, offset, out):
     """The targets ``w0 + q`` of one row from their counts (:func:`ladder_counts`):
     :func:`~softorder.core.lapsum.solve_ladder`'s operations, each offset into ``offset[q]``
-    and its value :func:`~softorder.core.lapsum.target_position` into ``out[q]`` (rounded
-    once for a float32 ``out``; a select, where target_position's branch cost a third of the
-    loop). ``counts`` may be ``out`` itself seen as integers: each count is read before its
-    slot is written.
+    and its anchor over its count, then, in a pass of its own as in ``solve_ladder``, its
+    value :func:`~softorder.core.lapsum.target_position` into ``out[q]`` (rounded once for a
+    float32 ``out``). ``counts`` may be ``out`` itself seen as integers: each slot is read
+    before it is written.
     """
     n = r.shape[0]
+    m = out.shape[0]
     J = 0
-    for q in range(out.shape[0]):
+    for q in range(m):
         J += counts[q]
         w = w0 + q
         if J == 0:
@@ -605,10 +607,10 @@ def _ladder_values(r, alpha, inv_alpha, E, A, B, w0, counts, offset, out):
             den = b if up else d - c
             an = J if up else J - 1
             t = math.log(num / den)
+        counts[q] = an
         offset[q] = t
-        ra = np.float64(r[an])
-        moved = ra + alpha * t
-        out[q] = ra if t == 0.0 or ra == INF or ra == -INF else moved
+    for q in range(m):
+        out[q] = target_position(r, alpha, counts[q], offset[q])
 
 
 @kernel
