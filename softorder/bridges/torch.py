@@ -664,9 +664,28 @@ def _backend_for(device: torch.device) -> None:
 def _check_input(x, name: str) -> Tensor:
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor; got {type(x).__name__}")
+    _check_dense(x, name)
     if not (x.is_floating_point()):
         raise TypeError(f"{name} must be a floating point tensor; got dtype {x.dtype}")
     return x
+
+
+def _check_dense(t: Tensor, name: str) -> None:
+    """``TypeError`` naming softorder for a tensor the kernels cannot read as one array:
+    sparse and MKL-DNN layouts, nested tensors (where PyTorch's own errors from ``numpy()``
+    speak of other things).
+    """
+    if t.is_nested:
+        raise TypeError(
+            f"softorder does not take nested tensors ({name}): give rows of one length, e.g. "
+            f"torch.nested.to_padded_tensor({name}, float('-inf')), a padding that "
+            "soft_topk(largest=True) ignores"
+        )
+    if t.layout is not torch.strided:
+        raise TypeError(
+            f"softorder takes dense (strided) tensors; {name} has layout {t.layout}: "
+            f"pass {name}.to_dense()"
+        )
 
 
 def _check_dim(x: Tensor, dim) -> int:
@@ -704,10 +723,11 @@ def _run_input(name: str, x, statics: dict) -> Tensor:
         and type(x) is Tensor
         and x.is_cpu
         and x.dtype in _WIDE_FLOATS
+        and x.layout is _STRIDED  # (nested tensors have this layout: _dense_shape refuses them)
         and "cpu" not in _ON_DEVICE
         and not (compat.transforms_active() or compat.is_wrapped(x) or compat.dual_level_open())
     ):
-        dim, shape = statics["axis"], x.shape
+        dim, shape = statics["axis"], _dense_shape(x)
         if type(dim) is int and -len(shape) <= dim < len(shape) and shape[dim]:
             for value in statics.values():
                 if type(value) not in _PLAIN_TYPES:
@@ -722,6 +742,17 @@ def _run_input(name: str, x, statics: dict) -> Tensor:
     return _run(name, arguments)
 
 
+def _dense_shape(x: Tensor) -> torch.Size:
+    """``x.shape``; a nested tensor of the strided layout has none (PyTorch raises an
+    "internal error"): refused as :func:`_check_dense` refuses it.
+    """
+    try:
+        return x.shape
+    except RuntimeError:
+        _check_dense(x, "x")
+        raise
+
+
 def _run(name: str, arguments: dict) -> Tensor:
     """Call the NumPy API's operation ``name`` with the bridge function's ``arguments``.
 
@@ -730,7 +761,12 @@ def _run(name: str, arguments: dict) -> Tensor:
     """
     input_name = _INPUT_NAMES[name]
     x = arguments[input_name]
-    if not isinstance(x, Tensor) or not x.dtype.is_floating_point:  # (getters: no arg parsing)
+    if (
+        not isinstance(x, Tensor)
+        or not x.dtype.is_floating_point  # (getters: no arg parsing)
+        or x.layout is not _STRIDED
+        or x.is_nested
+    ):
         _check_input(x, input_name)  # raises
     compiling = torch.compiler.is_compiling()
     if compiling:
@@ -748,6 +784,8 @@ def _run(name: str, arguments: dict) -> Tensor:
         if type(value) in _PLAIN_TYPES:  # the common case, kept lean
             statics[arg] = value
         elif isinstance(value, Tensor):
+            if value.layout is not _STRIDED or value.is_nested:
+                _check_dense(value, arg)
             if not value.is_cpu:
                 _backend_for(value.device)
             if value.dtype in _COMPUTE_DTYPE:
@@ -775,6 +813,7 @@ def _run(name: str, arguments: dict) -> Tensor:
 _PLAIN_TYPES = (bool, int, float, str, type(None))
 #: the input dtypes computed as they are (no conversion of the input or the result)
 _WIDE_FLOATS = frozenset((torch.float32, torch.float64))
+_STRIDED = torch.strided
 
 
 def _traceable(arg: str, value):
