@@ -76,16 +76,17 @@ def passes():
 
     @numba.njit
     def run(r, ra, t, inv_alpha, shift, out):
-        topk._cdf_pass(r, ra, t, inv_alpha, out[0])
-        topk._weights_pass(r, ra, t, inv_alpha, shift, out[1])
+        topk._exp_pass(r, ra, t, inv_alpha, 0.0, out[0])
+        topk._exp_pass(r, ra, t, inv_alpha, shift, out[1])
 
     return run
 
 
 @pytest.mark.parametrize("scale", [1.0, 1e3, 1e306])
 def test_passes_are_their_plain_loops(rng, passes, scale):
-    """The membership and weight passes against ``cdf`` and the weights' expression, on rows
-    whose far elements (|z| >= 512), ties and overflowing distances take the second pass."""
+    """The forward's ``exp(-|z|)`` (through ``cdf``) and the VJPs' weights against their
+    plain expressions, on rows whose far elements (|z| >= 512), ties and overflowing
+    distances take the second pass."""
     for n in [1, 2, 3, 17, 1000]:
         for alpha in [1e-3, 0.1, 7.0]:
             r = np.sort(rng.normal(size=n)) * scale
@@ -99,10 +100,13 @@ def test_passes_are_their_plain_loops(rng, passes, scale):
             shift = float(np.min(np.abs(z)))
             out = np.full((2, n), np.nan)
             passes(r, ra, t, inv_alpha, shift, out)
+            # the forward's exp(-|z|), from which it forms cdf(z) (compared through cdf)
+            half = 0.5 * out[0]
+            got_cdf = np.where(z > 0.0, 1.0 - half, half)
             want_cdf = np.array([cdf.py_func(zi) for zi in z])
             az = np.abs(z)
             want_w = np.array(
                 [0.0 if a == INF else 1.0 if a == shift else math.exp(shift - a) for a in az]
             )
-            np.testing.assert_array_equal(out[0].view(np.int64), want_cdf.view(np.int64))
+            np.testing.assert_array_equal(got_cdf.view(np.int64), want_cdf.view(np.int64))
             np.testing.assert_array_equal(out[1].view(np.int64), want_w.view(np.int64))

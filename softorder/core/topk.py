@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import prange
+from numba import prange, types
 
-from softorder.core._jit import helper, inner_helper, kernel
+from softorder.core._jit import SymbolCalls, helper, inner_helper, kernel
 from softorder.core.fast_exp import FAST_EXP, exp_main, in_range
 from softorder.core.laplace import (
     INF,
@@ -83,28 +83,6 @@ def finite_z(r_anchor, r_i, inv_alpha, t):
     return ((r_anchor - r_i) + 0.0) * inv_alpha + t
 
 
-@helper
-def _cdf_pass(r, ra, t, inv_alpha, out):
-    """``out[i] = cdf(finite_z(ra, r[i], inv_alpha, t))`` (:func:`finite_row`), the same
-    values: ``exp(-|z|)`` by :func:`~softorder.core.fast_exp.exp_main` in a loop LLVM
-    vectorizes, then ``cdf`` itself at the few elements outside its range (none for most
-    rows), in a pass of their own.
-    """
-    n = r.shape[0]
-    far = False
-    for i in range(n):
-        z = finite_z(ra, r[i], inv_alpha, t)
-        az = abs(z)
-        far |= not in_range(az)
-        e = 0.5 * exp_main(-az)  # cdf's 0.5 * exp(z) for z <= 0, 0.5 * exp(-z) above
-        out[i] = e if z <= 0.0 else 1.0 - e
-    if far:
-        for i in range(n):
-            z = finite_z(ra, r[i], inv_alpha, t)
-            if not in_range(abs(z)):
-                out[i] = cdf(z)
-
-
 @kernel
 def topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work):
     """Memberships (or their logs when ``log``) ``out`` (rows, m, n) for targets ``w`` (rows, m);
@@ -122,22 +100,20 @@ def topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work):
         inv_alpha = 1.0 / alpha[row]
         A = out[row, 0]  # written by the first scatter, once the targets are solved
         B = work[row, 0, :n]
-        prefix_sums_halves(r, inv_alpha, A, B)
+        _call_prefix_sums(r, inv_alpha, A, B)
         solve_targets_ab(r, inv_alpha, A, B, w[row], worder[row], anchor[row], offset[row])
         sorted_out = B  # spent once the targets are solved
-        finite = finite_row(r, inv_alpha)
+        fast = FAST_EXP and not log and finite_row(r, inv_alpha)
         for j in range(m):
             ra = r[anchor[row, j]]
             t = offset[row, j]
-            if finite and abs(t) != INF:  # the usual case, without offset_z's cases
-                if log:
-                    for i in range(n):
-                        sorted_out[i] = log_cdf(finite_z(ra, r[i], inv_alpha, t))
-                elif FAST_EXP:
-                    _cdf_pass(r, ra, t, inv_alpha, sorted_out)
-                else:
-                    for i in range(n):
-                        sorted_out[i] = cdf(finite_z(ra, r[i], inv_alpha, t))
+            if fast and abs(t) != INF:
+                # cdf(z): 0.5 exp(z) for z <= 0, 1 - 0.5 exp(-z) above, from exp(-|z|)
+                _call_exp_pass(r, ra, t, inv_alpha, 0.0, sorted_out)
+                for i in range(n):
+                    h = 0.5 * sorted_out[i]
+                    z_pos = finite_z(ra, r[i], inv_alpha, t) > 0.0
+                    sorted_out[i] = 1.0 - h if z_pos else h
             elif log:
                 for i in range(n):
                     sorted_out[i] = log_cdf(offset_z(ra, r[i], inv_alpha, t))
@@ -219,25 +195,40 @@ ONE_EXP_SHIFT = 700.0
 
 
 @helper
-def _weights_pass(r, ra, t, inv_alpha, shift, out):
-    """``out[i] = exp(shift - |z_i|)`` of a target (:func:`topk_vjp`'s relative weights: 1 at
-    ``|z_i| == shift``, 0 at infinity) in a row and offset :func:`finite_row` allows, the same
-    values: :func:`~softorder.core.fast_exp.exp_main` in a loop LLVM vectorizes, then
-    ``math.exp`` at the few elements outside its range (none for most rows).
+def _exp_pass(r, ra, t, inv_alpha, shift, out):
+    """``out[i] = math.exp(shift - |z_i|)`` to the bit, ``z_i = finite_z(ra, r[i], inv_alpha,
+    t)`` (:func:`finite_row` and a finite ``t``; ``shift`` finite, at most every ``|z_i|``):
+    :func:`~softorder.core.fast_exp.exp_main` in a loop LLVM vectorizes (at 0 too, where it is
+    1 exactly), then ``math.exp`` at the elements outside its range (none for most rows) in a
+    second pass. The VJPs' relative weights (1 at ``|z_i| == shift``, 0 at infinity, as
+    ``math.exp`` gives them) and, with ``shift = 0``, the forward's ``exp(-|z|)``: one helper,
+    compiled once for both.
     """
     n = r.shape[0]
     far = False
     for i in range(n):
-        az = abs(finite_z(ra, r[i], inv_alpha, t))
-        x = shift - az
-        far |= az != shift and not in_range(x)
-        w = exp_main(x)
-        out[i] = 1.0 if az == shift else w
+        x = shift - abs(finite_z(ra, r[i], inv_alpha, t))
+        far |= x != 0.0 and not in_range(x)
+        out[i] = exp_main(x)
     if far:
         for i in range(n):
-            az = abs(finite_z(ra, r[i], inv_alpha, t))
-            if az != shift and not in_range(shift - az):
-                out[i] = 0.0 if az == INF else math.exp(shift - az)
+            x = shift - abs(finite_z(ra, r[i], inv_alpha, t))
+            if x != 0.0 and not in_range(x):
+                out[i] = math.exp(x)
+
+
+_F, _F1 = types.float64, types.Array(types.float64, 1, "C")
+#: per-row helpers the kernels call by symbol: compiled once, not again inside each kernel
+#: (with its vectorized loop inlined, a first call's compilation of topk_forward and
+#: topk_vjp took about 0.25 s longer)
+_TOPK_CALLS = SymbolCalls(
+    # r, ra, t, inv_alpha, shift, out
+    exp_pass=(_exp_pass, (_F1, _F, _F, _F, _F, _F1)),
+    # r, inv_alpha, A, B
+    prefix_sums=(prefix_sums_halves, (_F1, _F, _F1, _F1)),
+)
+_call_exp_pass = _TOPK_CALLS.exp_pass
+_call_prefix_sums = _TOPK_CALLS.prefix_sums
 
 
 @kernel
@@ -296,7 +287,7 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
                 if not fresh:
                     for i in range(n):
                         rbar[i] = rbar[i] + e[i] * pg
-                _weights_pass(r, ra, t, inv_alpha, shift, rbar if fresh else e)
+                _call_exp_pass(r, ra, t, inv_alpha, shift, rbar if fresh else e)
             else:
                 for i in range(n):
                     az = abs(offset_z(ra, r[i], inv_alpha, t))
@@ -421,7 +412,7 @@ def _one_target_vjp(r, o, inv_alpha, an, t, log, v, xb, w_bar, e):
     # the relative weights in a pass of their own, as in topk_vjp (an exp in the pass that
     # sums them spilled its accumulators); that pass gathers the cotangent as it goes
     if FAST_EXP and finite_row(r, inv_alpha) and abs(t) != INF:
-        _weights_pass(r, ra, t, inv_alpha, shift, e)
+        _exp_pass(r, ra, t, inv_alpha, shift, e)
     else:
         for i in range(n):
             az = abs(offset_z(ra, r[i], inv_alpha, t))
