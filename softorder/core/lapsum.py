@@ -796,6 +796,14 @@ def inverse_pushforward(
             out[j] += acc[j] / G[j]
 
 
+#: :func:`inverse_kernel`'s prefix sums called by symbol: compiled once, not again inside it
+_INVERSE_CALLS = SymbolCalls(
+    # r, inv_alpha, A, B
+    prefix_sums=(prefix_sums_halves, (_F1, _F, _F1, _F1)),
+)
+_call_prefix_sums_halves = _INVERSE_CALLS.prefix_sums
+
+
 @kernel
 def inverse_kernel(xs, alpha, w, worder, out, anchor, offset, work):
     """``out[row, j] = S_row^-1(w[row, j])`` for ``w`` in (0, n); also stores ``(anchor, offset)``.
@@ -816,7 +824,7 @@ def inverse_kernel(xs, alpha, w, worder, out, anchor, offset, work):
         # A and B alone (2 of the 4 rows of ``work``; the GPU twin fills all 4)
         A = work[row, 0, :n]
         B = work[row, 1, :n]
-        prefix_sums_halves(r, 1.0 / a, A, B)
+        _call_prefix_sums_halves(r, 1.0 / a, A, B)
         solve_targets_ab(r, 1.0 / a, A, B, w[row], worder[row], anchor[row], offset[row])
         for j in range(w.shape[1]):
             out[row, j] = target_position(r, a, anchor[row, j], offset[row, j])

@@ -18,9 +18,9 @@ import functools
 import math
 
 import numpy as np
-from numba import prange
+from numba import prange, types
 
-from softorder.core._jit import helper, kernel
+from softorder.core._jit import SymbolCalls, helper, kernel
 from softorder.core.kernel_sums import spread_to_points
 from softorder.core.laplace import INF, hazard, log_cdf, offset_z
 from softorder.core.lapsum import (
@@ -157,6 +157,15 @@ def topk_loss_forward(xs, order, alpha, labels, log_pk, split, pk1, out, anchor,
     )
 
 
+_F, _F1 = types.float64, types.Array(types.float64, 1, "C")
+#: the forward's prefix sums called by symbol: compiled once, not again inside the kernel
+_FORWARD_CALLS = SymbolCalls(
+    # r, inv_alpha, A, B
+    prefix_sums=(prefix_sums_halves, (_F1, _F, _F1, _F1)),
+)
+_call_prefix_sums = _FORWARD_CALLS.prefix_sums
+
+
 @kernel
 def _loss_forward(
     xs, order, alpha, labels, log_pk, split, pk1, out, anchor, offset, work, w, worder
@@ -175,7 +184,7 @@ def _loss_forward(
         inv_alpha = 1.0 / alpha[row]
         A = work[row, 0]  # A and B alone (the GPU twin fills all 4 rows)
         B = work[row, 1]
-        prefix_sums_halves(r, inv_alpha, A, B)
+        _call_prefix_sums(r, inv_alpha, A, B)
         solve_targets_ab(r, inv_alpha, A, B, w, worder, anchor[row], offset[row])
         iy = _label_position(order[row], labels[row])
         terms = work[row, 2, : w.shape[0]]  # rows 2 and 3 are free here (K < n)
