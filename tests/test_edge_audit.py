@@ -93,3 +93,43 @@ def test_split_top1_loss_of_a_row_of_all_minus_inf_logits_is_not_nan():
     assert losses["minus", False] == losses["plus", False] == losses["finite", False]
     assert losses["plus", True] == pytest.approx(losses["finite", True])
     assert losses["minus", True] == pytest.approx(losses["finite", True])  # NaN now
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda x: so.soft_topk(x, 0, 0.5), "k must lie strictly between 0 and n=5; got 0"),
+        (lambda x: so.log_soft_topk(x, 7.0, 0.5), "k must lie strictly between 0 and n=5; got 7"),
+        (lambda x: so.soft_topk(x, [[1.0, 5.0]], 0.5), "got 5.0"),
+        (lambda x: so.soft_quantile(x, 1.0, 0.5), "q must lie strictly between 0 and 1; got 1"),
+        (
+            lambda x: so.topk_cross_entropy(x, np.zeros(0, int), [0.5, 0.6]),
+            "p_k must be a probability distribution",
+        ),
+    ],
+)
+def test_an_empty_batch_does_not_hide_a_bad_argument(call, match):
+    """k, q and p_k were checked after broadcasting to the batch: with no rows, nothing."""
+    with pytest.raises(ValueError, match=match):
+        call(np.zeros((0, 5)))
+
+
+def test_an_empty_batch_of_per_row_p_k():
+    """One p_k per row with no rows: a loss of 0 (sum) and empty gradients, not NumPy's
+    "zero-size array to reduction operation minimum"."""
+    x, labels, p_k = np.zeros((0, 5)), np.zeros(0, int), np.zeros((0, 2))
+    loss, pullback = so.vjp(so.topk_cross_entropy, x, labels, p_k, 0.5, reduction="sum")
+    x_bar, alpha_bar = pullback(np.array(1.0))
+    assert loss == 0.0 and x_bar.shape == (0, 5) and alpha_bar == 0.0
+
+
+def test_an_empty_batch_does_not_hide_a_bad_k_in_the_bridges():
+    torch = pytest.importorskip("torch")
+    jax = pytest.importorskip("jax")
+    import softorder.bridges.jax as soj
+    import softorder.bridges.torch as sot
+
+    with pytest.raises(ValueError, match="k must lie strictly between 0 and n=5; got 9"):
+        sot.soft_topk(torch.zeros(0, 5), 9.0, 0.5)
+    with pytest.raises(ValueError, match="q must lie strictly between 0 and 1; got 2"):
+        soj.soft_quantile(jax.numpy.zeros((0, 5)), 2.0, 0.5)

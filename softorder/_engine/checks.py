@@ -186,6 +186,7 @@ def check_p_k(p_k, batch_shape: tuple, n: int) -> np.ndarray:
         and p_k.shape[:-1] == batch_shape
         and 0 < p_k.shape[-1] < n
         and p_k.itemsize >= 4
+        and p_k.size  # (an empty batch has nothing to reduce: the general path)
     ):  # already one distribution per row, as the bridges' callbacks pass it
         pk = p_k.astype(np.float64)
         if pk.min() >= 0.0 and np.abs(pk.sum(-1) - 1.0).max() <= P_K_TOLERANCE:
@@ -208,11 +209,12 @@ def check_p_k(p_k, batch_shape: tuple, n: int) -> np.ndarray:
             f"(C={n}); give at most {n - 1}"
         )
     try:
-        pk = np.broadcast_to(pk, batch_shape + (K,))
+        full = np.broadcast_to(pk, batch_shape + (K,))
     except ValueError:
         raise ValueError(
             f"p_k of shape {np.shape(p_k)} does not broadcast to {batch_shape + (K,)}"
         ) from None
+    # the caller's rows, not the broadcast ones: an empty batch does not hide a bad p_k
     pk = pk.astype(np.float64)
     if not np.all(np.isfinite(pk) & (pk >= 0)):
         bad = pk[~(np.isfinite(pk) & (pk >= 0))].flat[0]
@@ -228,7 +230,7 @@ def check_p_k(p_k, batch_shape: tuple, n: int) -> np.ndarray:
             f"1 within {tolerance:.3g}); got a sum of {worst.item()!r}. It is used as given, "
             "not renormalised: divide it by its sum first if that is what you mean"
         )
-    return pk
+    return full.astype(np.float64)
 
 
 def check_reduction(reduction) -> str:
@@ -282,8 +284,9 @@ def check_targets(
         raise ValueError(
             f"{name} of shape {arr.shape} does not broadcast to the batch shape {batch_shape}{hint}"
         ) from None
-    if full.size and not np.all((full > 0) & (full < high)):
-        bad = full[~((full > 0) & (full < high))].flat[0]
+    # the caller's values, not the broadcast ones: an empty batch does not hide a bad k or q
+    if arr.size and not np.all((arr > 0) & (arr < high)):
+        bad = arr[~((arr > 0) & (arr < high))].flat[0]
         raise ValueError(f"{name} must lie strictly between 0 and {high_text}; got {bad.item()}")
     m = arr.shape[-1] if multi else 1
     values = np.ascontiguousarray(full, dtype=np.float64).reshape(math.prod(batch_shape), m)
