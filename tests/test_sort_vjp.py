@@ -235,7 +235,7 @@ def _ladder_forward(xs, alpha, out_dtype=np.float64):
     counts = out.view(np.int32 if out_dtype == np.float32 else np.int64)
     wide = offset if xs.dtype == np.float32 else xs
     work = core.workspace(rows, core.sort.LADDER_WORK, n)
-    core.sort.ladder_forward(xs, alpha, out, counts, offset, wide, work)
+    core.sort.ladder_forward(xs, alpha, out, counts, offset, wide, work, True)
     return out, offset
 
 
@@ -268,6 +268,14 @@ def test_ladder_kernels_equal_sort_forward_and_inverse_vjp_bitwise(rng, kind, sh
         out, got_offset = _ladder_forward(xs, alpha, out_dtype)
         np.testing.assert_array_equal(out.view(np.uint8), want.view(np.uint8))
         np.testing.assert_array_equal(got_offset.view(np.uint8), offset.view(np.uint8))
+        # without the values, the anchors stay where the counts were
+        counts = np.empty((rows, n), np.int32 if out_dtype == np.float32 else np.int64)
+        plain, kept = counts.view(out_dtype), np.empty((rows, n))
+        wide_row = kept if xs.dtype == np.float32 else xs
+        work = core.workspace(rows, core.sort.LADDER_WORK, n)
+        core.sort.ladder_forward(xs, alpha, plain, counts, kept, wide_row, work, False)
+        np.testing.assert_array_equal(counts, anchor)
+        np.testing.assert_array_equal(kept.view(np.uint8), offset.view(np.uint8))
     anchor = anchor.astype(np.int64)  # (inverse_vjp's type)
     u = rng.normal(size=(rows, n))
     u[:, ::5] = 0.0  # skipped targets

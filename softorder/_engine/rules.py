@@ -384,9 +384,10 @@ def _signed(ctx: Context, a):
 class SortRule(InverseRule):
     """Soft sort. On the CPU (rows shorter than 2**31) the forward pass keeps each target's
     offset but not its anchor (:func:`~softorder.core.sort.ladder_forward`), which the VJP
-    counts again (:func:`~softorder.core.sort.ladder_vjp`); the anchors are solved
-    (:meth:`_solved_targets`) only where they are handed out or read: the bridges'
-    residuals, the JVP, rows the ladder VJP hands back.
+    counts again (:func:`~softorder.core.sort.ladder_vjp`, also after a restore from
+    residuals); the anchors are solved (:meth:`_solved_targets`, by the forward kernel) only
+    where they are handed out or read: the bridges' residuals, the JVP, rows the ladder VJP
+    hands back.
     """
 
     differentiable = ("x", "alpha")
@@ -436,7 +437,7 @@ class SortRule(InverseRule):
             counts = out.view(np.int32 if out.dtype == np.float32 else np.int64)
             ctx.saved["offset"] = offset = ctx.empty(shape)
             wide = offset if rows.xs.dtype == np.float32 else rows.xs
-            core.sort.ladder_forward(rows.xs, ctx.alpha, out, counts, offset, wide, work)
+            core.sort.ladder_forward(rows.xs, ctx.alpha, out, counts, offset, wide, work, True)
             return rows.to_user(_signed(ctx, out), "row")
         w = np.arange(rows.n, dtype=np.float64)
         w += 0.5
@@ -445,17 +446,21 @@ class SortRule(InverseRule):
         return rows.to_user(_signed(ctx, out), "row")
 
     def _solved_targets(self, ctx, rows_at=None):
-        """The anchors (int32) and offsets of the CPU forward pass, solved again
-        (:func:`~softorder.core.lapsum.sort_forward`: the same bits), of every row or of
-        the rows ``rows_at``; ``(xs, alpha, anchor, offset)`` of those rows.
+        """The anchors and offsets of the CPU forward pass, solved again by its kernel (the
+        same bits as :func:`~softorder.core.lapsum.sort_forward`'s), of every row or of the
+        rows ``rows_at``: ``(xs, alpha, anchor, offset)`` of those rows (``anchor`` int32
+        for float32 rows, else int64: the kernel's anchors take the place of its values).
         """
-        xs, alpha = self._widened(ctx), ctx.alpha
+        xs, alpha = ctx.rows.xs, ctx.alpha
         if rows_at is not None:
             xs, alpha = xs[rows_at], alpha[rows_at]
         shape = xs.shape
-        anchor, offset = np.empty(shape, np.int32), np.empty(shape)
-        work = np.empty((shape[0], core.lapsum.SORT_TABLES, max(shape[1], 1)))
-        core.lapsum.sort_forward(xs, alpha, np.empty(shape), anchor, offset, work)
+        narrow = xs.dtype == np.float32
+        anchor, offset = np.empty(shape, np.int32 if narrow else np.int64), np.empty(shape)
+        values = anchor.view(np.float32 if narrow else np.float64)
+        work = np.empty((shape[0], core.sort.LADDER_WORK, max(shape[1], 1)))
+        wide = offset if narrow else xs
+        core.sort.ladder_forward(xs, alpha, values, anchor, offset, wide, work, False)
         return xs, alpha, anchor, offset
 
     def residuals(self, ctx):
@@ -483,7 +488,7 @@ class SortRule(InverseRule):
             u, x_bar = (v if rows.sign > 0 else np.negative(v)), ctx.empty(v.shape, np.float32)
         s = ctx.saved
         alpha_bar = ctx.empty(rows.rows)
-        if "anchor" not in s:  # the ladder forward: the anchors are counted again
+        if rows.n < 2**31:  # the ladder forward (or its residuals): anchors counted again
             if v is None:
                 x_bar = ctx.empty(rows.xs.shape)  # (never u: the counts wait in x_bar)
             counts = x_bar.view(np.int32 if x_bar.dtype == np.float32 else np.int64)
@@ -508,6 +513,7 @@ class SortRule(InverseRule):
             if redo.any():  # ties threw an injection beyond the window: sort_vjp's rows
                 at = np.flatnonzero(redo)
                 xs, alpha, anchor, offset = self._solved_targets(ctx, at)
+                xs = xs.astype(np.float64)  # (sort_vjp reads float64 rows)
                 sub_x_bar, sub_alpha_bar = np.empty(xs.shape, x_bar.dtype), np.empty(len(at))
                 work = np.empty((len(at), core.sort.SORT_VJP_WORK, rows.n))
                 core.sort.sort_vjp(
@@ -523,8 +529,8 @@ class SortRule(InverseRule):
                 )
                 x_bar[at], alpha_bar[at] = sub_x_bar, sub_alpha_bar
             return rows.grad_to_user(x_bar), ctx.alpha_grad(alpha_bar)
-        # the anchors restored from residuals (or the int64 path): x_bar in u when softorder
-        # owns u (sort_vjp reads each row of u before it writes that row of x_bar)
+        # rows of 2**31 or more (int64 anchors): x_bar in u when softorder owns u (sort_vjp
+        # reads each row of u before it writes that row of x_bar)
         if v is None:
             x_bar = u if owned and u.shape == rows.xs.shape else ctx.empty(rows.xs.shape)
         core.sort.sort_vjp(
@@ -542,9 +548,12 @@ class SortRule(InverseRule):
 
     def jvp(self, ctx, tangents):
         rows, s = ctx.rows, ctx.saved
-        solved = ctx.kernels is core and "anchor" not in s
+        cpu = ctx.kernels is core
+        solved = cpu and "anchor" not in s
         if solved:  # for this call only: the forward pass's memory stays what it was
-            s["anchor"] = self._solved_targets(ctx)[2]  # (and the rows widened)
+            s["anchor"] = self._solved_targets(ctx)[2]
+        if cpu:
+            self._widened(ctx)  # (inverse_jvp reads float64 rows)
         try:
             out = self._pushforward(ctx, tangents, ctx.zeros(rows.xs.shape))
         finally:

@@ -574,13 +574,13 @@ def ladder_anchor(n, w, J):
 
 
 @helper
-def _ladder_values(r, alpha, inv_alpha, E, A, B, w0, counts, offset, out):
+def _ladder_values(r, alpha, inv_alpha, E, A, B, w0, counts, offset, out, values):
     """The targets ``w0 + q`` of one row from their counts (:func:`ladder_counts`):
     :func:`~softorder.core.lapsum.solve_ladder`'s operations, each offset into ``offset[q]``
-    and its anchor over its count, then, in a pass of its own as in ``solve_ladder``, its
-    value :func:`~softorder.core.lapsum.target_position` into ``out[q]`` (rounded once for a
-    float32 ``out``). ``counts`` may be ``out`` itself seen as integers: each slot is read
-    before it is written.
+    and its anchor over its count, then, with ``values``, in a pass of its own as in
+    ``solve_ladder``, its value :func:`~softorder.core.lapsum.target_position` into
+    ``out[q]`` (rounded once for a float32 ``out``). ``counts`` may be ``out`` itself seen as
+    integers: each slot is read before it is written.
     """
     n = r.shape[0]
     m = out.shape[0]
@@ -609,17 +609,19 @@ def _ladder_values(r, alpha, inv_alpha, E, A, B, w0, counts, offset, out):
             t = math.log(num / den)
         counts[q] = an
         offset[q] = t
-    for q in range(m):
-        out[q] = target_position(r, alpha, counts[q], offset[q])
+    if values:
+        for q in range(m):
+            out[q] = target_position(r, alpha, counts[q], offset[q])
 
 
 @kernel
-def ladder_forward(xs, alpha, out, counts, offset, wide, work):
+def ladder_forward(xs, alpha, out, counts, offset, wide, work, values):
     """Soft sort (:func:`~softorder.core.lapsum.sort_forward`'s values and offsets, the same
     to the bit) without anchors: ``out`` (rows, n) float32 or float64, ``counts`` the same
-    memory seen as integers of its width (int32 or int64: each row's counts wait in its
-    slots, :func:`_ladder_values`), ``offset`` (rows, n), ``work`` (rows,
-    :data:`LADDER_WORK`, n). The VJP (:func:`ladder_vjp`) counts the anchors again.
+    memory seen as integers of its width (int32 or int64: each row's counts, then its
+    anchors wait in its slots, :func:`_ladder_values`), ``offset`` (rows, n), ``work`` (rows,
+    :data:`LADDER_WORK`, n). The VJP (:func:`ladder_vjp`) counts the anchors again. Without
+    ``values`` the anchors stay in ``counts`` (``sort_forward``'s, for what reads them).
 
     ``xs`` may be float32 (a float32 input's sorted values: each one widens exactly, so the
     results are a float64 row's): ``wide`` is then ``offset``, into which each row is
@@ -630,7 +632,10 @@ def ladder_forward(xs, alpha, out, counts, offset, wide, work):
     for row in prange(rows):
         r = xs[row]
         if has_nan(r):
-            out[row, :] = np.nan
+            if values:
+                out[row, :] = np.nan
+            else:
+                counts[row, :] = 0  # (sort_forward's anchors of a NaN row)
             offset[row, :] = np.nan
             continue
         rw = wide[row]
@@ -644,7 +649,7 @@ def ladder_forward(xs, alpha, out, counts, offset, wide, work):
         _call_ladder_prefix_sums(rw, 1.0 / a, E, A, B)
         c = counts[row, :n]
         ladder_counts(E, A, B, 0.5, c)
-        _ladder_values(r, a, 1.0 / a, E, A, B, 0.5, c, offset[row], out[row])
+        _ladder_values(r, a, 1.0 / a, E, A, B, 0.5, c, offset[row], out[row], values)
 
 
 @kernel
