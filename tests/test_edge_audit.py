@@ -133,3 +133,14 @@ def test_an_empty_batch_does_not_hide_a_bad_k_in_the_bridges():
         sot.soft_topk(torch.zeros(0, 5), 9.0, 0.5)
     with pytest.raises(ValueError, match="q must lie strictly between 0 and 1; got 2"):
         soj.soft_quantile(jax.numpy.zeros((0, 5)), 2.0, 0.5)
+
+
+def test_jvp_takes_primals_and_tangents_as_tuples_only():
+    """An array was unpacked row by row: soft_topk(x[0], k=x[1]) ran silently."""
+    x = np.array([[3.0, 1.0, 2.0], [1.0, 2.0, 0.5]])
+    with pytest.raises(TypeError, match=r"primals must be a tuple \(or list\) of soft_topk's"):
+        so.jvp(so.soft_topk, x, np.ones_like(x))
+    with pytest.raises(TypeError, match=r"tangents must be a tuple .*; got NoneType"):
+        so.jvp(so.soft_rank, (x, 0.5), None)
+    out, out_dot = so.jvp(so.soft_rank, [x, 0.5], [np.ones_like(x)])  # lists as JAX takes them
+    assert out.shape == out_dot.shape == x.shape

@@ -241,9 +241,9 @@ def jvp(fn: Callable, primals: tuple, tangents: tuple, **kwargs) -> tuple[np.nda
     ----------
     fn : callable
         A softorder operation.
-    primals : tuple
+    primals : tuple or list
         Positional arguments of ``fn`` (e.g. ``(x, k, alpha)`` for :func:`soft_topk`).
-    tangents : tuple
+    tangents : tuple or list
         One tangent per primal, same shapes; ``None`` (or a missing trailing entry) means zero.
         Tangents of arguments that are not differentiable (axis, labels, ...) must be ``None``.
     **kwargs
@@ -263,6 +263,14 @@ def jvp(fn: Callable, primals: tuple, tangents: tuple, **kwargs) -> tuple[np.nda
     0.0
     """
     rule = rule_of(fn)
+    # An array would be unpacked row by row into x, k, alpha... and could run (as JAX's jvp,
+    # only tuples and lists are taken).
+    for name, value in (("primals", primals), ("tangents", tangents)):
+        if not isinstance(value, (tuple, list)):
+            raise TypeError(
+                f"{name} must be a tuple (or list) of {getattr(fn, '__name__', 'fn')}'s "
+                f"positional arguments, e.g. (x, alpha); got {type(value).__name__}"
+            )
     if len(tangents) > len(primals):
         raise ValueError(f"got {len(tangents)} tangents for {len(primals)} primals")
     arguments = bind(fn.signature, tuple(primals), kwargs)
