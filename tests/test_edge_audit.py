@@ -144,3 +144,16 @@ def test_jvp_takes_primals_and_tangents_as_tuples_only():
         so.jvp(so.soft_rank, (x, 0.5), None)
     out, out_dot = so.jvp(so.soft_rank, [x, 0.5], [np.ones_like(x)])  # lists as JAX takes them
     assert out.shape == out_dot.shape == x.shape
+
+
+def test_an_input_wider_than_float64_is_refused():
+    """np.longdouble was rounded to float64 (values apart by less than its spacing became
+    ties) and returned as longdouble, a precision it did not have."""
+    x = np.array([1.0, 0.5, 2.0], dtype=np.longdouble)
+    if x.dtype.itemsize <= 8:  # longdouble is float64 on this platform: nothing is lost
+        np.testing.assert_array_equal(so.soft_rank(x, 0.5), so.soft_rank(x.astype(float), 0.5))
+        return
+    with pytest.raises(TypeError, match=r"softorder computes in float64 .* x of dtype"):
+        so.soft_rank(x, 0.5)
+    with pytest.raises(TypeError, match=r"does not take logits of dtype"):
+        so.topk_cross_entropy(x[None], np.array([0]), [1.0])

@@ -18,6 +18,19 @@ from softorder._engine.backends.protocol import Backend
 from softorder._engine.checks import check_targets, refuse_masked
 
 _F64 = np.dtype(np.float64)
+_F32 = np.dtype(np.float32)
+
+
+def _refuse_extended(dtype: np.dtype, name: str) -> None:
+    """``TypeError`` for an input wider than float64 (``np.longdouble``): the kernels would
+    round it to float64, merging values that differ only beyond float64 into ties, and return
+    float64 precision in a dtype that promises more.
+    """
+    raise TypeError(
+        f"softorder computes in float64 and does not take {name} of dtype {dtype} (its values "
+        f"would be rounded to float64); pass {name}.astype(np.float64) if that is acceptable"
+    )
+
 
 #: where the core axes of a result go, by kind: ``row`` (n), ``targets_row`` (m, n),
 #: ``targets`` (m), ``none`` () and ``matrix`` (n, n).
@@ -126,6 +139,8 @@ class Rows:
         refuse_masked(x, name)
         backend = backend_of(x)
         arr, dtype = backend.float_input(x, name)
+        if dtype is not _F64 and dtype is not _F32 and dtype.itemsize > 8:
+            _refuse_extended(dtype, name)
         layout = Layout.of(arr.shape, axis, name)
         # (np.moveaxis is not free even when there is nothing to move)
         moved = arr if layout.axis == layout.ndim - 1 else backend.moveaxis(arr, layout.axis, -1)
