@@ -726,6 +726,7 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
     P = 0  # A, Ad are known at the points up to P - 1, kept from P - WINDOW on
     a = 1.0
     ad = 0.0
+    lo = np.float64(r[0])  # r[P - 1] once P > 0
     alpha_bar = 0.0
     J = 0
     for q in range(n):
@@ -758,12 +759,14 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
         while P <= L:
             for k in range(P, P + BATCH):
                 if k < n:
+                    hi = np.float64(r[k])
                     e = E[k] if k > 0 else 0.0
-                    d = gap(np.float64(r[k]), np.float64(r[k - 1])) if k > 0 else 0.0
+                    d = gap(hi, lo) if k > 0 else 0.0
                     ad = e * (ad + d * inv_alpha * a) if e > 0.0 else 0.0
                     a = 1.0 + e * a if k > 0 else 1.0
                     a_win[k & mask] = a
                     ad_win[k & mask] = ad
+                    lo = hi
             P += BATCH
         how, G, Z, el, er, sh = target_weights(
             r,
