@@ -723,11 +723,16 @@ def _run_input(name: str, x, statics: dict) -> Tensor:
         and type(x) is Tensor
         and x.is_cpu
         and x.dtype in _WIDE_FLOATS
-        and x.layout is _STRIDED  # (nested tensors have this layout: _dense_shape refuses them)
+        and x.layout is _STRIDED  # (a nested tensor may have it too: its shape raises below)
         and "cpu" not in _ON_DEVICE
         and not (compat.transforms_active() or compat.is_wrapped(x) or compat.dual_level_open())
     ):
-        dim, shape = statics["axis"], _dense_shape(x)
+        dim = statics["axis"]
+        try:
+            shape = x.shape
+        except RuntimeError:  # a nested tensor (PyTorch's "internal error"): refused
+            _check_dense(x, _INPUT_NAMES[name])
+            raise
         if type(dim) is int and -len(shape) <= dim < len(shape) and shape[dim]:
             for value in statics.values():
                 if type(value) not in _PLAIN_TYPES:
@@ -740,17 +745,6 @@ def _run_input(name: str, x, statics: dict) -> Tensor:
     arguments = {_INPUT_NAMES[name]: x, **statics}
     arguments["dim"] = arguments.pop("axis")
     return _run(name, arguments)
-
-
-def _dense_shape(x: Tensor) -> torch.Size:
-    """``x.shape``; a nested tensor of the strided layout has none (PyTorch raises an
-    "internal error"): refused as :func:`_check_dense` refuses it.
-    """
-    try:
-        return x.shape
-    except RuntimeError:
-        _check_dense(x, "x")
-        raise
 
 
 def _run(name: str, arguments: dict) -> Tensor:
