@@ -157,3 +157,17 @@ def test_an_input_wider_than_float64_is_refused():
         so.soft_rank(x, 0.5)
     with pytest.raises(TypeError, match=r"does not take logits of dtype"):
         so.topk_cross_entropy(x[None], np.array([0]), [1.0])
+
+
+def test_a_tensor_requiring_grad_given_to_the_numpy_api_names_the_bridge():
+    """PyTorch's own error advised x.detach(), which would silently cut the gradient."""
+    torch = pytest.importorskip("torch")
+
+    x = torch.randn(3, 5, requires_grad=True)
+    with pytest.raises(TypeError, match=r"x is a torch.Tensor that requires grad.*bridges.torch"):
+        so.soft_topk(x, 2, 0.5)
+    with pytest.raises(TypeError, match=r"logits is a torch.Tensor that requires grad"):
+        so.vjp(so.topk_cross_entropy, x, np.array([0, 1, 2]), [1.0])
+    np.testing.assert_array_equal(
+        so.soft_rank(x.detach(), 0.5), so.soft_rank(x.detach().numpy(), 0.5)
+    )

@@ -32,6 +32,18 @@ def _refuse_extended(dtype: np.dtype, name: str) -> None:
     )
 
 
+def _refuse_tensor_requiring_grad(x, name: str) -> None:
+    """``TypeError`` for a PyTorch tensor that requires grad given to the NumPy API, where
+    PyTorch's own error advises ``x.detach()``, which would silently cut the gradient.
+    """
+    if type(x).__module__.startswith("torch") and getattr(x, "requires_grad", False):
+        raise TypeError(
+            f"{name} is a torch.Tensor that requires grad: softorder's NumPy API cannot "
+            "differentiate it; use softorder.bridges.torch (the same operations as PyTorch "
+            f"operations), or pass {name}.detach() for values only"
+        )
+
+
 #: where the core axes of a result go, by kind: ``row`` (n), ``targets_row`` (m, n),
 #: ``targets`` (m), ``none`` () and ``matrix`` (n, n).
 KINDS = ("row", "targets_row", "targets", "none", "matrix")
@@ -138,7 +150,11 @@ class Rows:
         """
         refuse_masked(x, name)
         backend = backend_of(x)
-        arr, dtype = backend.float_input(x, name)
+        try:
+            arr, dtype = backend.float_input(x, name)
+        except RuntimeError:
+            _refuse_tensor_requiring_grad(x, name)
+            raise
         if dtype is not _F64 and dtype is not _F32 and dtype.itemsize > 8:
             _refuse_extended(dtype, name)
         layout = Layout.of(arr.shape, axis, name)
