@@ -171,3 +171,14 @@ def test_a_tensor_requiring_grad_given_to_the_numpy_api_names_the_bridge():
     np.testing.assert_array_equal(
         so.soft_rank(x.detach(), 0.5), so.soft_rank(x.detach().numpy(), 0.5)
     )
+
+
+def test_a_jax_tracer_given_to_the_numpy_api_names_the_bridge():
+    jax = pytest.importorskip("jax")
+
+    with pytest.raises(TypeError, match=r"x is a JAX tracer.*softorder.bridges.jax"):
+        jax.grad(lambda x: so.soft_rank(x, 0.5).sum())(jax.numpy.ones(3))
+    with pytest.raises(TypeError, match=r"x is a JAX tracer"):
+        jax.jit(lambda x: so.soft_sort(x, 0.5))(jax.numpy.ones(3))
+    with pytest.raises(TypeError, match="x must be real"):  # other errors pass unchanged
+        so.soft_rank(np.ones(3, complex), 0.5)

@@ -32,16 +32,23 @@ def _refuse_extended(dtype: np.dtype, name: str) -> None:
     )
 
 
-def _refuse_tensor_requiring_grad(x, name: str) -> None:
-    """``TypeError`` for a PyTorch tensor that requires grad given to the NumPy API, where
-    PyTorch's own error advises ``x.detach()``, which would silently cut the gradient.
+def _refuse_framework_values(x, name: str) -> None:
+    """``TypeError`` pointing to the bridge for what the NumPy API cannot convert: a PyTorch
+    tensor that requires grad (PyTorch's own error advises ``x.detach()``, which would silently
+    cut the gradient) or a JAX tracer (inside ``jit``, ``grad``, ``vmap``).
     """
-    if type(x).__module__.startswith("torch") and getattr(x, "requires_grad", False):
+    module = type(x).__module__
+    if module.startswith("torch") and getattr(x, "requires_grad", False):
         raise TypeError(
             f"{name} is a torch.Tensor that requires grad: softorder's NumPy API cannot "
             "differentiate it; use softorder.bridges.torch (the same operations as PyTorch "
             f"operations), or pass {name}.detach() for values only"
-        )
+        ) from None  # (PyTorch's advice, in the context, is the wrong one here)
+    if module.startswith("jax") and "Tracer" in type(x).__name__:
+        raise TypeError(
+            f"{name} is a JAX tracer (inside jit, grad or vmap): softorder's NumPy API "
+            "cannot trace it; use softorder.bridges.jax (the same operations as JAX functions)"
+        ) from None
 
 
 #: where the core axes of a result go, by kind: ``row`` (n), ``targets_row`` (m, n),
@@ -152,8 +159,8 @@ class Rows:
         backend = backend_of(x)
         try:
             arr, dtype = backend.float_input(x, name)
-        except RuntimeError:
-            _refuse_tensor_requiring_grad(x, name)
+        except (RuntimeError, TypeError):
+            _refuse_framework_values(x, name)
             raise
         if dtype is not _F64 and dtype is not _F32 and dtype.itemsize > 8:
             _refuse_extended(dtype, name)
