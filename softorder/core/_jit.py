@@ -95,12 +95,17 @@ if hasattr(os, "register_at_fork"):
 
 
 def _source_hash() -> str:
-    """Hash of every kernel source file and of the numba version: numba invalidates a cached
-    kernel when its own file changes, not when a helper it inlines from another file does.
+    """Hash of every kernel source file, of the numba version and of the C library: numba
+    invalidates a cached kernel when its own file changes, not when a helper it inlines from
+    another file does; and whether kernels inline :mod:`softorder.core.fast_exp` for libm's
+    ``exp`` depends on the C library, which numba's cache index does not record.
     """
+    import platform
+
     import numba
 
     digest = hashlib.sha256(numba.__version__.encode())
+    digest.update(repr(platform.libc_ver()).encode())
     core = pathlib.Path(__file__).parent
     for path in sorted(core.glob("*.py")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
