@@ -73,11 +73,6 @@ def test_sparse_and_nested_tensors_are_refused_naming_softorder():
             sot.soft_topk(nested, 1, 0.5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="softorder/core/topk_loss.py _softmax_ce: a row of all -inf logits gives "
-    "top = -inf and exp(-r_i - top) = exp(inf - inf) = NaN (a row of all +inf is handled)",
-)
 def test_split_top1_loss_of_a_row_of_all_minus_inf_logits_is_not_nan():
     """Every logit equal (all -inf, like all +inf) is a row of ties: the loss is
     shift-invariant, so both rows cost what a row of equal finite logits costs; the unsplit
@@ -92,7 +87,7 @@ def test_split_top1_loss_of_a_row_of_all_minus_inf_logits_is_not_nan():
             )
     assert losses["minus", False] == losses["plus", False] == losses["finite", False]
     assert losses["plus", True] == pytest.approx(losses["finite", True])
-    assert losses["minus", True] == pytest.approx(losses["finite", True])  # NaN now
+    assert losses["minus", True] == pytest.approx(losses["finite", True])
 
 
 @pytest.mark.parametrize(
@@ -197,3 +192,20 @@ def test_a_quantile_between_minus_and_plus_infinity_is_nan():
     for row in ([-np.inf, np.inf], [np.inf, -np.inf, -np.inf, np.inf]):
         x = np.array(row)
         assert np.isnan(so.soft_quantile(x, 0.5, 1.0))  # +inf now (-inf for -x)
+
+
+def test_split_top1_loss_gradient_of_a_row_of_all_minus_inf_logits_is_finite():
+    """The same rows' gradients: an infinite logit cannot move, so every entry is 0 (as for a
+    row of +inf logits), and the finite row beside them gets what it gets alone."""
+    logits = np.array([[-np.inf] * 4, [np.inf] * 4, [0.3, -1.0, 2.0, 0.5]])
+    labels = np.array([0, 1, 2])
+    for split in (False, True):
+        settings = {"reduction": "none", "split_top1": split}
+        loss, pullback = so.vjp(so.topk_cross_entropy, logits, labels, [0.5, 0.5], 0.5, **settings)
+        grad = pullback(np.ones(3))[0]
+        assert np.isfinite(loss).all()
+        assert np.array_equal(grad[:2], np.zeros((2, 4)))
+        _, alone = so.vjp(
+            so.topk_cross_entropy, logits[2:], labels[2:], [0.5, 0.5], 0.5, **settings
+        )
+        assert np.array_equal(grad[2], alone(np.ones(1))[0][0])

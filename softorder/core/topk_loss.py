@@ -54,13 +54,14 @@ def _softmax_ce(r, iy):
     """``logsumexp(-r) + r_y``: softmax cross-entropy of the logits ``-r``.
 
     With +inf logits (``r = -inf``, sorted first) this is the limit: ``log(number of +inf)``
-    when the label is one of them, ``inf`` otherwise.
+    when the label is one of them, ``inf`` otherwise. A row of -inf logits only is a row of
+    ties, like any row of equal logits: ``log(n)``.
     """
     n = r.shape[0]
-    if r[0] == -INF:
+    if abs(r[0]) == INF:
         count = 0
-        if r[iy] == -INF:
-            while count < n and r[count] == -INF:
+        if r[iy] == r[0]:
+            while count < n and r[count] == r[0]:
                 count += 1
         return _softmax_ce_of(r, iy, -r[0], float(count))
     top, total = _softmax_normaliser(r)
@@ -70,11 +71,11 @@ def _softmax_ce(r, iy):
 @helper
 def _softmax_ce_of(r, iy, top, total):
     """:func:`_softmax_ce` from the row's normaliser ``(top, total)`` of
-    :func:`_softmax_normaliser`; for a row with +inf logits ``total`` is their count instead
-    (``top`` unused).
+    :func:`_softmax_normaliser`; for a row with +inf logits, or of -inf logits only, ``total``
+    is the count of the largest logits instead (``top`` unused).
     """
-    if r[0] == -INF:
-        if r[iy] != -INF:
+    if abs(r[0]) == INF:
+        if r[iy] != r[0]:
             return INF
         return math.log(total)
     return top + math.log(total) + r[iy]
@@ -307,8 +308,8 @@ def _loss_vjp(
                 rbar[iy] += pk
                 abar -= pk * (Z / G - zy)
             spread_to_points(r, inv_alpha, E, anchor[row], offset[row], c, shift, worder, rbar)
-        if softmax_part and not infinite and r[0] != -INF:
-            # d softmax_CE / dr_l = delta_ly - softmax(-r)_l (no gradient at a +inf logit)
+        if softmax_part and not infinite and abs(r[0]) != INF:
+            # d softmax_CE / dr_l = delta_ly - softmax(-r)_l (no gradient at an infinite logit)
             cs = cot[row] * pk1[row]
             top_logit, s = _softmax_normaliser(r)
             for i in range(n):

@@ -61,13 +61,14 @@ def _label_positions(order, labels, iy):
 def _softmax_terms(xs, terms):
     """One thread per element: its term of the softmax normaliser of the logits ``-r``,
     ``exp(-r_i - top)`` with ``top = -r[0]`` (:func:`softorder.core.topk_loss._softmax_normaliser`);
-    in a row with +inf logits (``r[0] = -inf``) the indicator of those, which sums to their
-    count (the ``total`` of :func:`softorder.core.topk_loss._softmax_ce_of`).
+    in a row with +inf logits (``r[0] = -inf``), or of -inf logits only (``r[0] = inf``), the
+    indicator of the largest, which sums to their count (the ``total`` of
+    :func:`softorder.core.topk_loss._softmax_ce_of`).
     """
     row, i, inside = element(xs.shape)
     if inside:
-        if xs[row, 0] == -INF:
-            terms[row, i] = 1.0 if xs[row, i] == -INF else 0.0
+        if abs(xs[row, 0]) == INF:
+            terms[row, i] = 1.0 if xs[row, i] == xs[row, 0] else 0.0
         else:
             top = -xs[row, 0]
             terms[row, i] = math.exp(-xs[row, i] - top)
@@ -162,7 +163,7 @@ def _row_weights(
     total[row] = s
     if t > -INF and w != 0.0 and not infinite:
         weight[row] = w
-    if softmax_part and not infinite and r[0] != -INF:
+    if softmax_part and not infinite and abs(r[0]) != INF:
         cs[row] = cot[row] * pk1[row]
 
 
