@@ -18,6 +18,7 @@ import numpy as np
 from numba import prange
 
 from softorder.core._jit import helper, inner_helper, kernel
+from softorder.core.fast_exp import FAST_EXP, exp_main, in_range
 from softorder.core.laplace import gap
 from softorder.core.rows import gather_finite, has_nan, scatter, scatter_finite
 
@@ -30,19 +31,43 @@ NARROW_VJP_WORK = 1
 
 
 @helper
-def _ranks_halves(E, inv_alpha, ranks):
-    """The ranks of one sorted row in sorted order (``ranks``), from the row widened to
-    float64 in ``E``, which ends up holding the decays ``E[i] = exp(-gap(r[i], r[i - 1]) /
-    alpha)`` (``E[0] = 0``).
+def _decays(r, inv_alpha, E):
+    """``E[i] = exp(-gap(r[i], r[i - 1]) / alpha)`` (``E[0] = 0``), ``math.exp``'s values to
+    the bit: where :data:`~softorder.core.fast_exp.FAST_EXP`,
+    :func:`~softorder.core.fast_exp.exp_main` in a loop LLVM vectorizes (at 0 too, where it
+    is 1 exactly), then ``math.exp`` at the decays outside its range (far or infinite gaps;
+    none in most rows) in a second pass. A float32 row's values widen exactly as they are
+    read.
+    """
+    n = r.shape[0]
+    E[0] = 0.0
+    if not FAST_EXP:
+        for i in range(1, n):
+            E[i] = math.exp(-gap(np.float64(r[i]), np.float64(r[i - 1])) * inv_alpha)
+        return
+    far = False
+    for i in range(1, n):
+        x = -gap(np.float64(r[i]), np.float64(r[i - 1])) * inv_alpha
+        far |= x != 0.0 and not in_range(x)
+        E[i] = exp_main(x)
+    if far:
+        for i in range(1, n):
+            x = -gap(np.float64(r[i]), np.float64(r[i - 1])) * inv_alpha
+            if x != 0.0 and not in_range(x):
+                E[i] = math.exp(x)
+
+
+@helper
+def _ranks_halves(E, ranks):
+    """The ranks of one sorted row in sorted order (``ranks``) from its decays ``E``
+    (:func:`_decays`).
 
     The recurrences of :func:`~softorder.core.lapsum.prefix_sums` with the same operations
     (the same ranks to the bit), in another order: ``A``'s runs up the lower half while
-    ``B``'s runs down the upper half, each computing its own decays, then each finishes the
-    other half from the decays the other left, and every rank is formed where its second
-    table value is. The ``exp`` of the first half hide the latency of both recurrences
-    (one after the other, the second one's was exposed). ``ranks`` holds ``A`` in the lower
-    half and ``B`` in the upper until each rank replaces them; each value of the row in
-    ``E`` is read before its decay is written there.
+    ``B``'s runs down the upper half, then each finishes the other half, and every rank is
+    formed where its second table value is. Two independent recurrences side by side: each
+    one's latency hides the other's. ``ranks`` holds ``A`` in the lower half and ``B`` in the
+    upper until each rank replaces them.
     """
     n = E.shape[0]
     h = (n + 1) // 2
@@ -50,27 +75,14 @@ def _ranks_halves(E, inv_alpha, ranks):
     ranks[n - 1] = 1.0  # B[n - 1]
     a = 1.0  # A[i - 1]
     b = 1.0  # B[j + 1]
-    lo = E[0]  # r[i - 1]
-    hi = E[n - 1]  # r[j + 1]
-    E[0] = 0.0
     j = n - 2
     for i in range(1, h):
-        ri = E[i]
-        rj = E[j]  # (read before E[i] is written: for odd n, j == i at the last step)
-        e = math.exp(-gap(ri, lo) * inv_alpha)
-        f = math.exp(-gap(hi, rj) * inv_alpha)
-        lo = ri
-        hi = rj
-        E[i] = e
-        E[j + 1] = f
-        a = 1.0 + e * a
-        b = 1.0 + f * b
+        a = 1.0 + E[i] * a
+        b = 1.0 + E[j + 1] * b
         ranks[i] = a
         ranks[j] = b
         j -= 1
-    if n % 2 == 0:  # E[h], between the halves, is the one neither computed
-        E[h] = math.exp(-gap(hi, lo) * inv_alpha)
-    else:  # A and B of the middle point are both known
+    if n % 2 == 1:  # A and B of the middle point are both known
         ranks[h - 1] = h - 1 + 1.0 + 0.5 * (b - a)
         j = h - 2
     for i in range(h, n):
@@ -98,14 +110,13 @@ def rank_forward(xs, order, alpha, out, decay, work):
             out[row, :] = np.nan
             decay[row, :] = np.nan
             continue
-        # :func:`_ranks_halves`, with the row widened into the decays' row (a float32 row's
-        # values fed exp too slowly as they were read) and one row of scratch for A, B and
-        # the ranks (the second row of ``work`` is the GPU twin's and stays untouched here)
+        # the decays in a pass of their own (independent exps: vectorized), then the
+        # recurrences, with one row of scratch for A, B and the ranks (the second row of
+        # ``work`` is the GPU twin's and stays untouched here)
         E = decay[row]
-        for i in range(n):
-            E[i] = r[i]
+        _decays(r, 1.0 / alpha[row], E)
         ranks = work[row, 0]
-        _ranks_halves(E, 1.0 / alpha[row], ranks)
+        _ranks_halves(E, ranks)
         for i in range(1, n):
             if r[i] == r[i - 1]:
                 ranks[i] = ranks[i - 1]  # equal in exact arithmetic; make it so in floating point
