@@ -179,19 +179,28 @@ def test_a_jax_tracer_given_to_the_numpy_api_names_the_bridge():
         so.soft_rank(np.ones(3, complex), 0.5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the soft quantile's inverse (softorder/core) returns +inf for a target exactly "
-    "between a -inf block and a +inf block, where the limit depends on how the infinities are "
-    "approached",
-)
 def test_a_quantile_between_minus_and_plus_infinity_is_nan():
     """q * n equal to the number of -inf entries, with +inf next: x = [-M, M] gives 0, [-M, 2M]
     gives M/2, so no limit exists; np.quantile (the documented hard limit) gives NaN, and
     soft_quantile(-x, 1 - q) = -soft_quantile(x, q) rules out any infinity."""
     for row in ([-np.inf, np.inf], [np.inf, -np.inf, -np.inf, np.inf]):
         x = np.array(row)
-        assert np.isnan(so.soft_quantile(x, 0.5, 1.0))  # +inf now (-inf for -x)
+        assert np.isnan(so.soft_quantile(x, 0.5, 1.0))
+        assert np.isnan(so.soft_quantile(-x, 0.5, 1.0))
+    # off the plateau, and with a finite entry in the gap, the limits stay
+    assert so.soft_quantile(np.array([-np.inf, np.inf]), 0.25, 1.0) == -np.inf
+    assert so.soft_quantile(np.array([-np.inf, np.inf]), 0.75, 1.0) == np.inf
+    assert np.isfinite(so.soft_quantile(np.array([-np.inf, 0.0, np.inf]), 0.5, 1.0))
+    assert so.soft_quantile(np.array([0.0, np.inf]), 0.5, 1.0) == np.inf
+    # the other rows of a batch are untouched, values and gradients
+    x = np.array([[-np.inf, np.inf, -np.inf, np.inf], [0.3, -1.0, 2.0, 0.5]])
+    q = np.array([[0.5, 0.25]])
+    out, pullback = so.vjp(so.soft_quantile, x, q, 1.0)
+    out_alone, pullback_alone = so.vjp(so.soft_quantile, x[1:], q, 1.0)
+    assert np.isnan(out[0, 0]) and out[0, 1] == -np.inf
+    assert np.array_equal(out[1], out_alone[0])
+    x_bar = pullback(np.ones((2, 2)))[0]
+    assert np.array_equal(x_bar[1], pullback_alone(np.ones((1, 2)))[0][0])
 
 
 def test_split_top1_loss_gradient_of_a_row_of_all_minus_inf_logits_is_finite():

@@ -401,6 +401,19 @@ def target_position(r, alpha, anchor, t):
 
 
 @inner_helper
+def inverse_position(r, alpha, anchor, t):
+    """:func:`target_position` of a target of :func:`inverse_kernel`, but NaN on the plateau
+    between a block of ``-inf`` and a block of ``+inf`` entries with nothing between them
+    (``w`` equal to the number of ``-inf`` entries): every value of the gap solves it and no
+    limit exists (``[-M, M]`` gives 0, ``[-M, 2M]`` gives ``M / 2``). :func:`invert_far` gives
+    only that target the offset ``-inf`` from the first ``+inf`` entry.
+    """
+    if t == -INF and anchor > 0 and r[anchor] == INF and r[anchor - 1] == -INF:
+        return math.nan
+    return target_position(r, alpha, anchor, t)
+
+
+@inner_helper
 def target_sums(r, inv_alpha, A, B, Ad, Bd, anchor, t):
     """Derivative sums of one target ``b``, relative to its nearest point.
 
@@ -827,7 +840,7 @@ def inverse_kernel(xs, alpha, w, worder, out, anchor, offset, work):
         _call_prefix_sums_halves(r, 1.0 / a, A, B)
         solve_targets_ab(r, 1.0 / a, A, B, w[row], worder[row], anchor[row], offset[row])
         for j in range(w.shape[1]):
-            out[row, j] = target_position(r, a, anchor[row, j], offset[row, j])
+            out[row, j] = inverse_position(r, a, anchor[row, j], offset[row, j])
 
 
 #: the per-row helpers of :func:`sort_kernel`, called by symbol: compiled once, not again inside

@@ -26,6 +26,7 @@ _rel_weight = _launch.device(rel_weight)
 _count_at_most = _launch.device(cpu.count_at_most)
 _invert = _launch.device(cpu.invert)
 _target_position = _launch.device(cpu.target_position)
+_inverse_position = _launch.device(cpu.inverse_position)
 _target_sums = _launch.device(cpu.target_sums)
 
 
@@ -120,7 +121,7 @@ def _solve(xs, alpha, E, A, B, S, w, anchor, offset, out):
         anchor[row, j] = k
         offset[row, j] = t
         if out.shape[1]:
-            out[row, j] = _target_position(r, a, k, t)
+            out[row, j] = _inverse_position(r, a, k, t)
 
 
 def solve_targets(xs, alpha, tables, w, anchor, offset, out=None) -> None:
