@@ -20,7 +20,7 @@ from numba import prange
 from softorder.core._jit import helper, inner_helper, kernel
 from softorder.core.fast_exp import FAST_EXP, exp_main, in_range
 from softorder.core.laplace import gap
-from softorder.core.rows import gather_finite, has_nan, scatter, scatter_finite
+from softorder.core.rows import gather_finite, has_nan, scatter_finite
 
 FORWARD_WORK = 2
 #: rows of scratch the rules allocate for the gradients: the GPU twins use three; the CPU
@@ -117,10 +117,16 @@ def rank_forward(xs, order, alpha, out, decay, work):
         _decays(r, 1.0 / alpha[row], E)
         ranks = work[row, 0]
         _ranks_halves(E, ranks)
+        # scattered, with equal values given equal ranks (equal in exact arithmetic; made so
+        # in floating point)
+        o = order[row]
+        dst = out[row]
+        rank = ranks[0]
+        dst[o[0]] = rank
         for i in range(1, n):
-            if r[i] == r[i - 1]:
-                ranks[i] = ranks[i - 1]  # equal in exact arithmetic; make it so in floating point
-        scatter(order[row], ranks, out[row])
+            if r[i] != r[i - 1]:
+                rank = ranks[i]
+            dst[o[i]] = rank
 
 
 @inner_helper
