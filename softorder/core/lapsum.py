@@ -37,6 +37,37 @@ SORT_TABLES = 3
 PULLBACK_WORK = 2
 PUSHFORWARD_WORK = 3
 
+if fast_exp._jit_enabled():
+    from numba.core import cgutils
+    from numba.core.imputils import impl_ret_new_ref
+    from numba.extending import intrinsic
+    from numba.np.arrayobj import _empty_nd_impl
+
+    @intrinsic
+    def empty(typingctx, shape, kind):
+        """``np.empty(shape, kind)`` in a kernel or helper (``shape`` a tuple of integers,
+        ``kind`` a NumPy scalar type), emitted in place: ``np.empty`` and ``np.zeros`` compile
+        a function of their own per combination of argument types on a first call (a few
+        hundredths of a second each).
+        """
+        array_type = types.Array(kind.instance_type, len(shape), "C")
+
+        def codegen(context, builder, signature, args):
+            dims = [
+                context.cast(builder, d, t, types.intp)
+                for d, t in zip(cgutils.unpack_tuple(builder, args[0]), shape, strict=True)
+            ]
+            array = _empty_nd_impl(context, builder, array_type, dims)
+            return impl_ret_new_ref(context, builder, array_type, array._getvalue())
+
+        return array_type(shape, kind), codegen
+
+else:
+
+    def empty(shape, kind):
+        """``np.empty(shape, kind)`` (NUMBA_DISABLE_JIT)."""
+        return np.empty(shape, kind)
+
 
 @helper
 def prefix_sums(r, inv_alpha, E, A, B):
@@ -507,7 +538,7 @@ def neighbour_sums(r, inv_alpha, E, anchor, offset, sums):
         sums[3, j] = 0.0
         sums[4, j] = 0.0
     # (np.argsort compiled a sort of its own into every kernel that calls this)
-    by_left = np.empty(m, np.int64)
+    by_left = empty((m,), np.int64)
     for j in range(m):
         k = j
         while k > 0 and L[by_left[k - 1]] > L[j]:

@@ -33,6 +33,7 @@ from softorder.core.lapsum import (
     PUSHFORWARD_WORK,
     TABLES,
     TABLES_WITH_MOMENTS,
+    empty,
     inverse_pullback,
     inverse_pushforward,
     moment_tables,
@@ -761,14 +762,17 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
     (``byrank``, ``B``, ``Bd`` then hold nothing usable; the caller takes the general path).
     """
     n = r.shape[0]
-    win_up = np.zeros(WINDOW)
-    win_down = np.zeros(WINDOW)
+    win_up = empty((WINDOW,), np.float64)
+    win_down = empty((WINDOW,), np.float64)
+    for i in range(WINDOW):
+        win_up[i] = 0.0
+        win_down[i] = 0.0
     mask = WINDOW - 1
     M = 1  # the largest L so far (at least 1)
     F = 0  # the points below F hold their injections; the window those from F on
     P = 0  # A, Ad are known at the points up to P - 1, kept from P - WINDOW on
-    a_win = np.empty(WINDOW)
-    ad_win = np.empty(WINDOW)
+    a_win = empty((WINDOW,), np.float64)
+    ad_win = empty((WINDOW,), np.float64)
     a_run = 1.0
     ad_run = 0.0
     abar = 0.0  # the direct terms' part, summed in the ranks' order

@@ -22,6 +22,7 @@ from softorder.core.laplace import INF, exp_nonpositive, gap, offset_z
 from softorder.core.lapsum import (
     SMALL_E,
     TABLES_WITH_MOMENTS,
+    empty,
     inverse_pullback,
     inverse_pushforward,
     invert_far,
@@ -350,10 +351,10 @@ def few_tables(r, inv_alpha, anchor, offset, E, marks):
     m = anchor.shape[0]
     # allocated here, not rows of work: NumPy asks for transparent huge pages on large
     # arrays, where one write makes 2 MB resident; these are written at a few points only
-    A = np.empty(n)
-    B = np.empty(n)
-    Ad = np.empty(n)
-    Bd = np.empty(n)
+    A = empty((n,), np.float64)
+    B = empty((n,), np.float64)
+    Ad = empty((n,), np.float64)
+    Bd = empty((n,), np.float64)
     marks[:] = 0.0
     for j in range(m):
         left = anchor[j] - 1 if offset[j] <= 0.0 else anchor[j]
@@ -394,8 +395,8 @@ def few_pullback(r, alpha, tables, anchor, offset, u, rbar, wbar, want_wbar):
     n = r.shape[0]
     m = anchor.shape[0]
     inv_alpha = 1.0 / alpha
-    up_at = np.empty(m, np.int64)  # the point of each target's upward injection (n: none)
-    up = np.empty(m)
+    up_at = empty((m,), np.int64)  # the point of each target's upward injection (n: none)
+    up = empty((m,), np.float64)
     rbar[:] = 0.0
     alpha_bar = 0.0
     for j in range(m):
@@ -445,7 +446,7 @@ def few_pullback(r, alpha, tables, anchor, offset, u, rbar, wbar, want_wbar):
         alpha_bar += uj * Z / G
     # carry_injections: the downward pass in rbar, then the upward one with the list sorted
     # by point (stably: the injections at one point add up in the order of the targets)
-    by_point = np.empty(m, np.int64)
+    by_point = empty((m,), np.int64)
     for j in range(m):
         k = j
         while k > 0 and up_at[by_point[k - 1]] > up_at[j]:
@@ -716,10 +717,13 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
     then hold neither tables nor injections).
     """
     n = r.shape[0]
-    win_up = np.zeros(WINDOW)
-    win_down = np.zeros(WINDOW)
-    a_win = np.empty(WINDOW)
-    ad_win = np.empty(WINDOW)
+    win_up = empty((WINDOW,), np.float64)
+    win_down = empty((WINDOW,), np.float64)
+    for i in range(WINDOW):
+        win_up[i] = 0.0
+        win_down[i] = 0.0
+    a_win = empty((WINDOW,), np.float64)
+    ad_win = empty((WINDOW,), np.float64)
     mask = WINDOW - 1
     M = 1  # the largest L so far (at least 1)
     F = 0  # the points below F hold their injections; the window those from F on

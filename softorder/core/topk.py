@@ -186,7 +186,7 @@ def target_shift(r, inv_alpha, anchor, t):
         R = anchor + 1
     zl = offset_z(r[anchor], r[L], inv_alpha, t) if L >= 0 else INF
     zr = offset_z(r[anchor], r[R], inv_alpha, t) if R < n else -INF
-    return min(zl, -zr)
+    return -zr if -zr < zl else zl  # min(zl, -zr), no builtin compiled (``helper``)
 
 
 #: Below this ``shift`` the VJP forms ``exp(-|z|)`` as ``exp(shift - |z|) exp(-shift)`` (one

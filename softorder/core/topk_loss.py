@@ -115,7 +115,7 @@ def _mixture_terms(r, inv_alpha, anchor, offset, iy, log_pk, split, terms):
             has_mass = True
             zy = offset_z(r[anchor[j]], r[iy], inv_alpha, offset[j])
             terms[j] = log_pk[j] + log_cdf(zy)
-            top = max(top, terms[j])
+            top = terms[j] if terms[j] > top else top  # max(top, terms[j])
     total = 0.0
     if top > -INF:
         for j in range(terms.shape[0]):
