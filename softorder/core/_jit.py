@@ -600,7 +600,9 @@ def kernel(fn=None, *, native: NativeCalls | None = None):
     """
     if fn is None:
         return functools.partial(kernel, native=native)
-    serial = _jit(fn)
+    # no C-callable wrapper: kernels are called from Python or by their native symbol (the
+    # JAX bridge's handlers), never as C functions; the wrapper only lengthened a first call
+    serial = _jit(fn, no_cfunc_wrapper=True)
     _kernels.add(id(serial))
     variant = []
 
@@ -608,7 +610,7 @@ def kernel(fn=None, *, native: NativeCalls | None = None):
         if not variant:
             with _variant_lock:
                 if not variant:
-                    dispatcher = _jit(fn, "parallel", parallel=True)
+                    dispatcher = _jit(fn, "parallel", parallel=True, no_cfunc_wrapper=True)
                     _kernels.add(id(dispatcher))
                     variant.append(dispatcher)
         return variant[0]
