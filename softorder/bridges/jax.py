@@ -6,94 +6,23 @@ Usage::
 
     ranks = soj.soft_rank(x, alpha=0.1)  # x: a jax.Array; axis=-1 by default
 
-The functions take the same arguments as the NumPy API (:mod:`softorder.operations`) with
-JAX conventions, and compute the same values through the same rules: the bridge holds no
-mathematics. Each operation is a :func:`jax.custom_vjp` function whose forward and backward
-passes are callbacks into the numba core
-(:func:`jax.experimental.buffer_callback.buffer_callback` calls, into the CPU kernels on the
-CPU and into the GPU kernels on a CUDA backend: see "Devices"), or XLA FFI calls (see "FFI
-route"); the forward pass keeps the O(n)-per-row residuals of the rule (the argsort of each
-row and the inversion targets), so the backward pass never sorts again. On the CPU a small
-call (at most 64 KiB of arguments) also keeps its whole context, in host memory, for the
-backward pass on the same arguments (:mod:`softorder._engine.call`: the last 8 such contexts,
-found by the call and the bytes of every argument), which then rebuilds nothing: the same
-gradients to the bit, for less Python per call.
+The functions take the NumPy API's arguments (:mod:`softorder.operations`), with JAX's
+dtypes, and compute the same values through the same rules: the bridge holds no mathematics.
+``jax.jit``, ``jax.grad`` / ``jax.vjp`` (in the input, ``alpha``, ``k`` and ``q``, which may be
+traced), ``jax.vmap`` (one batched kernel call) and :func:`jax.shard_map` work; forward mode
+raises ``TypeError`` and second derivatives ``NotImplementedError``, naming softorder.
+Concrete arguments are checked when a function is traced, with the NumPy API's errors, and
+traced ones when the kernels run. Results are float32 by default and float64 with
+``jax_enable_x64``. Dtypes, devices, threads, errors and timings: the JAX page of the docs.
 
-FFI route
-    On the CPU backend, ``soft_rank``, ``soft_sort``, ``soft_topk`` and ``log_soft_topk`` with a
-    concrete (not traced) ``alpha`` and ``k``, one ``k`` per row, are XLA FFI custom calls into
-    numba C functions (:mod:`softorder.bridges._jax_ffi`): XLA runs them in place on its buffers,
-    with no Python, GIL or host copy, so a call costs its kernels. They sort the rows
-    themselves (a radix sort, faster than XLA's own on single rows), then call the same
-    serial kernels as the NumPy API on the same float64 rows: values and gradients are the
-    NumPy API's bit for bit, except that with ties the order among equal elements, and with
-    it the rounding of their gradients, can differ (these sorts are stable, NumPy's is not).
-    The route is chosen when a function is traced; every other call (a traced ``alpha`` or
-    ``k``, several ``k`` per row, the other operations) takes the callbacks. Timings
-    against the callbacks and the NumPy API: the JAX page of the docs. The handlers are
-    compiled on first use (seconds, once: cached on disk next to the kernels;
-    ``softorder.precompile(apis=["jax"])`` compiles them ahead).
-
-Transformations
-    ``jax.jit``, ``jax.grad`` / ``jax.vjp`` (with respect to the input, ``alpha`` and ``k`` /
-    ``q``, which may all be traced) and ``jax.vmap`` (nested too). A vmapped call reaches the
-    kernels as one batched call (``vmap_method="broadcast_all"``: the vmapped axes become
-    leading batch axes), not as a loop over rows. Forward mode (``jax.jvp``, ``jax.jacfwd``)
-    is not available: ``custom_vjp`` functions only have reverse-mode derivatives; it raises
-    ``TypeError`` naming softorder, also under ``jax.jit``. Second derivatives
-    (``jax.hessian``, ``jax.grad`` of ``jax.grad``, ``jax.jacrev`` of ``jax.jacrev``) raise
-    ``NotImplementedError`` naming softorder when traced: the callbacks have no derivatives.
-    Inside :func:`jax.shard_map` each device's callbacks get only that device's rows, and
-    the gradient of a replicated argument (``alpha``) is summed over the devices; a plain
-    ``jax.jit`` of a sharded batch gathers it onto one device for the callbacks (see the
-    "Scaling out" page of the docs).
-dtypes
-    Results are float32 by default and float64 when ``jax_enable_x64`` is on: floating inputs
-    keep their dtype, integer inputs give the default float dtype. float16 and bfloat16 inputs
-    are computed in float32 and returned in their own dtype. The kernels always run in
-    float64; residuals pass between the forward and backward callbacks bit for bit, also
-    without x64. On the CPU, XLA runs the callbacks and FFI calls, as all its computations,
-    with subnormal numbers flushed to zero: a result that would be subnormal (below 1.2e-38
-    in float32) is 0, where the NumPy API keeps it.
-Threads
-    Importing this module keeps the numba kernels on the calling thread
-    (:func:`softorder.core.set_parallel`): next to XLA's thread pool, numba's parallel rows
-    made calls slower (figures: the JAX page of the docs).
-Devices
-    On the CPU backend the callbacks are ``buffer_callback`` calls into the CPU kernels:
-    they run on NumPy views of XLA's buffers and write their results into XLA's output
-    buffers, without the host copies of :func:`jax.pure_callback` (which cost more than the
-    kernels at n = 1e2; ``_IN_PLACE = False`` takes it, with the same values to the bit).
-    When JAX's default backend is CUDA and ``numba-cuda`` is installed, the
-    ``buffer_callback`` calls run the GPU kernels instead: the input, the
-    cotangent and the residuals stay in XLA's buffers, seen as numba device arrays; the rules
-    run on them through the numba device backend
-    (:mod:`softorder._engine.backends.numba_cuda`), with the GPU kernels of
-    :mod:`softorder.core.cuda` on XLA's compute stream; results, residuals
-    and gradients are copied into the output buffers device to device. Only the small
-    arguments the rules validate (``alpha``, ``k``, ``q``, labels, ``p_k``,
-    ``target_ranks``) are copied to the host, once per call after synchronizing the stream,
-    and the backend sums the gradients of ``alpha``, ``k`` and ``q`` over broadcast axes on
-    the host. On ROCm, TPU, or CUDA without ``numba-cuda`` (with a warning) every call copies
-    its inputs to the host and its results back. The path is chosen when a function is traced
-    (``jax.default_backend()``); a computation placed on the CPU under a GPU default runs the
-    CPU kernels in place. ``_DEVICE_CALLBACKS = True`` forces the ``buffer_callback`` path on
-    the CPU backend, where numba's simulator runs the GPU kernels on host buffers (the tests
-    compare it with the CPU kernels' path; what has run on a GPU: the JAX page of the
-    docs).
-Bad input
-    Shapes, ``axis``, flags and every concrete (non-traced) value are checked when the
-    function is traced, raising the same ``ValueError`` / ``TypeError`` as the NumPy API.
-    A call that computes in float32 (float32 input, or JAX's default without
-    ``jax_enable_x64``) also checks concrete ``alpha``, ``k``, ``q`` and ``p_k`` as the kernels
-    will see them, rounded to float32 with subnormals flushed to zero: ``alpha=1e-40`` raises
-    "alpha=1e-40 rounds to 0.0 in float32, ...".
-    Values that are traced (e.g. an ``alpha`` that is an argument of a jitted function) can
-    only be checked when the callback runs: a bad value then raises
-    :class:`jax.errors.JaxRuntimeError` whose message contains the NumPy API's error (e.g.
-    ``ValueError: alpha must be positive and finite; got alpha=-1.0``) and the callback's
-    traceback. NaN in the input is not an error: it gives NaN for its row, as in
-    the NumPy API.
+How it works: each call is one :func:`jax.custom_vjp` function (``_apply``) over a kernel
+chosen when the call is traced. ``_Ffi``: on the CPU backend, ``soft_rank``, ``soft_sort``,
+``soft_topk`` and ``log_soft_topk`` with a concrete ``alpha`` and ``k`` (one per row) are XLA
+FFI calls into numba C functions (:mod:`softorder.bridges._jax_ffi`), with no Python per
+call. ``_Callbacks``, for every other call: ``buffer_callback`` calls that run the engine's
+callback bodies (:class:`softorder._engine.call.Call`) on XLA's buffers in place, the CPU
+kernels on the CPU and the GPU kernels on a CUDA backend with ``numba-cuda``, or
+``pure_callback`` copies elsewhere (``_route``).
 """
 
 from __future__ import annotations
@@ -103,7 +32,6 @@ import functools
 import math
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -113,23 +41,10 @@ from numpy.typing import ArrayLike
 from softorder import core
 from softorder import operations as _ops
 from softorder._docs import Dialect, documented
+from softorder._engine import checks
 from softorder._engine.backend import float_array
 from softorder._engine.call import Call, CallSpec, compute_dtype
-from softorder._engine.checks import (
-    FLOAT_ARGUMENTS,
-    as_computed,
-    check_alpha,
-    check_argument,
-    check_flag,
-    check_reduction,
-    check_targets,
-    placeholder,
-    refuse_masked,
-)
 from softorder._engine.layout import Layout
-
-if TYPE_CHECKING:
-    from softorder._engine.backends.numba_cuda import Launch
 
 __all__ = [
     "log_soft_topk",
@@ -142,138 +57,239 @@ __all__ = [
     "topk_cross_entropy",
 ]
 
-core.set_parallel(False)  # see "Threads" above
+core.set_parallel(False)  # next to XLA's thread pool, numba's parallel rows made calls slower
 
-#: How JAX batches the callbacks under ``vmap``: every argument gets the vmapped axes in
-#: front (tiled when it is not batched), so one callback serves the whole batch.
+#: how JAX batches the calls under ``vmap``: the vmapped axes in front of every argument
+#: (tiled when it is not batched), so that one call serves the whole batch
 VMAP_METHOD = "broadcast_all"
 
-#: Which callbacks a call is traced with (see "Devices" above): ``"auto"`` takes
-#: ``buffer_callback`` and the GPU kernels when JAX's default backend is CUDA and the CPU
-#: kernels otherwise (see :data:`_IN_PLACE`); ``True`` / ``False`` force one of them
-#: (``True`` on the CPU backend runs the GPU kernels in numba's simulator when
-#: ``NUMBA_ENABLE_CUDASIM=1``, and the CPU kernels in place otherwise). Read when a call is
-#: traced: functions already jitted keep the path they were traced with.
+# Read when a call is traced (functions already jitted keep their route):
+#: ``"auto"``: the GPU kernels when JAX's default backend is CUDA; ``True`` forces the device
+#: callbacks (on the CPU backend: the GPU kernels in numba's simulator under
+#: ``NUMBA_ENABLE_CUDASIM=1``, the CPU kernels in place otherwise); ``False`` never
 _DEVICE_CALLBACKS: str | bool = "auto"
-
-#: Whether the CPU backend's callbacks run the CPU kernels in place on XLA's buffers
-#: (``buffer_callback``, the default) or take :func:`jax.pure_callback`, which copies the
-#: arguments and results (``False``; the values are the same to the bit). Read when a call is
-#: traced.
+#: ``False``: the CPU callbacks take ``pure_callback`` (copies; the same values to the bit)
 _IN_PLACE: bool = True
+#: ``False`` sends every call through the callbacks, not the FFI route
+_FFI_CALLS: str | bool = "auto"
 
-
-# --------------------------------------------------------------------------------------------
-# The callbacks: one frozen (hashable, comparable) object per call signature, so that JAX
-# caches the compiled callback across calls with the same shapes and static arguments.
-
-
-@dataclasses.dataclass(frozen=True)
-class _Forward:
-    call: Call  # softorder._engine.call: the spec, the declared shapes, the callbacks' bodies
-    keep: bool  # return the residuals too (when a gradient will be asked for)
-
-    def __call__(self, *arrays):
-        return tuple(self.call.forward(arrays, self.keep))
-
-    def into(self, out: list, buffers: tuple) -> None:
-        """The same on the host, written into the output arrays ``out``."""
-        self.call.forward_into(buffers, out)
-
-    def on_device(self, device: Launch, buffers: tuple) -> list:
-        """The same on device arrays: the result (and residuals), on the device."""
-        return self.call.forward(device.arguments(buffers), self.keep, device.backend)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Backward:
-    call: Call
-    wanted: tuple  # positions of the arguments whose gradients are returned
-
-    def __call__(self, *flat):
-        return tuple(self.call.backward_flat(flat, wanted=self.wanted))
-
-    def into(self, out: list, buffers: tuple) -> None:
-        """The same on the host, written into the output arrays ``out``."""
-        self.call.backward_into(buffers, out, self.wanted)
-
-    def on_device(self, device: Launch, buffers: tuple) -> list:
-        """The same on device arrays: the gradients, on the device (cast and reshaped to
-        their arguments' buffers when written).
-        """
-        return self.call.backward_flat(buffers, device, self.wanted)
-
+#: why a softorder function cannot be differentiated twice, or in forward mode
+_SECOND_ORDER = (
+    "softorder's JAX operations have first derivatives only: second derivatives (jax.hessian, "
+    "jax.jacfwd of a gradient, jax.grad of jax.grad, jax.jvp of a gradient) are not supported"
+)
+_FORWARD_MODE = (
+    "softorder's JAX operations have reverse-mode derivatives only (jax.grad, jax.vjp, "
+    "jax.jacrev): forward mode (jax.jvp, jax.jacfwd, jax.linearize) is not supported; "
+    "softorder.jvp gives forward-mode derivatives in the NumPy API"
+)
 
 # --------------------------------------------------------------------------------------------
-# The device path: buffer_callback hands the callbacks XLA's own buffers, which become numba
-# device arrays for the rules (the numba device backend, softorder._engine.backends.numba_cuda), and
-# the results are copied into the output buffers on the device.
-
-_DLPACK_CPU = 1  # DLDeviceType kDLCPU
+# The kernels a call runs, as _apply sees them: forward(arrays, keep) gives the result and the
+# residuals, backward(...) the gradients of the arguments at the positions ``wanted``. Frozen
+# (hashable, comparable) objects, so that JAX caches a compiled call across calls.
 
 
 @dataclasses.dataclass(frozen=True)
-class _InPlace:
-    """A callback of :func:`jax.experimental.buffer_callback.buffer_callback`: ``fn`` (a
-    :class:`_Forward` or :class:`_Backward`) on the input buffers, its results written into
-    the output buffers ``out``.
-
-    GPU buffers, and host buffers under numba's simulator, run the GPU kernels
-    (``fn.on_device``). Host buffers otherwise (a computation placed on the CPU) run ``fn``
-    itself, the CPU kernels, on NumPy views of the buffers.
+class _Callbacks:
+    """``call`` (:class:`softorder._engine.call.Call`) through callbacks of ``route``
+    (:func:`_route`); with ``keep`` or ``wanted`` set, one callback itself: the forward pass
+    (with the residuals when ``keep``) or the backward pass (the gradients at ``wanted``).
     """
 
-    fn: _Forward | _Backward
-    device: bool = True  # False: the CPU kernels always (the CPU route, see "Devices")
+    call: Call
+    route: str
+    keep: bool = False
+    wanted: tuple | None = None
 
-    def __call__(self, ctx, out, *buffers) -> None:
-        if not self.device or (_on_host(buffers[0]) and not _simulator()):
-            # NumPy views of XLA's buffers: the engine never writes into the arguments (nor
-            # keeps them past the call: Call.forward_into), the outputs are written in place
-            self.fn.into([np.asarray(target) for target in out], buffers)
+    @property
+    def differentiable(self) -> tuple:
+        return self.call.differentiable
+
+    def forward(self, arrays: tuple, keep: bool) -> tuple:
+        stored = self.call.stored_shapes() if keep else ()
+        shapes = [_struct(*shape) for shape in (self.call.result, *stored)]
+        return self._callback(dataclasses.replace(self, keep=keep), shapes, arrays)
+
+    def backward(self, arrays: tuple, residuals: tuple, cotangent, wanted: tuple) -> tuple:
+        shapes = [_struct(arrays[i].shape, arrays[i].dtype) for i in wanted]
+        backward = dataclasses.replace(self, wanted=wanted)
+        return self._callback(backward, shapes, (*arrays, *residuals, cotangent))
+
+    def _callback(self, fn: _Callbacks, shapes: list, operands: tuple) -> tuple:
+        if self.route == "copy":
+            call = functools.partial(jax.pure_callback, fn, shapes, vmap_method=VMAP_METHOD)
+        else:
+            call = _buffer_callback()(fn.in_place, shapes, vmap_method=VMAP_METHOD)
+        return _first_order_only(call, *operands)
+
+    def __call__(self, *arrays) -> tuple:
+        """The callback of ``pure_callback``: host copies in, results out."""
+        if self.wanted is None:
+            return tuple(self.call.forward(arrays, self.keep))
+        return tuple(self.call.backward_flat(arrays, wanted=self.wanted))
+
+    def in_place(self, ctx, out, *buffers) -> None:
+        """The callback of ``buffer_callback``: the results written into XLA's buffers ``out``.
+        Host buffers run the CPU kernels on NumPy views of them (the engine never writes into
+        the arguments, nor keeps them past the call), unless numba's simulator stands in for
+        a GPU; GPU buffers run the GPU kernels on XLA's stream.
+        """
+        if self.route == "host" or (_on_host(buffers[0]) and not _simulator()):
+            outs = [np.asarray(target) for target in out]
+            if self.wanted is None:
+                self.call.forward_into(buffers, outs)
+            else:
+                self.call.backward_into(buffers, outs, self.wanted)
             return
         with _launching(ctx, buffers[0]) as device:
-            device.write(out, self.fn.on_device(device, buffers))
+            if self.wanted is None:
+                results = self.call.forward(device.arguments(buffers), self.keep, device.backend)
+            else:
+                results = self.call.backward_flat(buffers, device, self.wanted)
+            device.write(out, results)
 
 
-def _on_host(buffer) -> bool:
-    return buffer.__dlpack_device__()[0] == _DLPACK_CPU
-
-
-def _simulator() -> bool:
-    """``NUMBA_ENABLE_CUDASIM=1``: numba's CUDA simulator stands in for a GPU."""
-    import numba
-
-    return bool(numba.config.ENABLE_CUDASIM)
-
-
-def _launching(ctx, buffer):
-    """Launch every kernel inside the block on XLA's stream of ``buffer``'s device; yields
-    the :class:`softorder._engine.backends.numba_cuda.Launch` (the buffers as numba device
-    arrays, copies to and from them on that stream).
+@dataclasses.dataclass(frozen=True)
+class _Ffi:
+    """The FFI route's ``handler`` (:mod:`softorder.bridges._jax_ffi`) on the arrays (rows, n)
+    of rows, ``alpha`` per row, int32 flags ``(negate, log)`` and, for top-k, ``k`` per row;
+    residuals: the argsort (int32) and 64-bit values as pairs of uint32 words (no x64 needed).
     """
-    from softorder._engine.backends import numba_cuda
 
-    if numba_cuda.SIMULATOR and not _on_host(buffer):
-        raise RuntimeError(
-            "NUMBA_ENABLE_CUDASIM=1 runs softorder's GPU kernels in numba's simulator, "
-            "which cannot read JAX's GPU buffers; unset it to use the GPU"
-        )
-    stream = None if numba_cuda.SIMULATOR else ctx.stream  # (no GPU context to read there)
-    return numba_cuda.launching(buffer.__dlpack_device__()[1], stream)
+    handler: str  # "rank", "topk" or "sort"
+    differentiable = (0,)  # (the other arguments are concrete)
+
+    def forward(self, arrays: tuple, keep: bool) -> tuple:
+        rows, n = arrays[0].shape
+        widths = {"rank": (2 * n,), "sort": (2 * n, 2 * n), "topk": (2, 2)}[self.handler]
+        saved = [_struct((rows, width), np.uint32) for width in widths]
+        shapes = (_struct((rows, n), arrays[0].dtype), _struct((rows, n), np.int32), *saved)
+        return self._call(shapes, arrays)
+
+    def backward(self, arrays: tuple, residuals: tuple, cotangent, wanted: tuple) -> tuple:
+        x = arrays[0]  # (k, a fourth argument, is not needed)
+        return self._call((_struct(x.shape, x.dtype),), (*arrays[:3], *residuals, cotangent))
+
+    def _call(self, shapes: tuple, operands: tuple) -> tuple:
+        from softorder.bridges import _jax_ffi
+
+        call = jax.ffi.ffi_call(_jax_ffi.target(self.handler), shapes, vmap_method=VMAP_METHOD)
+        return _first_order_only(call, *operands)
 
 
-def _device_callbacks() -> bool:
-    """Whether a call traced now takes the device path (:data:`_DEVICE_CALLBACKS`)."""
-    if _DEVICE_CALLBACKS == "auto":
-        return jax.default_backend() == "gpu" and _cuda_kernels_available()
-    return bool(_DEVICE_CALLBACKS)
+def _struct(shape, dtype) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _first_order_only(call: Callable, *arrays) -> tuple:
+    """``call(*arrays)``, a callback or an FFI call, whose derivative raises."""
+    return tuple(call(*arrays))
+
+
+@_first_order_only.defjvp
+def _refuse_second_order(call, primals, tangents):
+    # asked for only when a call's inputs carry tangents: the forward call under an outer jvp
+    # (jax.hessian), or the backward one under a derivative of a gradient
+    raise NotImplementedError(_SECOND_ORDER)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _apply(kernel: _Callbacks | _Ffi, *arrays):
+    return _vary(kernel.forward(arrays, False), _varying_axes(arrays))[0]
+
+
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class _Wanted:
+    """The positions of the arguments to differentiate (a static part of the residuals)."""
+
+    positions: tuple
+
+
+def _apply_fwd(kernel: _Callbacks | _Ffi, *primals):
+    # (symbolic zeros: the backward pass computes only the gradients of perturbed arguments)
+    arrays = tuple(p.value for p in primals)
+    out, *residuals = _vary(kernel.forward(arrays, True), _varying_axes(arrays))
+    wanted = _Wanted(tuple(i for i in kernel.differentiable if primals[i].perturbed))
+    return out, (arrays, tuple(residuals), wanted)
+
+
+def _apply_bwd(kernel: _Callbacks | _Ffi, saved, cotangent):
+    arrays, residuals, wanted = saved
+    out: list = [None] * len(arrays)  # None: no gradient (labels, p_k, target_ranks, ...)
+    if not wanted.positions:
+        return tuple(out)
+    if isinstance(cotangent, jax.custom_derivatives.SymbolicZero):
+        cotangent = jnp.zeros(cotangent.aval.shape, cotangent.aval.dtype)  # as JAX would
+    grads = kernel.backward(arrays, residuals, cotangent.astype(arrays[0].dtype), wanted.positions)
+    for i, grad in zip(wanted.positions, _vary(grads, _varying_axes(arrays)), strict=True):
+        out[i] = grad
+    return tuple(out)
+
+
+_apply.defvjp(_apply_fwd, _apply_bwd, symbolic_zeros=True)
+
+
+def _varying(value) -> frozenset:
+    """The manual mesh axes ``value`` varies over (empty outside :func:`jax.shard_map`)."""
+    if not hasattr(jax, "typeof"):  # JAX before varying-axes types
+        return frozenset()
+    aval = jax.typeof(value)
+    manual = getattr(aval, "manual_axis_type", None)  # JAX >= 0.10
+    return frozenset(manual.varying if manual is not None else getattr(aval, "vma", ()))
+
+
+def _varying_axes(arrays) -> tuple:
+    return tuple(sorted(set().union(*(_varying(arr) for arr in arrays))))
+
+
+def _vary(values, axes: tuple) -> tuple:
+    """``values`` typed as varying over the mesh axes ``axes``: inside :func:`jax.shard_map`
+    each device computes a call's results from its own rows, and an argument that did not vary
+    (a replicated ``alpha``) gets its per-device gradients summed (the cast's transpose).
+    """
+    out = []
+    for value in values:
+        missing = tuple(a for a in axes if a not in _varying(value))
+        if missing and hasattr(jax.lax, "pcast"):
+            value = jax.lax.pcast(value, missing, to="varying")
+        elif missing:  # JAX before 0.8.2
+            value = jax.lax.pvary(value, missing)
+        out.append(value)
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------------------------
+# Routes: which kernels a call traced now takes.
+
+
+def _route() -> str:
+    """``"device"`` (buffer_callback; the GPU kernels on GPU buffers), ``"host"``
+    (buffer_callback into the CPU kernels) or ``"copy"`` (pure_callback: host copies).
+    """
+    backend = jax.default_backend()
+    auto = _DEVICE_CALLBACKS == "auto" and backend == "gpu" and _cuda_kernels()
+    if auto or _DEVICE_CALLBACKS is True:
+        return "device"
+    return "host" if _IN_PLACE and backend == "cpu" and _buffer_callback() else "copy"
 
 
 @functools.cache
-def _cuda_kernels_available() -> bool:
-    """The default backend is CUDA and softorder's GPU kernels can be imported; with a
-    warning (once) when they cannot.
+def _buffer_callback() -> Callable | None:
+    """:func:`jax.experimental.buffer_callback.buffer_callback`, if this JAX has it."""
+    try:
+        from jax.experimental.buffer_callback import buffer_callback
+    except ImportError:  # pragma: no cover - depends on the JAX version
+        return None
+    return buffer_callback
+
+
+@functools.cache
+def _cuda_kernels() -> bool:
+    """The default backend is CUDA and softorder's GPU kernels can be imported (a warning,
+    once, when they cannot: arrays are then copied to the host).
     """
     import jax.extend.backend
 
@@ -293,205 +309,31 @@ def _cuda_kernels_available() -> bool:
     return True
 
 
-#: why a softorder function cannot be differentiated twice, or in forward mode
-_SECOND_ORDER = (
-    "softorder's JAX operations have first derivatives only: second derivatives (jax.hessian, "
-    "jax.jacfwd of a gradient, jax.grad of jax.grad, jax.jvp of a gradient) are not supported"
-)
-_FORWARD_MODE = (
-    "softorder's JAX operations have reverse-mode derivatives only (jax.grad, jax.vjp, "
-    "jax.jacrev): forward mode (jax.jvp, jax.jacfwd, jax.linearize) is not supported; "
-    "softorder.jvp gives forward-mode derivatives in the NumPy API"
-)
+def _on_host(buffer) -> bool:
+    return buffer.__dlpack_device__()[0] == 1  # DLDeviceType kDLCPU
 
 
-def _route() -> str:
-    """The callbacks a call traced now takes: ``"device"`` (the GPU kernels, see "Devices"),
-    ``"host"`` (``buffer_callback`` running the CPU kernels on XLA's CPU buffers) or
-    ``"copy"`` (``pure_callback``: JAX copies the arguments to the host and the results back).
+def _simulator() -> bool:
+    """``NUMBA_ENABLE_CUDASIM=1``: numba's CUDA simulator stands in for a GPU."""
+    import numba
+
+    return bool(numba.config.ENABLE_CUDASIM)
+
+
+def _launching(ctx, buffer):
+    """The kernels inside the block launch on XLA's stream of ``buffer``'s device; yields the
+    :class:`softorder._engine.backends.numba_cuda.Launch`.
     """
-    if _device_callbacks():
-        return "device"
-    if _IN_PLACE and jax.default_backend() == "cpu" and _buffer_callbacks():
-        return "host"
-    return "copy"
+    from softorder._engine.backends import numba_cuda
 
+    if numba_cuda.SIMULATOR and not _on_host(buffer):
+        raise RuntimeError(
+            "NUMBA_ENABLE_CUDASIM=1 runs softorder's GPU kernels in numba's simulator, "
+            "which cannot read JAX's GPU buffers; unset it to use the GPU"
+        )
+    stream = None if numba_cuda.SIMULATOR else ctx.stream  # (no GPU context to read there)
+    return numba_cuda.launching(buffer.__dlpack_device__()[1], stream)
 
-@functools.cache
-def _buffer_callbacks() -> bool:
-    """Whether this JAX has :func:`jax.experimental.buffer_callback.buffer_callback`."""
-    try:
-        from jax.experimental import buffer_callback  # noqa: F401
-    except ImportError:  # pragma: no cover - depends on the JAX version
-        return False
-    return True
-
-
-def _callback(fn, shapes: tuple, arrays: tuple, route: str) -> tuple:
-    """``fn`` on ``arrays`` through ``buffer_callback`` or ``pure_callback`` (:func:`_route`)."""
-    if route == "copy":
-        call = functools.partial(jax.pure_callback, fn, shapes, vmap_method=VMAP_METHOD)
-    else:
-        from jax.experimental.buffer_callback import buffer_callback
-
-        callback = _InPlace(fn, device=route == "device")
-        call = buffer_callback(callback, shapes, vmap_method=VMAP_METHOD)
-    return _first_order_only(call, *arrays)
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
-def _first_order_only(call: Callable, *arrays) -> tuple:
-    """``call(*arrays)``, a callback or an FFI call: a derivative of it (a second derivative)
-    raises ``NotImplementedError``.
-    """
-    return tuple(call(*arrays))
-
-
-@_first_order_only.defjvp
-def _refuse_second_order(call, primals, tangents):
-    # JAX asks for this only when a call's inputs carry tangents: the forward call under an
-    # outer jvp (jax.hessian), or the backward one under a derivative of a gradient
-    raise NotImplementedError(_SECOND_ORDER)
-
-
-def _naming_forward_mode(run: Callable) -> Callable:
-    """JAX's "can't apply forward-mode autodiff (jvp) to a custom_vjp function", raised while
-    ``run`` traces (eager ``jax.jvp``, ``jax.jacfwd``), as an error that names softorder.
-    """
-
-    @functools.wraps(run)
-    def wrapped(op: Callable, **kwargs: Any) -> jax.Array:
-        try:
-            return run(op, **kwargs)
-        except TypeError as error:
-            if "forward-mode autodiff" not in str(error):
-                raise
-            raise TypeError(_FORWARD_MODE) from error
-
-    return wrapped
-
-
-try:  # a private module: _refuse_forward_mode goes without it
-    from jax._src.interpreters import ad as _ad
-except ImportError:  # pragma: no cover - depends on the JAX version
-    _ad = None
-
-
-def _refuse_forward_mode(arrays) -> None:
-    """``TypeError`` naming softorder for an argument that carries a forward-mode tangent.
-
-    Under ``jax.jit(lambda x: jax.jvp(f, ...))`` JAX refuses the custom_vjp only after the
-    call has traced, outside :func:`_naming_forward_mode`, in words that do not name softorder.
-    """
-    # JAX has no public test for a jvp tracer; without this private one, JAX's own error
-    jvp_tracer = getattr(_ad, "JVPTracer", None)
-    if jvp_tracer is None:
-        return
-    for value in arrays:
-        if isinstance(value, jvp_tracer) and type(value.tangent).__name__ != "Zero":
-            raise TypeError(_FORWARD_MODE)
-
-
-def _struct(shape, dtype) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))
-
-
-def _forward(call: Call, route: str, arrays: tuple, keep: bool) -> tuple:
-    residuals = [_struct(shape, dtype) for shape, dtype in call.stored_shapes()]
-    shapes = (_struct(*call.result), *(residuals if keep else ()))
-    return _callback(_Forward(call, keep), shapes, arrays, route)
-
-
-def _varying(value) -> frozenset:
-    """The manual mesh axes ``value`` varies over (empty outside :func:`jax.shard_map`)."""
-    typeof = getattr(jax, "typeof", None)
-    if typeof is None:  # JAX before varying-axes types
-        return frozenset()
-    aval = typeof(value)
-    manual = getattr(aval, "manual_axis_type", None)  # JAX >= 0.10
-    return frozenset(manual.varying if manual is not None else getattr(aval, "vma", ()))
-
-
-def _varying_axes(arrays) -> tuple:
-    """Inside :func:`jax.shard_map`: the mesh axes that any of ``arrays`` varies over."""
-    return tuple(sorted(set().union(*(_varying(arr) for arr in arrays))))
-
-
-def _vary(values, axes: tuple) -> tuple:
-    """``values`` typed as varying over ``axes``.
-
-    A callback's results are typed as the same on every device, yet inside
-    :func:`jax.shard_map` each device computes them from its own rows: they vary over the
-    axes their inputs vary over. Arguments that do not vary (a replicated ``alpha``) are made
-    varying before the call, so that the transpose of this cast sums their per-device
-    gradients over the devices (a ``psum``).
-    """
-    if not axes:
-        return tuple(values)
-    out = []
-    for value in values:
-        missing = tuple(a for a in axes if a not in _varying(value))
-        if missing and hasattr(jax.lax, "pcast"):
-            value = jax.lax.pcast(value, missing, to="varying")
-        elif missing:  # JAX before 0.8.2
-            value = jax.lax.pvary(value, missing)
-        out.append(value)
-    return tuple(out)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _apply(call: Call, route: str, *arrays):
-    return _vary(_forward(call, route, arrays, keep=False), _varying_axes(arrays))[0]
-
-
-@jax.tree_util.register_static
-@dataclasses.dataclass(frozen=True)
-class _Wanted:
-    """The positions of the arguments a backward pass returns gradients for (a static part
-    of the residuals).
-    """
-
-    positions: tuple
-
-
-def _apply_fwd(call: Call, route: str, *primals):
-    # (symbolic zeros: each primal says whether it is differentiated; the backward pass
-    # computes and returns only those gradients, the others are zero to JAX anyway)
-    arrays = tuple(p.value for p in primals)
-    out, *residuals = _vary(_forward(call, route, arrays, keep=True), _varying_axes(arrays))
-    wanted = _Wanted(tuple(i for i in call.differentiable if primals[i].perturbed))
-    return out, (arrays, tuple(residuals), wanted)
-
-
-def _apply_bwd(call: Call, route: str, saved, cotangent):
-    arrays, residuals, wanted = saved
-    out: list = [None] * len(arrays)  # None: no gradient (labels, p_k, target_ranks, ...)
-    if not wanted.positions:
-        return tuple(out)
-    if isinstance(cotangent, jax.custom_derivatives.SymbolicZero):
-        cotangent = jnp.zeros(cotangent.aval.shape, cotangent.aval.dtype)  # as JAX would
-    shapes = tuple(_struct(arrays[i].shape, arrays[i].dtype) for i in wanted.positions)
-    backward = _Backward(call, wanted.positions)
-    grads = _callback(backward, shapes, (*arrays, *residuals, cotangent), route)
-    grads = _vary(grads, _varying_axes(arrays))
-    for i, grad in zip(wanted.positions, grads, strict=True):
-        out[i] = grad
-    return tuple(out)
-
-
-_apply.defvjp(_apply_fwd, _apply_bwd, symbolic_zeros=True)
-
-
-# --------------------------------------------------------------------------------------------
-# The FFI route (CPU): XLA calls numba C functions in place, which sort the rows and run the
-# kernels (softorder.bridges._jax_ffi); chosen when a call is traced, for the operations and
-# arguments it covers. Everything it needs is validated then, so nothing can fail when it runs.
-
-#: Which CPU calls take the FFI route: ``"auto"`` (the default) for ``soft_rank``,
-#: ``soft_sort``, ``soft_topk`` and ``log_soft_topk`` traced on the CPU backend with a concrete
-#: (not traced) ``alpha`` and ``k`` and one ``k`` per row; ``False`` sends every call through
-#: the callbacks. Read when a call is traced.
-_FFI_CALLS: str | bool = "auto"
 
 #: the operations the FFI route covers: (handler, log)
 _FFI_OPS = {
@@ -502,52 +344,39 @@ _FFI_OPS = {
 }
 
 
-def _ffi_route(op: Callable, statics: dict, arguments: dict, layout: Layout, compute):
-    """A function of the (compute-dtype) input computing ``op`` through the FFI handlers, or
-    ``None`` when this call takes the callbacks instead (see :data:`_FFI_CALLS`).
-    ``arguments``: the call's arguments as given (already validated).
-    """
-    if _FFI_CALLS is False or op.__name__ not in _FFI_OPS or _device_callbacks():
-        return None
-    rows = math.prod(layout.batch_shape)
-    if not 1 <= layout.n < 2**31 or rows < 1:  # the argsort travels as int32
-        return None
-    if not hasattr(jax, "ffi") or jax.default_backend() != "cpu" or _jit_disabled():
-        return None
-    if any(_is_traced(arguments[name]) for name in ("alpha", "k") if name in arguments):
-        return None
-    handler, log = _FFI_OPS[op.__name__]
-    batch_shape = layout.batch_shape
-    alpha = _as_kernel_value(arguments["alpha"], compute)
-    per_row, _ = check_alpha(alpha, batch_shape, layout.axis)
-    constants = [per_row.astype(compute)]  # exact: the values are the rounded ones
-    negate = bool(statics.get("descending", False))
-    targets = None
-    if "k" in arguments:
-        n = layout.n
-        k = _as_kernel_value(arguments["k"], compute)
-        targets, multi, _ = check_targets(k, batch_shape, "k", n, f"n={n}")
-        if multi:
-            return None  # several k per row: the callbacks
-        negate = bool(statics["largest"])
-    constants.append(np.array([negate, log], np.int32))
-    if targets is not None:
-        constants.append(targets.astype(compute))
-    spec = _FfiSpec(handler, layout.axis - layout.ndim)
-
-    def run(x):
-        return _ffi_apply(spec, x, *(jnp.asarray(c) for c in constants))
-
-    return run
-
-
-def _jit_disabled() -> bool:
-    """``NUMBA_DISABLE_JIT=1``: the kernels are Python functions, which no C function can
-    call.
+def _ffi_constants(op_name: str, arguments: dict, layout: Layout, compute, route: str):
+    """The FFI route's arguments after the rows (``alpha`` and ``k`` per row, as the kernels
+    see them through the callbacks, and the flags), or ``None``: the call takes the callbacks.
+    Everything is validated now, so nothing can fail when the handler runs.
     """
     import numba
 
-    return bool(numba.config.DISABLE_JIT)
+    if (
+        _FFI_CALLS is False
+        or op_name not in _FFI_OPS
+        or route == "device"
+        or jax.default_backend() != "cpu"
+        or not hasattr(jax, "ffi")
+        or numba.config.DISABLE_JIT  # (no C function can call Python kernels)
+        or layout.n >= 2**31  # the argsort travels as int32
+        or not math.prod(layout.batch_shape)
+        or any(_is_traced(arguments.get(name)) for name in ("alpha", "k"))
+    ):
+        return None
+    handler, log = _FFI_OPS[op_name]
+    alpha = _as_kernel_value(arguments["alpha"], compute)
+    alpha, _ = checks.check_alpha(alpha, layout.batch_shape, layout.axis)
+    negate = arguments.get("descending", arguments.get("largest"))
+    constants = [alpha.astype(compute), np.array([negate, log], np.int32)]
+    if "k" in arguments:
+        k = _as_kernel_value(arguments["k"], compute)
+        targets, multi, _ = checks.check_targets(
+            k, layout.batch_shape, "k", layout.n, f"n={layout.n}"
+        )
+        if multi:
+            return None  # several k per row: the callbacks
+        constants.append(targets.astype(compute))
+    return handler, constants
 
 
 def _as_kernel_value(value, compute) -> np.ndarray:
@@ -557,67 +386,12 @@ def _as_kernel_value(value, compute) -> np.ndarray:
     host = _host_value(value)
     if np.dtype(compute) == np.float64:
         return np.asarray(host, dtype=np.float64)
-    return as_computed(host, compute).astype(np.float64)
-
-
-@dataclasses.dataclass(frozen=True)
-class _FfiSpec:
-    handler: str  # "rank", "topk" or "sort": the handler in softorder.bridges._jax_ffi
-    axis: int  # negative
-
-
-def _ffi_forward(spec: _FfiSpec, x, alpha, flags, *rest):
-    moved = jnp.moveaxis(x, spec.axis, -1)
-    rows2d = moved.reshape(-1, moved.shape[-1])
-    rows, n = rows2d.shape
-    words = np.uint32  # float64 and int64 residuals as pairs of words: no x64 needed
-    if spec.handler == "rank":
-        saved = (_struct((rows, 2 * n), words),)  # the decays
-    elif spec.handler == "sort":  # anchors, offsets: one per target, n targets
-        saved = (_struct((rows, 2 * n), words), _struct((rows, 2 * n), words))
-    else:
-        saved = (_struct((rows, 2), words), _struct((rows, 2), words))  # anchors, offsets
-    shapes = (_struct((rows, n), rows2d.dtype), _struct((rows, n), np.int32), *saved)
-    out, *saved = _ffi(spec.handler, shapes, (rows2d, alpha, flags, *rest))
-    out = jnp.moveaxis(out.reshape(moved.shape), -1, spec.axis)
-    return out, (rows2d, alpha, flags, *saved)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _ffi_apply(spec: _FfiSpec, x, alpha, flags, *rest):
-    return _ffi_forward(spec, x, alpha, flags, *rest)[0]
-
-
-def _ffi_apply_fwd(spec: _FfiSpec, x, alpha, flags, *rest):
-    return _ffi_forward(spec, x, alpha, flags, *rest)
-
-
-def _ffi_apply_bwd(spec: _FfiSpec, saved, cotangent):
-    rows2d = saved[0]
-    moved = jnp.moveaxis(cotangent, spec.axis, -1)
-    v = moved.reshape(rows2d.shape).astype(rows2d.dtype)
-    (x_bar,) = _ffi(spec.handler, (_struct(rows2d.shape, rows2d.dtype),), (*saved, v))
-    x_bar = jnp.moveaxis(x_bar.reshape(moved.shape), -1, spec.axis)
-    return (x_bar, None, None) + ((None,) if spec.handler == "topk" else ())
-
-
-_ffi_apply.defvjp(_ffi_apply_fwd, _ffi_apply_bwd)
-
-
-def _ffi(handler: str, shapes: tuple, operands: tuple) -> tuple:
-    """The XLA FFI call of ``handler`` (registered on first use) on ``operands``; inside
-    :func:`jax.shard_map` its results vary over the mesh axes its operands vary over.
-    """
-    from softorder.bridges import _jax_ffi
-
-    axes = _varying_axes(operands)
-    call = jax.ffi.ffi_call(_jax_ffi.target(handler), shapes, vmap_method=VMAP_METHOD)
-    return _vary(_first_order_only(call, *_vary(operands, axes)), axes)
+    return checks.as_computed(host, compute).astype(np.float64)
 
 
 # --------------------------------------------------------------------------------------------
-# Trace-time checks: the NumPy API's own validation, on concrete values where there are any
-# and on placeholders of the right shape and dtype kind for traced ones.
+# A call: the NumPy API's checks on concrete values where there are any and on placeholders
+# of the right shape and dtype kind for traced ones, then the kernels of its route.
 
 
 def _is_traced(value) -> bool:
@@ -634,66 +408,83 @@ def _host_value(value):
     return arr
 
 
-def _check(name: str, value, layout: Layout, compute=np.float64) -> None:
-    """Raise the NumPy API's error for a bad array argument other than the input: a concrete
-    one as NumPy sees it (also rounded to ``compute``), a traced one as a placeholder of its
-    shape and dtype kind.
+try:  # a private module: _refuse_forward_mode goes without it
+    from jax._src.interpreters import ad as _ad
+except ImportError:  # pragma: no cover - depends on the JAX version
+    _ad = None
+
+
+def _refuse_forward_mode(arrays) -> None:
+    """``TypeError`` naming softorder for an argument that carries a forward-mode tangent.
+
+    Under ``jax.jit(lambda x: jax.jvp(f, ...))`` JAX refuses a custom_vjp only after the call
+    has traced, outside :func:`_run`, in words that do not name softorder. (JAX has no public
+    test for a jvp tracer; without this private one, JAX's own error.)
     """
-    refuse_masked(value, name)
-    if not _is_traced(value):
-        check_argument(name, _host_value(value), layout, compute)
-        return
-    floating = jnp.issubdtype(value.dtype, jnp.floating)
-    dtype = np.float64 if floating else value.dtype
-    check_argument(name, placeholder(name, value.shape, dtype, layout.n), layout)
+    jvp_tracer = getattr(_ad, "JVPTracer", None)
+    if jvp_tracer is not None and any(
+        isinstance(value, jvp_tracer) and type(value.tangent).__name__ != "Zero" for value in arrays
+    ):
+        raise TypeError(_FORWARD_MODE)
 
 
-def _compute_dtype(dtype) -> tuple[np.dtype, np.dtype]:
-    """(dtype the kernels' results are computed in, dtype returned) for an input dtype."""
-    dtype = np.dtype(dtype)
-    if jnp.issubdtype(dtype, jnp.floating):
-        return np.dtype(compute_dtype(dtype.name)), dtype
-    float_array(np.empty(0, dtype=dtype), "x")  # TypeError for complex
-    default = jax.dtypes.canonicalize_dtype(np.float64)
-    return default, default
+def _run(op: Callable, arguments: dict) -> jax.Array:
+    """Call the NumPy operation ``op``'s rule from JAX; ``arguments``: every argument of the
+    public function, by name. JAX's "can't apply forward-mode autodiff (jvp) to a custom_vjp
+    function" (eager ``jax.jvp``, ``jax.jacfwd``) becomes an error that names softorder.
+    """
+    try:
+        return _dispatch(op, arguments)
+    except TypeError as error:
+        if "forward-mode autodiff" not in str(error):
+            raise
+        raise TypeError(_FORWARD_MODE) from error
 
 
-@_naming_forward_mode
-def _run(op: Callable, **kwargs: Any) -> jax.Array:
-    """Call the NumPy operation ``op``'s rule through the callbacks, from JAX."""
-    signature = op.signature
-    bound = signature.bind(**kwargs)  # every public function passes every argument
-    bound.apply_defaults()
-    arguments = dict(bound.arguments)
-    names = tuple(p.name for p in signature.parameters.values() if p.kind is not p.KEYWORD_ONLY)
-    statics = {p: arguments[p] for p in signature.parameters if p not in names}
+def _dispatch(op: Callable, arguments: dict) -> jax.Array:
+    parameters = op.signature.parameters.values()
+    names = tuple(p.name for p in parameters if p.kind is not p.KEYWORD_ONLY)
+    statics = {p.name: arguments[p.name] for p in parameters if p.name not in names}
     if "reduction" in statics:
-        check_reduction(statics["reduction"])
+        checks.check_reduction(statics["reduction"])
     for flag in ("largest", "descending", "split_top1"):
         if flag in statics:
-            statics[flag] = check_flag(statics[flag], flag)
+            statics[flag] = checks.check_flag(statics[flag], flag)
 
     input_name = names[0]
-    refuse_masked(arguments[input_name], input_name)
+    checks.refuse_masked(arguments[input_name], input_name)
     x = jnp.asarray(arguments[input_name])
-    compute, out_dtype = _compute_dtype(x.dtype)
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        compute, out_dtype = np.dtype(compute_dtype(x.dtype.name)), x.dtype
+    else:
+        float_array(np.empty(0, dtype=x.dtype), input_name)  # TypeError for complex
+        compute = out_dtype = jax.dtypes.canonicalize_dtype(np.float64)
     x = x.astype(compute)
     layout = Layout.of(x.shape, statics.get("axis", -1), input_name)  # axis, scalar, empty
 
     arrays = {input_name: x}
     for name in names[1:]:
         value = arguments[name]
-        _check(name, value, layout, compute)
-        if name in FLOAT_ARGUMENTS:
-            value = jnp.asarray(value).astype(compute)
-        else:
-            value = jnp.asarray(value)
-        arrays[name] = value
-
+        checks.refuse_masked(value, name)
+        if _is_traced(value):  # its shape and dtype kind
+            kind = np.float64 if jnp.issubdtype(value.dtype, jnp.floating) else value.dtype
+            checks.check_argument(
+                name, checks.placeholder(name, value.shape, kind, layout.n), layout
+            )
+        else:  # as NumPy sees it, also rounded to the compute dtype
+            checks.check_argument(name, _host_value(value), layout, compute)
+        value = jnp.asarray(value)
+        arrays[name] = value.astype(compute) if name in checks.FLOAT_ARGUMENTS else value
     _refuse_forward_mode(arrays.values())
-    route = _ffi_route(op, statics, arguments, layout, compute)
-    if route is not None:
-        return route(x).astype(out_dtype)
+
+    route = _route()
+    ffi = _ffi_constants(op.__name__, {**arguments, **statics}, layout, compute, route)
+    if ffi is not None:
+        handler, constants = ffi
+        moved = jnp.moveaxis(x, layout.axis, -1)
+        operands = (moved.reshape(-1, layout.n), *map(jnp.asarray, constants))
+        out = _apply(_Ffi(handler), *_vary(operands, _varying_axes(operands)))
+        return jnp.moveaxis(out.reshape(moved.shape), -1, layout.axis).astype(out_dtype)
 
     # one spec for any number of vmapped axes: the axis counts from the end, a loss is
     # computed per row and reduced below, in JAX, per vmapped element
@@ -702,15 +493,11 @@ def _run(op: Callable, **kwargs: Any) -> jax.Array:
     words = jax.dtypes.canonicalize_dtype(np.int64) != np.int64  # no x64: 64-bit as 2 words
     call = Call.plan(spec, arrays, compute.name, words)
     operands = tuple(arrays[name] for name in names)
-    out = _apply(call, _route(), *_vary(operands, _varying_axes(operands)))
-    if arguments.get("reduction", "none") != "none":
-        out = jnp.sum(out) if arguments["reduction"] == "sum" else jnp.mean(out)
+    out = _apply(_Callbacks(call, route), *_vary(operands, _varying_axes(operands)))
+    if statics.get("reduction", "none") != "none":
+        out = jnp.sum(out) if statics["reduction"] == "sum" else jnp.mean(out)
     return out.astype(out_dtype)
 
-
-# --------------------------------------------------------------------------------------------
-# The public functions. Their docstrings are the NumPy API's, in JAX's words
-# (softorder._docs): each function writes only its differences and its example.
 
 _JAX = Dialect(
     words=((r"\bndarray\b", "jax.Array"),),
@@ -744,12 +531,7 @@ _LOSS_NOTE = "Under ``vmap`` the reduction applies to each vmapped element separ
 
 @documented(_ops.soft_topk, _JAX, notes=_FFI_NOTE)
 def soft_topk(
-    x: ArrayLike,
-    k: ArrayLike,
-    alpha: ArrayLike = 1.0,
-    *,
-    axis: int = -1,
-    largest: bool = True,
+    x: ArrayLike, k: ArrayLike, alpha: ArrayLike = 1.0, *, axis: int = -1, largest: bool = True
 ) -> jax.Array:
     """
     Examples
@@ -763,17 +545,12 @@ def soft_topk(
     >>> bool(g > 0)  # a larger k takes in more of the third-largest element
     True
     """
-    return _run(_ops.soft_topk, x=x, k=k, alpha=alpha, axis=axis, largest=largest)
+    return _run(_ops.soft_topk, locals())
 
 
 @documented(_ops.log_soft_topk, _JAX, notes=_FFI_NOTE)
 def log_soft_topk(
-    x: ArrayLike,
-    k: ArrayLike,
-    alpha: ArrayLike = 1.0,
-    *,
-    axis: int = -1,
-    largest: bool = True,
+    x: ArrayLike, k: ArrayLike, alpha: ArrayLike = 1.0, *, axis: int = -1, largest: bool = True
 ) -> jax.Array:
     """
     Examples
@@ -783,7 +560,7 @@ def log_soft_topk(
     >>> soj.log_soft_topk(jnp.array([0.0, 2000.0]), 1, alpha=1.0).round(2)
     Array([-1000.69,    -0.  ], dtype=float32)
     """
-    return _run(_ops.log_soft_topk, x=x, k=k, alpha=alpha, axis=axis, largest=largest)
+    return _run(_ops.log_soft_topk, locals())
 
 
 @documented(_ops.soft_rank, _JAX, notes=_FFI_NOTE)
@@ -803,7 +580,7 @@ def soft_rank(
     >>> jax.vmap(soj.soft_rank)(jnp.stack([x, -x])).shape  # one batched kernel call
     (2, 3)
     """
-    return _run(_ops.soft_rank, x=x, alpha=alpha, axis=axis, descending=descending)
+    return _run(_ops.soft_rank, locals())
 
 
 @documented(_ops.soft_sort, _JAX, notes=_FFI_NOTE)
@@ -818,7 +595,7 @@ def soft_sort(
     >>> soj.soft_sort(jnp.array([2.0, -1.0, 0.5]), alpha=0.001)
     Array([-1. ,  0.5,  2. ], dtype=float32)
     """
-    return _run(_ops.soft_sort, x=x, alpha=alpha, axis=axis, descending=descending)
+    return _run(_ops.soft_sort, locals())
 
 
 @documented(_ops.soft_quantile, _JAX)
@@ -834,7 +611,7 @@ def soft_quantile(
     >>> soj.soft_quantile(x, jnp.array([0.25, 0.5, 0.75]), alpha=1e-3)
     Array([1.5, 2.5, 3.5], dtype=float32)
     """
-    return _run(_ops.soft_quantile, x=x, q=q, alpha=alpha, axis=axis)
+    return _run(_ops.soft_quantile, locals())
 
 
 @documented(_ops.soft_permutation, _JAX)
@@ -851,7 +628,7 @@ def soft_permutation(
     >>> P @ x
     Array([-3. ,  0.2,  1. ], dtype=float32)
     """
-    return _run(_ops.soft_permutation, x=x, alpha=alpha, axis=axis, descending=descending)
+    return _run(_ops.soft_permutation, locals())
 
 
 @documented(_ops.topk_cross_entropy, _JAX, notes=_LOSS_NOTE)
@@ -877,15 +654,7 @@ def topk_cross_entropy(
     >>> jax.grad(soj.topk_cross_entropy)(logits, labels, [0.5, 0.5], 0.5).shape
     (2, 4)
     """
-    return _run(
-        _ops.topk_cross_entropy,
-        logits=logits,
-        labels=labels,
-        p_k=p_k,
-        alpha=alpha,
-        reduction=reduction,
-        split_top1=split_top1,
-    )
+    return _run(_ops.topk_cross_entropy, locals())
 
 
 @documented(_ops.permutation_cross_entropy, _JAX, notes=_LOSS_NOTE)
@@ -908,11 +677,4 @@ def permutation_cross_entropy(
     >>> bool(good < bad)
     True
     """
-    return _run(
-        _ops.permutation_cross_entropy,
-        x=x,
-        target_ranks=target_ranks,
-        alpha=alpha,
-        reduction=reduction,
-        descending=descending,
-    )
+    return _run(_ops.permutation_cross_entropy, locals())
