@@ -735,3 +735,12 @@ def test_in_place_callbacks_equal_pure_callback_bitwise(case, x64_on, rng, monke
     for got, expected in zip(jax.tree.leaves(in_place), jax.tree.leaves(copied), strict=True):
         np.testing.assert_array_equal(got, expected, strict=True)
         assert np.isfinite(got).all()
+
+
+def test_a_complex_input_is_refused_under_its_own_name():
+    """As the NumPy API says it: ``logits`` for the top-k loss, not ``x``."""
+    logits, labels = jnp.ones((2, 3), jnp.complex64), jnp.array([0, 1])
+    with pytest.raises(TypeError, match="^logits must be real"):
+        soj.topk_cross_entropy(logits, labels, [1.0])
+    with pytest.raises(TypeError, match="^logits must be real"):
+        softorder.topk_cross_entropy(np.asarray(logits), np.asarray(labels), [1.0])
