@@ -244,9 +244,8 @@ def _ladder_vjp(xs, order, alpha, offset, u, x_bar_dtype=np.float64):
     x_bar, alpha_bar = np.empty((rows, n), x_bar_dtype), np.empty(rows)
     counts = x_bar.view(np.int32 if x_bar_dtype == np.float32 else np.int64)
     work = core.workspace(rows, core.sort.LADDER_WORK, n)
-    wide = work[:, 0] if xs.dtype == np.float32 else xs
     redo = np.empty(rows, np.uint8)
-    core.sort.ladder_vjp(xs, wide, order, alpha, offset, u, x_bar, counts, alpha_bar, work, redo)
+    core.sort.ladder_vjp(xs, order, alpha, offset, u, x_bar, counts, alpha_bar, work, redo)
     return x_bar, alpha_bar, redo
 
 
@@ -374,21 +373,35 @@ def test_soft_sort_residuals_and_jvp_solve_the_anchors_again(rng, dtype):
 
 @pytest.mark.parametrize("kind", ["normal", "ties", "infinite", "spread", "clusters"])
 def test_ladder_vjp_counts_the_forward_passes_anchors(rng, kind):
-    # the VJP's anchors are counted from its own tables (descending_tables, A by its
-    # recurrence): they must be the forward pass's (prefix_tables_halves) to the bit, or an
-    # offset would be read from the wrong point
+    # the VJP's anchors are counted from its own tables (descending_counts, A by its
+    # recurrence): they must be the forward pass's (prefix_counts) to the bit, or an offset
+    # would be read from the wrong point; and both fused passes' tables must be those of
+    # prefix_tables_halves and descending_tables, their counts those of the tables
     import numba
 
     @numba.njit
-    def both(xs, alpha, forward_counts, vjp_counts):
+    def both(xs, alpha, forward_counts, vjp_counts, tables):
         rows, n = xs.shape
         E, A, B = np.empty(n), np.empty(n), np.empty(n)
         Ev, Bv, Bdv = np.empty(n), np.empty(n), np.empty(n)
         for row in range(rows):
-            core.lapsum.prefix_tables_halves(xs[row], 1.0 / alpha[row], E, A, B)
-            core.sort.ladder_counts(E, A, B, 0.5, forward_counts[row])
-            core.sort.descending_tables(xs[row], 1.0 / alpha[row], Ev, Bv, Bdv)
-            core.sort.ladder_counts(Ev, Ev[:0], Bv, 0.5, vjp_counts[row])
+            core.sort.prefix_counts(xs[row], 1.0 / alpha[row], E, A, B, 0.5, forward_counts[row])
+            core.sort.descending_counts(
+                xs[row], 1.0 / alpha[row], Ev, Bv, Bdv, 0.5, vjp_counts[row]
+            )
+            t = tables[row]
+            core.lapsum.prefix_tables_halves(xs[row], 1.0 / alpha[row], t[0], t[1], t[2])
+            core.sort.descending_tables(xs[row], 1.0 / alpha[row], t[3], t[4], t[5])
+            for i in range(n):
+                if (E[i], A[i], B[i], Ev[i], Bv[i], Bdv[i]) != (
+                    t[0, i],
+                    t[1, i],
+                    t[2, i],
+                    t[3, i],
+                    t[4, i],
+                    t[5, i],
+                ):
+                    t[6, 0] = 1.0
 
     rows, n = 40, 700
     if kind == "clusters":
@@ -399,5 +412,12 @@ def test_ladder_vjp_counts_the_forward_passes_anchors(rng, kind):
         xs = _rows(rng, kind, rows, n)[0]
     alpha = np.exp(rng.uniform(np.log(1e-4), np.log(30.0), rows))
     forward_counts, vjp_counts = np.empty((rows, n), np.int64), np.empty((rows, n), np.int64)
-    both(xs, alpha, forward_counts, vjp_counts)
+    tables = np.zeros((rows, 7, n))
+    both(xs, alpha, forward_counts, vjp_counts, tables)
     np.testing.assert_array_equal(vjp_counts, forward_counts)
+    assert not tables[:, 6, 0].any()  # (NaN-free rows: != is a bitwise comparison there)
+    for row in range(rows):  # the counts of the tables, in Python
+        E, A, B = tables[row, :3]
+        first = np.ceil(np.arange(n) + 0.5 + 0.5 * (B - A) - 0.5).astype(np.int64)
+        want = np.bincount(np.maximum(first[first < n], 0), minlength=n)
+        np.testing.assert_array_equal(forward_counts[row], want)

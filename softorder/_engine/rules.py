@@ -494,11 +494,8 @@ class SortRule(InverseRule):
             counts = x_bar.view(np.int32 if x_bar.dtype == np.float32 else np.int64)
             redo = np.empty(rows.rows, np.uint8)
             work = ctx.work(core.sort.LADDER_WORK)
-            # a float32 row is widened into the rows of E (work[:, 0]), float64 read as it is
-            wide = work[:, 0] if rows.xs.dtype == np.float32 else rows.xs
             core.sort.ladder_vjp(
                 rows.xs,
-                wide,
                 rows.order,
                 ctx.alpha,
                 s["offset"],
@@ -509,7 +506,7 @@ class SortRule(InverseRule):
                 work,
                 redo,
             )
-            del work, wide
+            del work
             if redo.any():  # ties threw an injection beyond the window: sort_vjp's rows
                 at = np.flatnonzero(redo)
                 xs, alpha, anchor, offset = self._solved_targets(ctx, at)
