@@ -549,6 +549,14 @@ def _count(counts, i, b, a, w0):
 
 
 @helper
+def _decay(hi, lo, inv_alpha):
+    """``exp(-gap(hi, lo) / alpha)`` by :func:`~softorder.core.fast_exp.exp` (libm's value):
+    one compiled copy of the inlined ``exp`` for the two passes that use it.
+    """
+    return fast_exp.exp(-gap(hi, lo) * inv_alpha)
+
+
+@helper
 def prefix_counts(r, inv_alpha, E, A, B, w0, counts):
     """:func:`~softorder.core.lapsum.prefix_tables_halves` (the same ``E``, ``A``, ``B`` to the
     bit) and the counts of the ladder's targets (:func:`_count`) in one pass: each point is
@@ -572,18 +580,18 @@ def prefix_counts(r, inv_alpha, E, A, B, w0, counts):
     lo = np.float64(r[0])
     for i in range(1, h):
         hi = np.float64(r[i])
-        e = fast_exp.exp(-gap(hi, lo) * inv_alpha)
+        e = _decay(hi, lo, inv_alpha)
         lo = hi
         E[i] = e
         a = 1.0 + e * a
         A[i] = a
-        f = fast_exp.exp(-gap(np.float64(r[j + 1]), np.float64(r[j])) * inv_alpha)
+        f = _decay(np.float64(r[j + 1]), np.float64(r[j]), inv_alpha)
         E[j + 1] = f
         b = 1.0 + f * b
         B[j] = b
         j -= 1
     if n % 2 == 0:  # E[h], between the halves, is the one neither computed
-        E[h] = fast_exp.exp(-gap(np.float64(r[h]), np.float64(r[h - 1])) * inv_alpha)
+        E[h] = math.exp(-gap(np.float64(r[h]), np.float64(r[h - 1])) * inv_alpha)
     else:  # the middle point, both of whose sums the first half computed
         _count(counts, h - 1, b, a, w0)
     for i in range(h, n):
@@ -623,13 +631,13 @@ def descending_counts(r, inv_alpha, E, B, Bd, w0, counts):
     lo = np.float64(r[0])
     for i in range(1, h):
         hi = np.float64(r[i])
-        e = fast_exp.exp(-gap(hi, lo) * inv_alpha)
+        e = _decay(hi, lo, inv_alpha)
         lo = hi
         E[i] = e
         a = 1.0 + e * a
         Bd[i] = a  # A[i] (at the middle of an odd row, overwritten by Bd just below)
         d = gap(np.float64(r[j + 1]), np.float64(r[j]))
-        f = fast_exp.exp(-d * inv_alpha)
+        f = _decay(np.float64(r[j + 1]), np.float64(r[j]), inv_alpha)
         E[j + 1] = f
         bd = f * (bd + d * inv_alpha * b) if f > 0.0 else 0.0
         b = 1.0 + f * b
@@ -637,7 +645,7 @@ def descending_counts(r, inv_alpha, E, B, Bd, w0, counts):
         Bd[j] = bd
         j -= 1
     if n % 2 == 0:  # E[h], between the halves, is the one neither computed
-        E[h] = fast_exp.exp(-gap(np.float64(r[h]), np.float64(r[h - 1])) * inv_alpha)
+        E[h] = math.exp(-gap(np.float64(r[h]), np.float64(r[h - 1])) * inv_alpha)
     else:  # the middle point, both of whose sums the first half computed
         _count(counts, h - 1, b, a, w0)
     for i in range(h, n):
