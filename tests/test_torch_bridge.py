@@ -167,8 +167,8 @@ def _in_dual_level(dual: bool, fn):
 
 
 def test_plain_and_forward_mode_calls_take_their_functions_with_equal_values():
-    """A plain eager call takes an older-form Function (the lean path; with a tensor argument
-    besides the input, the general one), a call inside a dual level the one with a jvp;
+    """A plain eager call takes an older-form Function (with the input alone or with another
+    tensor argument), a call inside a dual level the one with a jvp;
     values and gradients are bitwise equal, and an in-place change of the input between
     forward and backward is refused.
     """
@@ -176,7 +176,7 @@ def test_plain_and_forward_mode_calls_take_their_functions_with_equal_values():
     for dual in (False, True):
         x = X.clone().requires_grad_()
         out = _in_dual_level(dual, lambda x=x: sot.soft_topk(x, 2.5, 0.6, dim=0))
-        expected = sot._Operation if dual else sot._InputOnlyOperation
+        expected = sot._Operation if dual else sot._PlainOperation
         assert type(out.grad_fn).__name__ == expected.__name__ + "Backward"
         (grad,) = torch.autograd.grad(out, x, X)
         results.append((out.detach(), grad))
@@ -186,7 +186,7 @@ def test_plain_and_forward_mode_calls_take_their_functions_with_equal_values():
             z.add_(1.0)
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             ranks.sum().backward()
-    x, alpha = X.clone().requires_grad_(), _f64(0.6)  # two tensors: the general plain path
+    x, alpha = X.clone().requires_grad_(), _f64(0.6)  # two tensors: the general backward
     out = sot.soft_topk(x, 2.5, alpha, dim=0)
     assert type(out.grad_fn).__name__ == "_PlainOperationBackward"
     results.append((out.detach(), torch.autograd.grad(out, x, X)[0]))
@@ -196,8 +196,8 @@ def test_plain_and_forward_mode_calls_take_their_functions_with_equal_values():
 
 
 def test_every_rule_takes_its_input_first():
-    """The lean path (_InputOnlyOperation) passes the input to each rule's prepare by position
-    and reads its gradient at _INPUT_POSITIONS among the VJP's results.
+    """The lean path (_values, _PlainOperation.backward) passes the input to each rule's
+    prepare by position and reads its gradient at _INPUT_POSITIONS among the VJP's results.
     """
     for name, rule in sot._RULES.items():
         first = next(iter(inspect.signature(rule.prepare).parameters))

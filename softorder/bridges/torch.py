@@ -10,47 +10,26 @@ tensor([[0.0680, 0.0000, 1.0000, 0.9320]])
 >>> x.grad.shape
 torch.Size([1, 4])
 
-The bridge converts and routes, nothing else: CPU tensors reach the numba kernels as NumPy
-views (no copy for contiguous input) through the same rules as the NumPy API
-(:mod:`softorder._engine.rules`), results come back with :func:`torch.from_numpy`.
+The bridge adapts PyTorch's types and transforms to one call of the engine
+(:mod:`softorder._engine.call`), nothing else; what it supports: ``docs/pytorch.rst``. CPU
+tensors reach the rules as NumPy views, CUDA tensors stay on their device
+(:mod:`softorder.bridges._torch_device`). The routes of a call:
 
-How it plugs into PyTorch:
+- plain eager calls: :class:`_PlainOperation`, an :class:`torch.autograd.Function` whose
+  backward calls the rule's VJP on the context its forward kept;
+- forward mode (a ``forward_ad`` dual level) and torch.func transforms: :class:`_Operation`,
+  with a ``jvp`` and a ``vmap`` rule (the vmapped dimension becomes one more leading batch
+  dimension, :class:`_Batched`); under transforms the wrapped tensors reach NumPy only
+  through the custom operators below, whose own vmap rules batch ``jacrev``/``jacfwd``;
+- ``torch.compile``: custom operators (``softorder::forward`` with fake implementations and
+  a reverse-mode formula, ``softorder::backward``), so that ``fullgraph=True`` traces
+  without graph breaks; the forward operator also returns the rule's O(n) residuals.
 
-- Three custom operators (``softorder::forward``, ``softorder::backward``,
-  ``softorder::pushforward``, made with :func:`torch.library.custom_op`, with fake
-  implementations that give result shapes from the input shapes alone), so that
-  ``torch.compile(fullgraph=True)`` traces through them without graph breaks. The forward
-  operator also returns the O(n) per-row residuals the gradients need (the sort order and a
-  few arrays), so the backward never sorts again.
-- In eager mode an :class:`torch.autograd.Function` with ``backward`` and ``jvp`` calls the
-  rules directly, and routes to these operators only under torch.func transforms (whose
-  wrapped tensors reach NumPy only through the dispatcher): reverse mode, forward mode
-  (:func:`torch.func.jvp`, :mod:`torch.autograd.forward_ad`) and :func:`torch.func.grad` /
-  :func:`torch.func.vjp` all work. Plain eager calls never call a custom operator, which
-  imports PyTorch's dynamo compiler (seconds) on first use; nor does importing this module. Under
-  ``torch.compile`` the forward operator's registered autograd formula is used
-  instead (dynamo cannot trace a custom ``jvp``), so compiled code has reverse mode only:
-  forward mode there (``torch.func.jvp``, ``forward_ad``) raises ``NotImplementedError``
-  naming softorder, where PyTorch would silently give zero tangents.
-- :func:`torch.func.vmap`: the vmapped dimension becomes one more leading batch dimension of
-  a single call (the Function's ``vmap`` rule). Derivatives under ``vmap`` (``jacrev``,
-  ``jacfwd``, ``vmap(grad(...))``) work the same way: the backward and forward-mode operators
-  have vmap rules that make one call with one more batch dimension.
-- Second derivatives are refused with :data:`_SECOND_ORDER`: gradients and tangents computed
-  with grad mode on (``create_graph=True``) or under torch.func are tied to their inputs by
-  :class:`_FirstOrderOnly`, whose backward and JVP raise, so they are never treated as
-  constants (which would give silently wrong second derivatives).
-- Threads: importing this module makes the numba kernels run on the calling thread
-  (:func:`softorder.core.set_parallel`), because PyTorch's and numba's OpenMP thread pools
-  slowed each other several-fold when both were active; ``core.set_parallel(True)`` undoes it.
-- Devices: CUDA tensors stay on their device and run the numba-cuda kernels
-  (:mod:`softorder.bridges._torch_device`); only the small arguments the rules validate
-  (``alpha``, ``k``, ``q``, labels, ``p_k``) are read on the host.
-- PyTorch's private APIs (functorch's wrapped tensors, fake tensors, the fast
-  ``Function.apply``, the constant marker of ``torch.compile``) are used only through
-  :mod:`softorder.bridges._torch_compat`.
-- The functions' docstrings are the NumPy API's, translated (:mod:`softorder._docs`): each
-  function here writes only its example.
+Gradients and tangents that may be differentiated again are tied to their inputs by
+:class:`_FirstOrderOnly`, whose derivatives raise :data:`_SECOND_ORDER`. Plain eager calls
+never import PyTorch's dynamo compiler (seconds); private PyTorch APIs are used only through
+:mod:`softorder.bridges._torch_compat`. The functions' docstrings are the NumPy API's,
+translated (:mod:`softorder._docs`): each function writes only its example.
 """
 
 from __future__ import annotations
@@ -103,21 +82,25 @@ _RULES = {n: rule_named(n) for n in _INPUT_NAMES}
 _INPUT_POSITIONS = {n: r.differentiable.index(r.input_name) for n, r in _RULES.items()}
 #: the dtype policy of softorder._engine.call: narrow floats are computed in float32
 _COMPUTE_DTYPE = {getattr(torch, n): getattr(torch, compute_dtype(n)) for n in NARROW_FLOATS}
+#: the types :func:`plain` passes as they are (a tuple: torch 2.6's dynamo traces ``in`` on a
+#: tuple of classes, not on a frozenset)
+_PLAIN_TYPES = (bool, int, float, str, type(None))
+#: the input dtypes computed as they are (no conversion of the input or the result)
+_WIDE_FLOATS = frozenset((torch.float32, torch.float64))
+_STRIDED = torch.strided
+#: device types whose tensors the rules take as they are (softorder.bridges._torch_device);
+#: CPU tensors reach the rules as NumPy views
+_ON_DEVICE = {"cuda"}
 
 
-# --- what a call is: softorder._engine.call.CallSpec (the operation, which arguments are
-# tensors, and the static rest), encoded as one string (custom operators take strings, and
-# torch.compile treats them as constants).
-
-
-@compat.mark_constant  # run, not traced, by torch.compile: a constant
+@compat.mark_constant  # run, not traced, by torch.compile: the spec is a constant string
 def _encode(name: str, tensor_names: tuple, statics: tuple) -> str:
     return CallSpec(name, tensor_names, statics).encode()
 
 
 def _arrays(call: CallSpec, tensors, fakes: bool = False) -> list:
-    """What the rules read of each tensor argument (:func:`_as_array`; with ``fakes``, a fake
-    tensor as it is, for its shape).
+    """What the rules read of each tensor (:func:`_as_array`); fake tensors as they are, for
+    their shapes, with ``fakes``.
     """
     input_name = call.rule.input_name
     return [
@@ -126,20 +109,14 @@ def _arrays(call: CallSpec, tensors, fakes: bool = False) -> list:
     ]
 
 
-#: device types whose tensors the rules take as they are (softorder.bridges._torch_device);
-#: CPU tensors reach the rules as NumPy views
-_ON_DEVICE = {"cuda"}
-
-
 def _as_array(t: Tensor, on_device: bool = True):
     """What the rules read: a NumPy view of CPU memory; a GPU tensor as it is when
     ``on_device`` (the input, cotangents, tangents, residuals), copied to the host otherwise
-    (the small arguments the rules validate there). Under torch.func transforms the tensors
-    that reach backward/jvp are wrapped once per transform level; a copy through a custom
-    operator gives the plain values.
+    (the small arguments the rules validate there). A tensor wrapped by torch.func transforms
+    is copied through a custom operator, which unwraps every level on the way in.
     """
     if compat.is_wrapped(t):
-        t = _plain_copy(t)  # the dispatcher unwraps every level on the way in
+        t = _plain_copy(t)
     if t.is_cpu and "cpu" not in _ON_DEVICE or t.device.type not in _ON_DEVICE:
         return t.numpy(force=True)  # (a view of a CPU tensor; the meta device raises)
     t = t.detach()
@@ -165,9 +142,7 @@ def _gradient(grad, like: Tensor) -> Tensor:
         out = torch.from_numpy(grad)
         return out if out.dtype == like.dtype else out.to(like.dtype)
     out = _as_tensor(grad, like.dtype)
-    if like.is_cpu and out.is_cpu or out.device == like.device:
-        return out
-    return out.to(like.device)
+    return out if like.is_cpu and out.is_cpu or out.device == like.device else out.to(like.device)
 
 
 # --- the custom operators: the compiled path, and torch.func's way to the values -------------
@@ -250,6 +225,8 @@ def _(t):
     return torch.empty_like(t)
 
 
+# --- second derivatives: refused, never silently zero ----------------------------------------
+
 _SECOND_ORDER = (
     "softorder: second derivatives of softorder operations are not supported (the derivative "
     "of a gradient or of a forward-mode tangent: backward through a create_graph=True "
@@ -272,14 +249,9 @@ for _op in (_backward_op, _pushforward_op, _plain_copy):
     _op.register_autograd(_no_second_derivative, setup_context=_save_nothing)
 
 
-def _detached(tensors) -> list[Tensor]:
-    return [t.detach() for t in tensors]
-
-
 class _FirstOrderOnly(torch.autograd.Function):
     """The identity on eager gradients (or tangents) computed outside autograd, recorded as
-    depending on the call's tensors, so that differentiating them raises :data:`_SECOND_ORDER`
-    instead of treating them as constants (which would give wrong second derivatives).
+    depending on the call's tensors, so that differentiating them raises :data:`_SECOND_ORDER`.
     ``apply(count, *values_then_anchors)``: the first ``count`` tensors are returned.
     """
 
@@ -290,53 +262,43 @@ class _FirstOrderOnly(torch.autograd.Function):
         # copies, not views: a view made in a custom Function refuses in-place updates
         return tuple(t.clone() for t in tensors[:count])
 
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        pass
-
-    @staticmethod
-    def backward(ctx, *grads):
-        raise NotImplementedError(_SECOND_ORDER)
-
-    @staticmethod
-    def jvp(ctx, *tangents):
-        raise NotImplementedError(_SECOND_ORDER)
+    setup_context = staticmethod(_save_nothing)
+    backward = jvp = staticmethod(_no_second_derivative)
 
 
 def _first_order_only(values: list, anchors) -> list:
     """``values`` (tensors or ``None``) tied to ``anchors`` by :class:`_FirstOrderOnly` when
-    the values may be differentiated: under torch.func, or in grad mode (``create_graph=True``,
-    or a tangent computed in grad mode) when an anchor is tracked by autograd or forward AD.
+    they may be differentiated: under torch.func, or in grad mode (``create_graph=True``, or
+    a tangent computed in grad mode) when an anchor is tracked by autograd or forward AD.
     """
     if _wrapped(*anchors):  # torch.func: each transform level decides for itself
         anchors = [t for t in anchors if t is not None]
     elif torch.is_grad_enabled():
-        anchors = [t for t in anchors if t is not None and (t.requires_grad or _has_tangent(t))]
+        unpack = torch.autograd.forward_ad.unpack_dual
+        anchors = [
+            t
+            for t in anchors
+            if t is not None and (t.requires_grad or unpack(t).tangent is not None)
+        ]
     else:
         return values
     present = [i for i, v in enumerate(values) if v is not None]
     if not anchors or not present:
         return values
-    tied = _FirstOrderOnly.apply(len(present), *(values[i] for i in present), *anchors)
-    out = list(values)
-    for i, t in zip(present, tied, strict=True):
-        out[i] = t
-    return out
-
-
-def _has_tangent(t: Tensor) -> bool:
-    return torch.autograd.forward_ad.unpack_dual(t).tangent is not None
+    tied = iter(_FirstOrderOnly.apply(len(present), *(values[i] for i in present), *anchors))
+    return [next(tied) if v is not None else None for v in values]
 
 
 def _wrapped(*tensors) -> bool:
     """Whether any tensor is wrapped by a torch.func transform."""
-    for t in tensors:
-        if t is not None and compat.is_wrapped(t):
-            return True
-    return False
+    return any(t is not None and compat.is_wrapped(t) for t in tensors)
 
 
-# --- autograd: the compiled path (custom operator autograd) and the eager path (Function) ---
+def _detached(tensors) -> list[Tensor]:
+    return [t.detach() for t in tensors]
+
+
+# --- autograd of the compiled path: the forward operator's formula ---------------------------
 
 
 def _setup_compiled(ctx, inputs, output):
@@ -348,43 +310,20 @@ def _setup_compiled(ctx, inputs, output):
 def _backward_compiled(ctx, grads):
     saved = ctx.saved_tensors
     tensors, residuals = saved[: ctx.count], saved[ctx.count :]
-    needs = [t.is_floating_point() for t in tensors]
-
-    def gradients():
-        # the tensors stay attached: differentiating the gradient reaches the backward
-        # operator's autograd formula, which refuses (_no_second_derivative)
-        return _backward_op(ctx.spec, list(tensors), _detached(residuals), grads[0])
-
     if grads[0] is None:  # the result was not used
         return None, [None] * len(tensors)
-    return None, CallSpec.decode(ctx.spec).select(needs, gradients)
+    # the tensors stay attached: differentiating the gradient reaches the backward
+    # operator's autograd formula, which refuses (_no_second_derivative)
+    return None, CallSpec.decode(ctx.spec).select(
+        [t.is_floating_point() for t in tensors],
+        lambda: _backward_op(ctx.spec, list(tensors), _detached(residuals), grads[0]),
+    )
 
 
 _forward_op.register_autograd(_backward_compiled, setup_context=_setup_compiled)
 
 
-class _Call:
-    """One eager call: its spec's parts (not a CallSpec: the eager floor pays for no more than
-    it reads) and, after the forward pass, the rule's context, which holds the residuals: the
-    backward and the forward-mode pass use it directly, without the custom operators'
-    residual round trip.
-    """
-
-    __slots__ = ("ctx", "name", "names", "rule", "statics")
-
-    def __init__(self, name: str, names: tuple, statics: dict):
-        self.name, self.names, self.statics = name, names, statics
-        self.rule, self.ctx = _RULES[name], None
-
-    @property
-    def spec(self) -> CallSpec:
-        return CallSpec(self.name, self.names, tuple(self.statics.items()))
-
-    def residual_tensors(self) -> list[Tensor]:
-        """The residuals of the forward pass; none when it ran as another call (``vmap``)."""
-        if self.ctx is None:
-            return []
-        return [_as_tensor(a) for a in self.rule.residuals(self.ctx).values()]
+# --- vmap: one call with one more batch dimension --------------------------------------------
 
 
 class _Batched:
@@ -416,13 +355,9 @@ class _Batched:
         return t.movedim(d, 0) if d is not None else t.expand(self.size, *t.shape)
 
     def move(self, arg: str, t: Tensor, d) -> Tensor:
-        """Argument ``arg`` (or a tangent or gradient shaped like it) for the batched call."""
+        """Argument ``arg`` (or a tangent shaped like it) for the batched call."""
         t = self.leading(t, d)
         return t.reshape(t.shape[:1] + (1,) * self.inserts[arg] + t.shape[1:])
-
-    def unmove(self, arg: str, t: Tensor) -> Tensor:
-        """A gradient for the batched call's ``arg`` as ``(size,) + arg's shape``."""
-        return t.reshape((self.size, *self.shapes[arg]))
 
     def reduce(self, out: Tensor) -> Tensor:
         """The per-row losses (or their tangents) reduced per vmapped element."""
@@ -451,14 +386,12 @@ class _Batched:
 def _(info, in_dims, spec, tensors, residuals, cotangent):
     _, tensor_dims, residual_dims, cotangent_dim = in_dims
     batched = _Batched(info.batch_size, CallSpec.decode(spec), tensors, tensor_dims)
-    grads = _backward_op(
-        batched.spec,
-        batched.tensors,
-        batched.residuals(residuals, residual_dims),
-        batched.cotangent(cotangent, cotangent_dim),
-    )
+    residuals = batched.residuals(residuals, residual_dims)
+    cotangent = batched.cotangent(cotangent, cotangent_dim)
+    grads = _backward_op(batched.spec, batched.tensors, residuals, cotangent)
     wanted = batched.call.differentiable()
-    return [batched.unmove(n, g) for n, g in zip(wanted, grads, strict=True)], [0] * len(grads)
+    shapes = [(batched.size, *batched.shapes[n]) for n in wanted]
+    return [g.reshape(s) for g, s in zip(grads, shapes, strict=True)], [0] * len(grads)
 
 
 @torch.library.register_vmap(_pushforward_op)
@@ -472,31 +405,45 @@ def _(info, in_dims, spec, tensors, residuals, tangent_names, tangents, like):
     return batched.reduce(out), 0
 
 
-#: gradient_positions of each (operation, array argument names)
-_POSITIONS: dict = {}
+# --- the eager path: autograd Functions that call the rules directly -------------------------
 
 
-def _gradient_positions(call: _Call) -> tuple:
-    key = (call.name, call.names)
-    positions = _POSITIONS.get(key)
-    if positions is None:
-        positions = _POSITIONS[key] = gradient_positions(call.rule, call.names)
-    return positions
+class _Call:
+    """One eager call: its spec's parts (not a CallSpec: the eager floor pays for no more than
+    it reads) and, after the forward pass, the rule's context, which holds the residuals: the
+    backward and the forward-mode pass use it directly.
+    """
+
+    __slots__ = ("ctx", "name", "names", "rule", "statics")
+
+    def __init__(self, name: str, names: tuple, statics: dict):
+        self.name, self.names, self.statics = name, names, statics
+        self.rule, self.ctx = _RULES[name], None
+
+    def spec(self) -> CallSpec:
+        return CallSpec(self.name, self.names, tuple(self.statics.items()))
+
+    def residual_tensors(self) -> list[Tensor]:
+        """The residuals of the forward pass; none when it ran as another call (``vmap``)."""
+        if self.ctx is None:
+            return []
+        return [_as_tensor(a) for a in self.rule.residuals(self.ctx).values()]
 
 
 def _values(call: _Call, *tensors: Tensor) -> Tensor:
-    """The forward pass of a call: its result; the rule's context is left in ``call.ctx``."""
+    """The forward pass of a call: its result; the rule's context is left in ``call.ctx``.
+    Forward receives no wrapped tensors (the Function unwraps them), and grad mode is off
+    there: a CPU tensor's ``numpy()`` is its view.
+    """
     rule = call.rule
-    arguments = call.statics.copy()
-    for name, t in zip(call.names, tensors, strict=True):
-        # (a CPU tensor's view: _as_array's common case without its checks; forward
-        # receives no wrapped tensors, the Function unwraps them)
-        arguments[name] = (
-            t.numpy(force=True)
-            if t.is_cpu and "cpu" not in _ON_DEVICE
-            else _as_array(t, name == rule.input_name)
-        )
-    call.ctx = ctx = rule.prepare(**arguments)
+    if len(tensors) == 1 and tensors[0].is_cpu and "cpu" not in _ON_DEVICE:  # the common case
+        # (every rule's prepare takes the input first: tests/test_torch_bridge.py)
+        call.ctx = ctx = rule.prepare(tensors[0].numpy(force=True), **call.statics)
+    else:
+        arguments = call.statics.copy()
+        for name, t in zip(call.names, tensors, strict=True):
+            arguments[name] = _as_array(t, name == rule.input_name)
+        call.ctx = ctx = rule.prepare(**arguments)
     out = rule.forward(ctx)
     if type(out) is np.ndarray and out.flags.c_contiguous:  # the common case
         return torch.from_numpy(out)
@@ -504,7 +451,7 @@ def _values(call: _Call, *tensors: Tensor) -> Tensor:
 
 
 class _Operation(compat.FastApplyFunction):
-    """Eager autograd for one call: reverse mode and forward mode."""
+    """Eager autograd for one call: reverse mode, forward mode and ``vmap``."""
 
     forward = staticmethod(_values)
 
@@ -518,8 +465,7 @@ class _Operation(compat.FastApplyFunction):
 
     @staticmethod
     def vmap(info, in_dims, call, *tensors):
-        """One call with one more batch dimension."""
-        batched = _Batched(info.batch_size, call.spec, tensors, in_dims[1:])
+        batched = _Batched(info.batch_size, call.spec(), tensors, in_dims[1:])
         spec = batched.call
         out = _Operation.apply(_Call(spec.op, spec.names, dict(spec.statics)), *batched.tensors)
         return batched.reduce(out), 0
@@ -527,28 +473,22 @@ class _Operation(compat.FastApplyFunction):
     @staticmethod
     def backward(ctx, cotangent):
         call, tensors = ctx.call, ctx.saved_tensors
-        is_wrapped = compat.is_wrapped
-        if is_wrapped(cotangent) or any(map(is_wrapped, tensors)):
+        if compat.is_wrapped(cotangent) or _wrapped(*tensors):
             # under torch.func the values reach NumPy only through a custom operator
-            spec = call.spec
+            spec, residuals = call.spec(), call.residual_tensors()
             grads = spec.select(
                 ctx.needs_input_grad[1:],
                 lambda: _backward_op(
-                    _encode(*spec), _detached(tensors), call.residual_tensors(), cotangent.detach()
+                    _encode(*spec), _detached(tensors), residuals, cotangent.detach()
                 ),
             )
             return None, *_first_order_only(grads, (*tensors, cotangent))
         needs = ctx.needs_input_grad  # (the first is the call's)
         grads, values = [None] * len(needs), None
-        for i, position in _gradient_positions(call):
+        for i, position in gradient_positions(call.rule, call.names):
             if needs[i + 1]:
                 if values is None:
-                    v = (
-                        cotangent.numpy(force=True)
-                        if cotangent.is_cpu and "cpu" not in _ON_DEVICE
-                        else _as_array(cotangent)
-                    )
-                    values = call.rule.vjp(call.ctx, v)
+                    values = call.rule.vjp(call.ctx, _as_array(cotangent))
                 grads[i + 1] = _gradient(values[position], tensors[i])
         if not torch.is_grad_enabled():  # plain eager backward: the gradients are values
             return tuple(grads)
@@ -556,16 +496,15 @@ class _Operation(compat.FastApplyFunction):
 
     @staticmethod
     def jvp(ctx, _call_tangent, *tangents):
-        call = ctx.call
+        call, saved = ctx.call, ctx.saved_tensors
         given = [
             (name, t)
             for name, t in zip(call.names, tangents, strict=True)
             if t is not None and name in call.rule.differentiable
         ]
-        saved = ctx.saved_tensors
         if _wrapped(*(t for _, t in given), *saved):
             out = _pushforward_op(
-                _encode(*call.spec),
+                _encode(*call.spec()),
                 _detached(saved),
                 call.residual_tensors(),
                 json.dumps([name for name, _ in given]),
@@ -582,46 +521,31 @@ class _Operation(compat.FastApplyFunction):
 class _PlainOperation(compat.FastApplyFunction):
     """:class:`_Operation` for a plain eager call (no torch.func transform, no forward-mode
     dual level): a Function in PyTorch's older form, whose ``forward`` also sets up the
-    context, one Python call less per call (about 0.7 us); PyTorch's transforms need the
-    form of :class:`_Operation`, with its ``setup_context``, which :func:`_run` calls for
-    them.
+    context, one Python call less per call. Its backward goes straight to the rule in the
+    common case (one plain CPU input and cotangent, grad mode off): this is the bridge's
+    per-call floor, where each step counts at n = 1e2.
     """
 
     @staticmethod
     def forward(ctx, call: _Call, *tensors: Tensor) -> Tensor:
         ctx.call = call
         ctx.save_for_backward(*tensors)
-        return _values(call, *tensors)
-
-    backward = _Operation.backward
-
-
-@compat.direct_backward
-class _InputOnlyOperation(compat.FastApplyFunction):
-    """:class:`_PlainOperation` for :func:`_run`'s short path, whose only tensor argument is
-    a plain CPU input of a wide float dtype: its forward and, in the common case (a plain CPU
-    cotangent, grad mode off), its backward go straight to the rule (each step here counts
-    at n = 1e2: this is the per-call floor of the bridge).
-    """
-
-    @staticmethod
-    def forward(ctx, call: _Call, x: Tensor) -> Tensor:
-        ctx.call = call
-        ctx.save_for_backward(x)
+        if len(tensors) != 1 or not tensors[0].is_cpu or "cpu" in _ON_DEVICE:
+            return _values(call, *tensors)
+        # (_values' common case inline; grad mode is off here: numpy() takes x as it is)
         rule = call.rule
-        # (grad mode is off in a Function's forward: numpy() takes x as it is; every rule's
-        # prepare takes the input first, tests/test_torch_bridge.py checks it)
-        call.ctx = c = rule.prepare(x.numpy(), **call.statics)
+        call.ctx = c = rule.prepare(tensors[0].numpy(), **call.statics)
         out = rule.forward(c)
-        if type(out) is np.ndarray and out.flags.c_contiguous:  # the common case
+        if type(out) is np.ndarray and out.flags.c_contiguous:
             return torch.from_numpy(out)
         return _as_tensor(out)
 
     @staticmethod
     def backward(ctx, cotangent):
-        (x,) = ctx.saved_tensors  # (also PyTorch's check that x was not changed in place)
+        tensors = ctx.saved_tensors  # (also PyTorch's check that none was changed in place)
         if (
-            torch.is_grad_enabled()  # (create_graph: the gradient is tied to x)
+            len(tensors) != 1
+            or torch.is_grad_enabled()  # (create_graph: the gradient is tied to x)
             or not cotangent.is_cpu
             or "cpu" in _ON_DEVICE
             or compat.is_wrapped(cotangent)
@@ -632,11 +556,90 @@ class _InputOnlyOperation(compat.FastApplyFunction):
         grad = call.rule.vjp(call.ctx, cotangent.numpy())[_INPUT_POSITIONS[call.name]]
         if type(grad) is np.ndarray and grad.flags.c_contiguous:  # _gradient's common case
             out = torch.from_numpy(grad)
-            return None, out if out.dtype == x.dtype else out.to(x.dtype)
-        return None, _gradient(grad, x)
+            return None, out if out.dtype == tensors[0].dtype else out.to(tensors[0].dtype)
+        return None, _gradient(grad, tensors[0])
 
 
-# --- the public functions -------------------------------------------------------------------
+# --- the public functions' call --------------------------------------------------------------
+
+
+def _run(name: str, x, arguments: dict) -> Tensor:
+    """Operation ``name`` on the input ``x`` and the bridge function's other ``arguments``.
+
+    ``arguments`` are in signature order, ``dim`` as ``axis``, last. (The name, not the
+    function: dynamo in torch 2.15 reads a wrapped function's ``__name__`` as its code's.)
+    The common case (one plain CPU tensor of a wide float dtype, plain settings, a valid int
+    ``dim``) passes with few operations: each counts at n = 1e2.
+    """
+    if (
+        type(x) is not Tensor
+        or not x.dtype.is_floating_point  # (getters: no argument parsing)
+        or x.layout is not _STRIDED
+        or x.is_nested
+    ):
+        _check_input(x, _INPUT_NAMES[name])  # (a valid Tensor subclass passes)
+    compiling = torch.compiler.is_compiling()
+    if compiling:
+        _plain_settings_when_compiling(arguments)
+        _no_forward_mode_when_compiling()
+    if "axis" in arguments:
+        dim, shape = arguments["axis"], x.shape
+        if not (type(dim) is int and -len(shape) <= dim < len(shape) and shape[dim]):
+            arguments["axis"] = _check_dim(x, dim)
+    if compiling:
+        arguments = {arg: _traceable(arg, value) for arg, value in arguments.items()}
+    names, tensors, statics = (_INPUT_NAMES[name],), (x,), arguments
+    if x.is_cpu and x.dtype in _WIDE_FLOATS:
+        for value in arguments.values():
+            if type(value) not in _PLAIN_TYPES:
+                names, tensors, statics = _split(name, x, arguments)
+                break
+    else:
+        names, tensors, statics = _split(name, x, arguments)
+    if compiling:
+        out = _forward_op(_encode(name, names, tuple(statics.items())), list(tensors))[0]
+    else:
+        call = _Call(name, names, statics)
+        if (
+            compat.transforms_active()
+            or compat.is_wrapped(tensors[0])
+            or len(tensors) > 1
+            and _wrapped(*tensors)
+        ):
+            out = _Operation.apply(call, *tensors)
+        elif compat.dual_level_open():  # (FastApplyFunction.apply's checks, made)
+            out = _Operation.c_apply(call, *tensors)
+        elif torch.is_grad_enabled() and (
+            tensors[0].requires_grad or len(tensors) > 1 and any(t.requires_grad for t in tensors)
+        ):
+            out = _PlainOperation.c_apply(call, *tensors)
+        else:  # nothing to differentiate: no Function (about 2 us)
+            out = _values(call, *tensors)
+        if statics is arguments:  # (one CPU tensor of a wide dtype: the result has it)
+            return out
+    return out if out.dtype == x.dtype else out.to(x.dtype)
+
+
+def _split(name: str, x: Tensor, arguments: dict) -> tuple[tuple, list, dict]:
+    """The tensor arguments' names and the tensors (input first; checked, on a device with
+    kernels, narrow floats as float32), and the static rest as plain values.
+    """
+    names, tensors, statics = [], [], {}
+    for arg, value in {_INPUT_NAMES[name]: x, **arguments}.items():
+        if type(value) in _PLAIN_TYPES:
+            statics[arg] = value
+        elif isinstance(value, Tensor):
+            if value.layout is not _STRIDED or value.is_nested:
+                _check_dense(value, arg)
+            if not value.is_cpu:
+                _backend_for(value.device)
+            if value.dtype in _COMPUTE_DTYPE:
+                value = value.to(_COMPUTE_DTYPE[value.dtype])
+            names.append(arg)
+            tensors.append(value)
+        else:
+            statics[arg] = plain(value, arg)
+    return tuple(names), tensors, statics
 
 
 def _backend_for(device: torch.device) -> None:
@@ -661,13 +664,12 @@ def _backend_for(device: torch.device) -> None:
     _torch_device.backend_for(device)
 
 
-def _check_input(x, name: str) -> Tensor:
+def _check_input(x, name: str) -> None:
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor; got {type(x).__name__}")
     _check_dense(x, name)
-    if not (x.is_floating_point()):
+    if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating point tensor; got dtype {x.dtype}")
-    return x
 
 
 def _check_dense(t: Tensor, name: str) -> None:
@@ -710,104 +712,7 @@ def _check_dim(x: Tensor, dim) -> int:
     return dim
 
 
-def _run_input(name: str, x, statics: dict) -> Tensor:
-    """:func:`_run` for an operation whose arguments besides the input ``x`` may all be
-    settings and numbers: ``statics`` holds them, ``dim`` as ``axis``, last (where
-    :func:`_run` puts it). The common case is decided here with few operations (each counts
-    at n = 1e2): one plain CPU tensor of a wide float dtype, a valid int ``dim``, plain
-    settings, no transform; it makes the call :func:`_run` would make, with the same statics
-    in the same order. Every other call goes through :func:`_run`.
-    """
-    if (
-        not torch.compiler.is_compiling()
-        and type(x) is Tensor
-        and x.is_cpu
-        and x.dtype in _WIDE_FLOATS
-        and x.layout is _STRIDED  # (a nested tensor may have it too: its shape raises below)
-        and "cpu" not in _ON_DEVICE
-        and not (compat.transforms_active() or compat.is_wrapped(x) or compat.dual_level_open())
-    ):
-        dim = statics["axis"]
-        try:
-            shape = x.shape
-        except RuntimeError:  # a nested tensor (PyTorch's "internal error"): refused
-            _check_dense(x, _INPUT_NAMES[name])
-            raise
-        if type(dim) is int and -len(shape) <= dim < len(shape) and shape[dim]:
-            for value in statics.values():
-                if type(value) not in _PLAIN_TYPES:
-                    break
-            else:
-                call = _Call(name, (_INPUT_NAMES[name],), statics)
-                if x.requires_grad and torch.is_grad_enabled():
-                    return _InputOnlyOperation.c_apply(call, x)
-                return _values(call, x)  # nothing to differentiate: no Function (about 2 us)
-    arguments = {_INPUT_NAMES[name]: x, **statics}
-    arguments["dim"] = arguments.pop("axis")
-    return _run(name, arguments)
-
-
-def _run(name: str, arguments: dict) -> Tensor:
-    """Call the NumPy API's operation ``name`` with the bridge function's ``arguments``.
-
-    (The name, not the function: dynamo in torch 2.15 reads a wrapped function's
-    ``__name__`` as its code's name.)
-    """
-    input_name = _INPUT_NAMES[name]
-    x = arguments[input_name]
-    if (
-        not isinstance(x, Tensor)
-        or not x.dtype.is_floating_point  # (getters: no arg parsing)
-        or x.layout is not _STRIDED
-        or x.is_nested
-    ):
-        _check_input(x, input_name)  # raises
-    compiling = torch.compiler.is_compiling()
-    if compiling:
-        _plain_settings_when_compiling(arguments)
-        _no_forward_mode_when_compiling()
-    if "dim" in arguments:
-        dim, shape = arguments.pop("dim"), x.shape
-        if not (type(dim) is int and -len(shape) <= dim < len(shape) and shape[dim]):
-            dim = _check_dim(x, dim)  # (the common case passes without the call)
-        arguments["axis"] = dim
-    if compiling:
-        arguments = {arg: _traceable(arg, value) for arg, value in arguments.items()}
-    tensor_names, tensors, statics = [], [], {}
-    for arg, value in arguments.items():
-        if type(value) in _PLAIN_TYPES:  # the common case, kept lean
-            statics[arg] = value
-        elif isinstance(value, Tensor):
-            if value.layout is not _STRIDED or value.is_nested:
-                _check_dense(value, arg)
-            if not value.is_cpu:
-                _backend_for(value.device)
-            if value.dtype in _COMPUTE_DTYPE:
-                value = value.to(_COMPUTE_DTYPE[value.dtype])
-            tensor_names.append(arg)
-            tensors.append(value)
-        else:
-            statics[arg] = plain(value, arg)
-    if compiling:
-        spec = _encode(name, tuple(tensor_names), tuple(statics.items()))
-        out = _forward_op(spec, tensors)[0]
-    else:
-        call = _Call(name, tuple(tensor_names), statics)
-        if compat.transforms_active() or any(map(compat.is_wrapped, tensors)):
-            out = _Operation.apply(call, *tensors)
-        elif compat.dual_level_open():  # (FastApplyFunction.apply's checks, made)
-            out = _Operation.c_apply(call, *tensors)
-        else:
-            out = _PlainOperation.c_apply(call, *tensors)
-    return out if out.dtype == x.dtype else out.to(x.dtype)
-
-
-#: the types :func:`plain` passes as they are (a tuple: torch 2.6's dynamo traces ``in`` on a
-#: tuple of classes, not on a frozenset)
-_PLAIN_TYPES = (bool, int, float, str, type(None))
-#: the input dtypes computed as they are (no conversion of the input or the result)
-_WIDE_FLOATS = frozenset((torch.float32, torch.float64))
-_STRIDED = torch.strided
+# --- torch.compile: what dynamo traces, and what it refuses ----------------------------------
 
 
 def _traceable(arg: str, value):
@@ -827,11 +732,12 @@ def _plain_settings_when_compiling(arguments: dict) -> None:
     """Refuse NumPy scalars for the settings under ``torch.compile``: dynamo traces them as
     arrays, whose values the call spec cannot hold as constants.
     """
-    for arg in ("dim", *_SETTINGS):
+    for arg in _SETTINGS:
         if isinstance(arguments.get(arg), (np.ndarray, np.generic)):
+            shown = "dim" if arg == "axis" else arg
             _refuse(
-                f"softorder under torch.compile: {arg} must be a Python int or bool, not a "
-                f"NumPy value (e.g. {arg}=int(value) or bool(value))"
+                f"softorder under torch.compile: {shown} must be a Python int or bool, not a "
+                f"NumPy value (e.g. {shown}=int(value) or bool(value))"
             )
 
 
@@ -901,7 +807,7 @@ def soft_topk(
     >>> p.round(decimals=3), float(p.sum())
     (tensor([1., 0., 1., 0.]), 2.0)
     """
-    return _run_input("soft_topk", x, {"k": k, "alpha": alpha, "largest": largest, "axis": dim})
+    return _run("soft_topk", x, {"k": k, "alpha": alpha, "largest": largest, "axis": dim})
 
 
 @documented(operations.log_soft_topk, _TORCH)
@@ -915,7 +821,7 @@ def log_soft_topk(
     >>> sot.log_soft_topk(torch.tensor([0.0, 2000.0], dtype=torch.float64), 1, alpha=1.0)
     tensor([-1000.6931,    -0.0000], dtype=torch.float64)
     """
-    return _run_input("log_soft_topk", x, {"k": k, "alpha": alpha, "largest": largest, "axis": dim})
+    return _run("log_soft_topk", x, {"k": k, "alpha": alpha, "largest": largest, "axis": dim})
 
 
 @documented(operations.soft_rank, _TORCH)
@@ -929,7 +835,7 @@ def soft_rank(
     >>> sot.soft_rank(torch.tensor([0.5, -1.0, 3.0]), alpha=0.01)
     tensor([2., 1., 3.])
     """
-    return _run_input("soft_rank", x, {"alpha": alpha, "descending": descending, "axis": dim})
+    return _run("soft_rank", x, {"alpha": alpha, "descending": descending, "axis": dim})
 
 
 @documented(operations.soft_sort, _TORCH)
@@ -943,7 +849,7 @@ def soft_sort(
     >>> sot.soft_sort(torch.tensor([2.0, -1.0, 0.5]), alpha=0.001)
     tensor([-1.0000,  0.5000,  2.0000])
     """
-    return _run_input("soft_sort", x, {"alpha": alpha, "descending": descending, "axis": dim})
+    return _run("soft_sort", x, {"alpha": alpha, "descending": descending, "axis": dim})
 
 
 @documented(operations.soft_quantile, _TORCH)
@@ -958,7 +864,7 @@ def soft_quantile(
     >>> sot.soft_quantile(x, torch.tensor([0.25, 0.75]), alpha=1e-3)
     tensor([1.5000, 3.5000], dtype=torch.float64)
     """
-    return _run_input("soft_quantile", x, {"q": q, "alpha": alpha, "axis": dim})
+    return _run("soft_quantile", x, {"q": q, "alpha": alpha, "axis": dim})
 
 
 @documented(operations.soft_permutation, _TORCH)
@@ -974,8 +880,7 @@ def soft_permutation(
     >>> P @ x
     tensor([-3.0000,  0.2000,  1.0000])
     """
-    statics = {"alpha": alpha, "descending": descending, "axis": dim}
-    return _run_input("soft_permutation", x, statics)
+    return _run("soft_permutation", x, {"alpha": alpha, "descending": descending, "axis": dim})
 
 
 @documented(operations.topk_cross_entropy, _TORCH)
@@ -998,17 +903,8 @@ def topk_cross_entropy(
     >>> round(loss.item(), 4), logits.grad.shape
     (2.4966, torch.Size([2, 4]))
     """
-    return _run(
-        "topk_cross_entropy",
-        dict(
-            logits=logits,
-            labels=labels,
-            p_k=p_k,
-            alpha=alpha,
-            reduction=reduction,
-            split_top1=split_top1,
-        ),
-    )
+    arguments = dict(labels=labels, p_k=p_k, alpha=alpha, reduction=reduction)
+    return _run("topk_cross_entropy", logits, {**arguments, "split_top1": split_top1})
 
 
 @documented(operations.permutation_cross_entropy, _TORCH)
@@ -1030,12 +926,8 @@ def permutation_cross_entropy(
     >>> bool(good < bad)
     True
     """
-    return _run(
-        "permutation_cross_entropy",
-        dict(
-            x=x, target_ranks=target_ranks, alpha=alpha, reduction=reduction, descending=descending
-        ),
-    )
+    arguments = dict(target_ranks=target_ranks, alpha=alpha, reduction=reduction)
+    return _run("permutation_cross_entropy", x, {**arguments, "descending": descending})
 
 
 @documented(operations.topk_cross_entropy, _TORCH, drop=("Returns", "Raises", "Notes"))
