@@ -442,12 +442,23 @@ def _values(call: _Call, *tensors: Tensor) -> Tensor:
     else:
         arguments = call.statics.copy()
         for name, t in zip(call.names, tensors, strict=True):
-            arguments[name] = _as_array(t, name == rule.input_name)
+            cpu = t.is_cpu and "cpu" not in _ON_DEVICE
+            arguments[name] = t.numpy(force=True) if cpu else _as_array(t, name == rule.input_name)
         call.ctx = ctx = rule.prepare(**arguments)
     out = rule.forward(ctx)
     if type(out) is np.ndarray and out.flags.c_contiguous:  # the common case
         return torch.from_numpy(out)
     return _as_tensor(out)
+
+
+#: gradient_positions of each (operation, array argument names)
+_POSITIONS: dict = {}
+
+
+def _positions(call: _Call) -> tuple:
+    key = (call.name, call.names)
+    positions = _POSITIONS[key] = gradient_positions(call.rule, call.names)
+    return positions
 
 
 class _Operation(compat.FastApplyFunction):
@@ -473,7 +484,7 @@ class _Operation(compat.FastApplyFunction):
     @staticmethod
     def backward(ctx, cotangent):
         call, tensors = ctx.call, ctx.saved_tensors
-        if compat.is_wrapped(cotangent) or _wrapped(*tensors):
+        if compat.is_wrapped(cotangent) or any(map(compat.is_wrapped, tensors)):
             # under torch.func the values reach NumPy only through a custom operator
             spec, residuals = call.spec(), call.residual_tensors()
             grads = spec.select(
@@ -485,10 +496,13 @@ class _Operation(compat.FastApplyFunction):
             return None, *_first_order_only(grads, (*tensors, cotangent))
         needs = ctx.needs_input_grad  # (the first is the call's)
         grads, values = [None] * len(needs), None
-        for i, position in gradient_positions(call.rule, call.names):
+        positions = _POSITIONS.get((call.name, call.names)) or _positions(call)
+        for i, position in positions:
             if needs[i + 1]:
                 if values is None:
-                    values = call.rule.vjp(call.ctx, _as_array(cotangent))
+                    cpu = cotangent.is_cpu and "cpu" not in _ON_DEVICE
+                    v = cotangent.numpy(force=True) if cpu else _as_array(cotangent)
+                    values = call.rule.vjp(call.ctx, v)
                 grads[i + 1] = _gradient(values[position], tensors[i])
         if not torch.is_grad_enabled():  # plain eager backward: the gradients are values
             return tuple(grads)
@@ -569,15 +583,44 @@ def _run(name: str, x, arguments: dict) -> Tensor:
     ``arguments`` are in signature order, ``dim`` as ``axis``, last. (The name, not the
     function: dynamo in torch 2.15 reads a wrapped function's ``__name__`` as its code's.)
     The common case (one plain CPU tensor of a wide float dtype, plain settings, a valid int
-    ``dim``) passes with few operations: each counts at n = 1e2.
+    ``dim``, no transform) is decided first, with few operations: each counts at n = 1e2.
     """
     if (
-        type(x) is not Tensor
+        type(x) is Tensor
+        and x.is_cpu
+        and x.dtype in _WIDE_FLOATS
+        and x.layout is _STRIDED  # (a nested tensor may have it too: its shape raises below)
+        and "cpu" not in _ON_DEVICE
+        and not torch.compiler.is_compiling()
+        and not (compat.transforms_active() or compat.is_wrapped(x) or compat.dual_level_open())
+    ):
+        try:
+            shape = x.shape
+        except RuntimeError:  # a nested tensor (PyTorch's "internal error"): refused
+            _check_dense(x, _INPUT_NAMES[name])
+            raise
+        dim = arguments.get("axis", -1)
+        if type(dim) is int and -len(shape) <= dim < len(shape) and shape[dim]:
+            for value in arguments.values():
+                if type(value) not in _PLAIN_TYPES:
+                    break
+            else:
+                call = _Call(name, (_INPUT_NAMES[name],), arguments)
+                if x.requires_grad and torch.is_grad_enabled():
+                    return _PlainOperation.c_apply(call, x)
+                return _values(call, x)  # nothing to differentiate: no Function (about 2 us)
+    return _run_any(name, x, arguments)
+
+
+def _run_any(name: str, x, arguments: dict) -> Tensor:
+    """:func:`_run` for every call: checked, compiled, under transforms, on devices."""
+    if (
+        not isinstance(x, Tensor)
         or not x.dtype.is_floating_point  # (getters: no argument parsing)
         or x.layout is not _STRIDED
         or x.is_nested
     ):
-        _check_input(x, _INPUT_NAMES[name])  # (a valid Tensor subclass passes)
+        _check_input(x, _INPUT_NAMES[name])  # raises
     compiling = torch.compiler.is_compiling()
     if compiling:
         _plain_settings_when_compiling(arguments)
@@ -588,58 +631,44 @@ def _run(name: str, x, arguments: dict) -> Tensor:
             arguments["axis"] = _check_dim(x, dim)
     if compiling:
         arguments = {arg: _traceable(arg, value) for arg, value in arguments.items()}
-    names, tensors, statics = (_INPUT_NAMES[name],), (x,), arguments
-    if x.is_cpu and x.dtype in _WIDE_FLOATS:
-        for value in arguments.values():
-            if type(value) not in _PLAIN_TYPES:
-                names, tensors, statics = _split(name, x, arguments)
-                break
-    else:
-        names, tensors, statics = _split(name, x, arguments)
+    names, tensors, statics = _split(name, x, arguments)
     if compiling:
-        out = _forward_op(_encode(name, names, tuple(statics.items())), list(tensors))[0]
+        out = _forward_op(_encode(name, names, tuple(statics.items())), tensors)[0]
     else:
         call = _Call(name, names, statics)
-        if (
-            compat.transforms_active()
-            or compat.is_wrapped(tensors[0])
-            or len(tensors) > 1
-            and _wrapped(*tensors)
-        ):
+        if compat.transforms_active() or any(map(compat.is_wrapped, tensors)):
             out = _Operation.apply(call, *tensors)
         elif compat.dual_level_open():  # (FastApplyFunction.apply's checks, made)
             out = _Operation.c_apply(call, *tensors)
-        elif torch.is_grad_enabled() and (
-            tensors[0].requires_grad or len(tensors) > 1 and any(t.requires_grad for t in tensors)
-        ):
+        else:
             out = _PlainOperation.c_apply(call, *tensors)
-        else:  # nothing to differentiate: no Function (about 2 us)
-            out = _values(call, *tensors)
-        if statics is arguments:  # (one CPU tensor of a wide dtype: the result has it)
-            return out
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
 def _split(name: str, x: Tensor, arguments: dict) -> tuple[tuple, list, dict]:
-    """The tensor arguments' names and the tensors (input first; checked, on a device with
-    kernels, narrow floats as float32), and the static rest as plain values.
+    """The tensor arguments' names and the tensors (input first, each :func:`_checked`), and
+    the static rest as plain values.
     """
-    names, tensors, statics = [], [], {}
-    for arg, value in {_INPUT_NAMES[name]: x, **arguments}.items():
+    names = [_INPUT_NAMES[name]]
+    tensors, statics = [_checked(x, names[0])], {}
+    for arg, value in arguments.items():
         if type(value) in _PLAIN_TYPES:
             statics[arg] = value
         elif isinstance(value, Tensor):
-            if value.layout is not _STRIDED or value.is_nested:
-                _check_dense(value, arg)
-            if not value.is_cpu:
-                _backend_for(value.device)
-            if value.dtype in _COMPUTE_DTYPE:
-                value = value.to(_COMPUTE_DTYPE[value.dtype])
             names.append(arg)
-            tensors.append(value)
+            tensors.append(_checked(value, arg))
         else:
             statics[arg] = plain(value, arg)
     return tuple(names), tensors, statics
+
+
+def _checked(t: Tensor, name: str) -> Tensor:
+    """A tensor argument dense, on a device with kernels, narrow floats as float32."""
+    if t.layout is not _STRIDED or t.is_nested:
+        _check_dense(t, name)
+    if not t.is_cpu:
+        _backend_for(t.device)
+    return t.to(_COMPUTE_DTYPE[t.dtype]) if t.dtype in _COMPUTE_DTYPE else t
 
 
 def _backend_for(device: torch.device) -> None:
@@ -903,8 +932,9 @@ def topk_cross_entropy(
     >>> round(loss.item(), 4), logits.grad.shape
     (2.4966, torch.Size([2, 4]))
     """
-    arguments = dict(labels=labels, p_k=p_k, alpha=alpha, reduction=reduction)
-    return _run("topk_cross_entropy", logits, {**arguments, "split_top1": split_top1})
+    arguments = {"labels": labels, "p_k": p_k, "alpha": alpha, "reduction": reduction}
+    arguments["split_top1"] = split_top1
+    return _run("topk_cross_entropy", logits, arguments)
 
 
 @documented(operations.permutation_cross_entropy, _TORCH)
@@ -926,8 +956,9 @@ def permutation_cross_entropy(
     >>> bool(good < bad)
     True
     """
-    arguments = dict(target_ranks=target_ranks, alpha=alpha, reduction=reduction)
-    return _run("permutation_cross_entropy", x, {**arguments, "descending": descending})
+    arguments = {"target_ranks": target_ranks, "alpha": alpha, "reduction": reduction}
+    arguments["descending"] = descending
+    return _run("permutation_cross_entropy", x, arguments)
 
 
 @documented(operations.topk_cross_entropy, _TORCH, drop=("Returns", "Raises", "Notes"))
