@@ -613,7 +613,9 @@ def _run(name: str, x, arguments: dict) -> Tensor:
 
 
 def _run_any(name: str, x, arguments: dict) -> Tensor:
-    """:func:`_run` for every call: checked, compiled, under transforms, on devices."""
+    """:func:`_run` for every call (the losses call it directly: they have tensor arguments
+    besides the input): checked, compiled, under transforms, on devices.
+    """
     if (
         not isinstance(x, Tensor)
         or not x.dtype.is_floating_point  # (getters: no argument parsing)
@@ -646,29 +648,25 @@ def _run_any(name: str, x, arguments: dict) -> Tensor:
 
 
 def _split(name: str, x: Tensor, arguments: dict) -> tuple[tuple, list, dict]:
-    """The tensor arguments' names and the tensors (input first, each :func:`_checked`), and
-    the static rest as plain values.
+    """The tensor arguments' names and the tensors (input first; dense, on a device with
+    kernels, narrow floats as float32), and the static rest as plain values.
     """
-    names = [_INPUT_NAMES[name]]
-    tensors, statics = [_checked(x, names[0])], {}
-    for arg, value in arguments.items():
+    names, tensors, statics = [], [], {}
+    for arg, value in ((_INPUT_NAMES[name], x), *arguments.items()):
         if type(value) in _PLAIN_TYPES:
             statics[arg] = value
         elif isinstance(value, Tensor):
+            if value.layout is not _STRIDED or value.is_nested:
+                _check_dense(value, arg)
+            if not value.is_cpu:
+                _backend_for(value.device)
+            if value.dtype in _COMPUTE_DTYPE:
+                value = value.to(_COMPUTE_DTYPE[value.dtype])
             names.append(arg)
-            tensors.append(_checked(value, arg))
+            tensors.append(value)
         else:
             statics[arg] = plain(value, arg)
     return tuple(names), tensors, statics
-
-
-def _checked(t: Tensor, name: str) -> Tensor:
-    """A tensor argument dense, on a device with kernels, narrow floats as float32."""
-    if t.layout is not _STRIDED or t.is_nested:
-        _check_dense(t, name)
-    if not t.is_cpu:
-        _backend_for(t.device)
-    return t.to(_COMPUTE_DTYPE[t.dtype]) if t.dtype in _COMPUTE_DTYPE else t
 
 
 def _backend_for(device: torch.device) -> None:
@@ -934,7 +932,7 @@ def topk_cross_entropy(
     """
     arguments = {"labels": labels, "p_k": p_k, "alpha": alpha, "reduction": reduction}
     arguments["split_top1"] = split_top1
-    return _run("topk_cross_entropy", logits, arguments)
+    return _run_any("topk_cross_entropy", logits, arguments)
 
 
 @documented(operations.permutation_cross_entropy, _TORCH)
@@ -958,7 +956,7 @@ def permutation_cross_entropy(
     """
     arguments = {"target_ranks": target_ranks, "alpha": alpha, "reduction": reduction}
     arguments["descending"] = descending
-    return _run("permutation_cross_entropy", x, arguments)
+    return _run_any("permutation_cross_entropy", x, arguments)
 
 
 @documented(operations.topk_cross_entropy, _TORCH, drop=("Returns", "Raises", "Notes"))
