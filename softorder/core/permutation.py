@@ -679,8 +679,7 @@ def _ladder_target_weights(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR):
     to the bit) with the usual target's factor ``exp(-|zl + zr|)``
     :func:`~softorder.core.fast_exp.exp`, inlined beside the ladder pass's other operations
     instead of a call per boundary. A copy, not a call of ``target_weights`` for the other
-    targets: inlined in the ladder pass, that call made the whole pass 3.5 ns per rank slower
-    than the copy at n = 1e5.
+    targets: that call, inlined in the ladder pass, slowed the whole pass (CHANGELOG.md).
     """
     n = r.shape[0]
     if L >= 0 and R < n:
