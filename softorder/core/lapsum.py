@@ -738,6 +738,51 @@ def target_weights(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR):
     return 2, G, Z, el, er, sh
 
 
+@inner_helper
+def ladder_target_weights(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR):
+    """:func:`target_weights` (its operations, so its values to the bit) with the usual
+    target's factor ``exp(-|zl + zr|)`` from :func:`~softorder.core.fast_exp.exp`, inlined in
+    the ladder pullbacks of soft sort and the permutation loss. A copy rather than a call of
+    ``target_weights`` for the other targets, whose inlined call slowed the permutation loss's
+    pass; ``target_weights`` itself keeps ``math.exp`` so that the operations built on
+    :func:`inverse_pullback` compile no inlined ``exp`` into their first call (CHANGELOG.md).
+    """
+    n = r.shape[0]
+    if L >= 0 and R < n:
+        zl = offset_z(ra, r[L], inv_alpha, t)
+        zr = offset_z(ra, r[R], inv_alpha, t)
+        if zl > 0.0 and zl != INF and zr <= 0.0 and zr != -INF:
+            e = fast_exp.exp(-abs(zl + zr))
+            left_nearer = zl <= -zr
+            el = 1.0 if left_nearer else e
+            er = e if left_nearer else 1.0
+            G = aL * el + bR * er
+            Z = (zl * aL + adL) * el + (zr * bR - bdR) * er
+            return 1, G, Z, el, er, (-zr if -zr < zl else zl)
+    zl = offset_z(ra, r[L], inv_alpha, t) if L >= 0 else INF
+    zr = offset_z(ra, r[R], inv_alpha, t) if R < n else -INF
+    sh = -zr if -zr < zl else zl  # min(zl, -zr)
+    if sh == INF:
+        return 0, 0.0, 0.0, 0.0, 0.0, sh
+    G = 0.0
+    Z = 0.0
+    el = rel_weight(zl, sh)
+    if el > 0.0:
+        G += aL * el
+        Z += (zl * aL + adL) * el
+    er = rel_weight(zr, sh)
+    if er > 0.0:
+        G += bR * er
+        Z += (zr * bR - bdR) * er
+    if G == 0.0:
+        return 0, G, Z, el, er, sh
+    if (L < 0 or zl > 0.0) and (R >= n or zr <= 0.0):
+        # L and R are the last point below the target and the first at or above it: their
+        # factors exp(min(0, shift - |z|)) are el and er
+        return 1, G, Z, el, er, sh
+    return 2, G, Z, el, er, sh
+
+
 @address_only
 @helper
 def inverse_pullback(

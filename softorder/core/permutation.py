@@ -16,7 +16,6 @@ import math
 import numpy as np
 from numba import prange, types
 
-from softorder.core import fast_exp
 from softorder.core._jit import NativeCalls, SymbolCalls, helper, inner_helper, kernel
 from softorder.core.kernel_sums import _first_at_or_above
 from softorder.core.laplace import (
@@ -28,7 +27,6 @@ from softorder.core.laplace import (
     hazard,
     log_cdf,
     offset_z,
-    rel_weight,
 )
 from softorder.core.lapsum import (
     PULLBACK_WORK,
@@ -38,6 +36,7 @@ from softorder.core.lapsum import (
     empty,
     inverse_pullback,
     inverse_pushforward,
+    ladder_target_weights,
     moment_tables,
     prefix_tables_halves,
     solve_ladder,
@@ -673,50 +672,6 @@ BATCH = 8
 _I32_1 = types.Array(types.int32, 1, "C")
 
 
-@inner_helper
-def _ladder_target_weights(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR):
-    """:func:`~softorder.core.lapsum.target_weights` (the same operations, so the same values
-    to the bit) with the usual target's factor ``exp(-|zl + zr|)``
-    :func:`~softorder.core.fast_exp.exp`, inlined beside the ladder pass's other operations
-    instead of a call per boundary. A copy, not a call of ``target_weights`` for the other
-    targets: that call, inlined in the ladder pass, slowed the whole pass (CHANGELOG.md).
-    """
-    n = r.shape[0]
-    if L >= 0 and R < n:
-        zl = offset_z(ra, r[L], inv_alpha, t)
-        zr = offset_z(ra, r[R], inv_alpha, t)
-        if zl > 0.0 and zl != INF and zr <= 0.0 and zr != -INF:
-            e = fast_exp.exp(-abs(zl + zr))
-            left_nearer = zl <= -zr
-            el = 1.0 if left_nearer else e
-            er = e if left_nearer else 1.0
-            G = aL * el + bR * er
-            Z = (zl * aL + adL) * el + (zr * bR - bdR) * er
-            return 1, G, Z, el, er, (-zr if -zr < zl else zl)
-    zl = offset_z(ra, r[L], inv_alpha, t) if L >= 0 else INF
-    zr = offset_z(ra, r[R], inv_alpha, t) if R < n else -INF
-    sh = -zr if -zr < zl else zl  # min(zl, -zr)
-    if sh == INF:
-        return 0, 0.0, 0.0, 0.0, 0.0, sh
-    G = 0.0
-    Z = 0.0
-    el = rel_weight(zl, sh)
-    if el > 0.0:
-        G += aL * el
-        Z += (zl * aL + adL) * el
-    er = rel_weight(zr, sh)
-    if er > 0.0:
-        G += bR * er
-        Z += (zr * bR - bdR) * er
-    if G == 0.0:
-        return 0, G, Z, el, er, sh
-    if (L < 0 or zl > 0.0) and (R >= n or zr <= 0.0):
-        # L and R are the last point below the target and the first at or above it: their
-        # factors exp(min(0, shift - |z|)) are el and er
-        return 1, G, Z, el, er, sh
-    return 2, G, Z, el, er, sh
-
-
 #: the per-row helpers of the ladder kernels, called by symbol (compiled once, not again
 #: inside each kernel)
 _LADDER_CALLS = SymbolCalls(
@@ -876,7 +831,7 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
                     a_win[q & mask] = a_run
                     ad_win[q & mask] = ad_run
             P += BATCH
-        how, G, Z, el, er, sh = _ladder_target_weights(
+        how, G, Z, el, er, sh = ladder_target_weights(
             r,
             inv_alpha,
             ra,
