@@ -47,13 +47,13 @@ import numpy as np
 from numba import types
 from numba.core import cgutils, errors
 from numba.core.ccallback import CFunc
-from numba.core.imputils import impl_ret_new_ref
 from numba.cpython.mathimpl import negate_real
 from numba.extending import intrinsic
-from numba.np.arrayobj import _empty_nd_impl, np_cfarray
+from numba.np.arrayobj import np_cfarray
 
 from softorder.core import _jit, lapsum, rank, sort, topk
 from softorder.core._jit import _cache_classes, cache_dir, helper
+from softorder.core.lapsum import empty
 
 rank_forward_work, rank_linear_work = rank.FORWARD_WORK, rank.LINEAR_WORK
 topk_forward_work, topk_gradient_work = topk.FORWARD_WORK, topk.GRADIENT_WORK
@@ -115,26 +115,6 @@ def array_at(typingctx, address, shape, kind):
         return np_cfarray(context, builder, inner, (pointer, args[1]))
 
     return array_type(types.int64, shape, kind), codegen
-
-
-@intrinsic
-def new(typingctx, shape, kind):
-    """A new C-contiguous ``kind`` array of ``shape`` (a tuple), uninitialised.
-
-    ``np.empty(...)`` compiles a function of its own per shape type and ``.reshape`` a
-    subroutine of its own on the first call; this emits the allocation in place.
-    """
-    array_type = types.Array(kind.instance_type, len(shape), "C")
-
-    def codegen(context, builder, signature, args):
-        dims = [
-            context.cast(builder, d, t, types.intp)
-            for d, t in zip(cgutils.unpack_tuple(builder, args[0]), shape, strict=True)
-        ]
-        array = _empty_nd_impl(context, builder, array_type, dims)
-        return impl_ret_new_ref(context, builder, array_type, array._getvalue())
-
-    return array_type(shape, kind), codegen
 
 
 @intrinsic
@@ -404,9 +384,9 @@ def sort_rows(values, xs, order):
     the branch predictor having seen the same data before.
     """
     rows, n = values.shape
-    scratch = new((4, n), np.int64)  # one allocation
+    scratch = empty((4, n), np.int64)  # one allocation
     o, keys, keys2, order2 = scratch[0], scratch[1], scratch[2], scratch[3]
-    counts = new((8, 256), np.int64)
+    counts = empty((8, 256), np.int64)
     for r in range(rows):
         row = values[r]
         for i in range(n):
@@ -480,29 +460,29 @@ def rank_handler(frame):
     if not run:
         return 0
     negate = peek(buffer(frame, ARGS, 2)[0], 0, np.int32) != 0
-    values = new((rows, n), np.float64)
+    values = empty((rows, n), np.float64)
     widen(values, *buffer(frame, ARGS, 0), negate)
-    alpha = new((rows,), np.float64)
+    alpha = empty((rows,), np.float64)
     widen(alpha, *buffer(frame, ARGS, 1), False)
     if peek(frame, ARG_COUNT, np.int64) > 3:  # the backward pass: more arguments
         order = array_at(buffer(frame, ARGS, 3)[0], (rows, n), np.int32)
-        xs = new((rows, n), np.float64)
+        xs = empty((rows, n), np.float64)
         gather_rows(xs, values, order)
         decay = array_at(buffer(frame, ARGS, 4)[0], (rows, n), np.float64)
-        v = new((rows, n), np.float64)
+        v = empty((rows, n), np.float64)
         widen(v, *buffer(frame, ARGS, 5), False)
-        x_bar = new((rows, n), np.float64)
-        alpha_bar = new((rows,), np.float64)
-        work = new((rows, rank_linear_work, n), np.float64)
+        x_bar = empty((rows, n), np.float64)
+        alpha_bar = empty((rows,), np.float64)
+        work = empty((rows, rank_linear_work, n), np.float64)
         _rank_vjp(xs, order, alpha, decay, v, x_bar, alpha_bar, work)
         narrow(*buffer(frame, RESULTS, 0), x_bar, negate)
         return 0
     order = array_at(buffer(frame, RESULTS, 1)[0], (rows, n), np.int32)
-    xs = new((rows, n), np.float64)
+    xs = empty((rows, n), np.float64)
     _sort_rows(values, xs, order)
     decay = array_at(buffer(frame, RESULTS, 2)[0], (rows, n), np.float64)
-    out = new((rows, n), np.float64)
-    work = new((rows, rank_forward_work, n), np.float64)
+    out = empty((rows, n), np.float64)
+    work = empty((rows, rank_forward_work, n), np.float64)
     _rank_forward(xs, order, alpha, out, decay, work)
     narrow(*buffer(frame, RESULTS, 0), out, False)
     return 0
@@ -518,37 +498,37 @@ def topk_handler(frame):
         return 0
     flags = buffer(frame, ARGS, 2)[0]
     negate, log = peek(flags, 0, np.int32) != 0, peek(flags, 1, np.int32) != 0
-    values = new((rows, n), np.float64)
+    values = empty((rows, n), np.float64)
     widen(values, *buffer(frame, ARGS, 0), negate)
-    alpha = new((rows,), np.float64)
+    alpha = empty((rows,), np.float64)
     widen(alpha, *buffer(frame, ARGS, 1), False)
     if peek(frame, ARG_COUNT, np.int64) > 4:  # the backward pass: more arguments
         order = array_at(buffer(frame, ARGS, 3)[0], (rows, n), np.int32)
-        xs = new((rows, n), np.float64)
+        xs = empty((rows, n), np.float64)
         gather_rows(xs, values, order)
         anchor = array_at(buffer(frame, ARGS, 4)[0], (rows, 1), np.int64)
         offset = array_at(buffer(frame, ARGS, 5)[0], (rows, 1), np.float64)
-        v = new((rows, 1, n), np.float64)
+        v = empty((rows, 1, n), np.float64)
         widen(v, *buffer(frame, ARGS, 6), False)
-        x_bar = new((rows, n), np.float64)
-        w_bar = new((rows, 1), np.float64)
-        alpha_bar = new((rows,), np.float64)
-        work = new((rows, topk_gradient_work, n), np.float64)
+        x_bar = empty((rows, n), np.float64)
+        w_bar = empty((rows, 1), np.float64)
+        alpha_bar = empty((rows,), np.float64)
+        work = empty((rows, topk_gradient_work, n), np.float64)
         _topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, work)
         narrow(*buffer(frame, RESULTS, 0), x_bar, negate)
         return 0
     order = array_at(buffer(frame, RESULTS, 1)[0], (rows, n), np.int32)
-    xs = new((rows, n), np.float64)
+    xs = empty((rows, n), np.float64)
     _sort_rows(values, xs, order)
-    w = new((rows, 1), np.float64)
+    w = empty((rows, 1), np.float64)
     widen(w, *buffer(frame, ARGS, 3), False)
-    worder = new((rows, 1), np.int64)
+    worder = empty((rows, 1), np.int64)
     for r in range(rows):
         worder[r, 0] = 0
     anchor = array_at(buffer(frame, RESULTS, 2)[0], (rows, 1), np.int64)
     offset = array_at(buffer(frame, RESULTS, 3)[0], (rows, 1), np.float64)
-    out = new((rows, 1, n), np.float64)
-    work = new((rows, topk_forward_work, n), np.float64)
+    out = empty((rows, 1, n), np.float64)
+    work = empty((rows, topk_forward_work, n), np.float64)
     _topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work)
     narrow(*buffer(frame, RESULTS, 0), out, False)
     return 0
@@ -565,32 +545,32 @@ def sort_handler(frame):
     if not run:
         return 0
     negate = peek(buffer(frame, ARGS, 2)[0], 0, np.int32) != 0
-    values = new((rows, n), np.float64)
+    values = empty((rows, n), np.float64)
     widen(values, *buffer(frame, ARGS, 0), negate)
-    alpha = new((rows,), np.float64)
+    alpha = empty((rows,), np.float64)
     widen(alpha, *buffer(frame, ARGS, 1), False)
     if peek(frame, ARG_COUNT, np.int64) > 3:  # the backward pass: more arguments
         order = array_at(buffer(frame, ARGS, 3)[0], (rows, n), np.int32)
-        xs = new((rows, n), np.float64)
+        xs = empty((rows, n), np.float64)
         gather_rows(xs, values, order)
         anchor = array_at(buffer(frame, ARGS, 4)[0], (rows, n), np.int64)
         offset = array_at(buffer(frame, ARGS, 5)[0], (rows, n), np.float64)
-        u = new((rows, n), np.float64)
+        u = empty((rows, n), np.float64)
         widen(u, *buffer(frame, ARGS, 6), negate)
-        alpha_bar = new((rows,), np.float64)
-        work = new((rows, sort_vjp_work, n), np.float64)
+        alpha_bar = empty((rows,), np.float64)
+        work = empty((rows, sort_vjp_work, n), np.float64)
         # the gradient into u itself, as the NumPy API does (each row of u is read before
         # that row of the gradient is written)
         _sort_vjp(xs, order, alpha, anchor, offset, u, u, alpha_bar, work)
         narrow(*buffer(frame, RESULTS, 0), u, negate)
         return 0
     order = array_at(buffer(frame, RESULTS, 1)[0], (rows, n), np.int32)
-    xs = new((rows, n), np.float64)
+    xs = empty((rows, n), np.float64)
     _sort_rows(values, xs, order)
     anchor = array_at(buffer(frame, RESULTS, 2)[0], (rows, n), np.int64)
     offset = array_at(buffer(frame, RESULTS, 3)[0], (rows, n), np.float64)
-    out = new((rows, n), np.float64)
-    work = new((rows, sort_forward_work, n), np.float64)
+    out = empty((rows, n), np.float64)
+    work = empty((rows, sort_forward_work, n), np.float64)
     _sort_forward(xs, alpha, out, anchor, offset, work)
     narrow(*buffer(frame, RESULTS, 0), out, negate)
     return 0
