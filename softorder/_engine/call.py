@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from softorder._engine.autodiff import Rule, rule_named
+from softorder._engine.checks import check_input_dtype
 from softorder._engine.layout import axes_after_leading
 
 #: the floating dtypes narrower than float32 that the frameworks have
@@ -49,6 +50,22 @@ def compute_dtype(name: str) -> str:
     ('float32', 'float64')
     """
     return name if name in ("float32", "float64") else "float32"
+
+
+def input_dtypes(dtype, name: str, default) -> tuple[np.dtype, np.dtype]:
+    """The dtype a call on an input ``name`` of ``dtype`` computes in, and its result's dtype:
+    a floating input in :func:`compute_dtype`, its result in its own dtype; an integer or bool
+    input in ``default`` (the framework's default float), both; ``TypeError`` naming ``name``
+    for any other (complex, ...).
+
+    Examples
+    --------
+    >>> input_dtypes(np.float16, "x", np.float64), input_dtypes(np.int32, "x", np.float32)
+    ((dtype('float32'), dtype('float16')), (dtype('float32'), dtype('float32')))
+    """
+    if check_input_dtype(dtype, name):
+        return np.dtype(compute_dtype(np.dtype(dtype).name)), np.dtype(dtype)
+    return np.dtype(default), np.dtype(default)
 
 
 _PLAIN = (bool, int, float, str, type(None))

@@ -343,6 +343,98 @@ def p_k_rows(p_k, batch_shape: tuple) -> np.ndarray:
 
 #: the arguments that are real numbers, computed in the call's compute dtype
 FLOAT_ARGUMENTS = ("alpha", "k", "q", "p_k")
+#: the flags of the operations (keyword-only, bools)
+FLAGS = ("largest", "descending", "split_top1")
+
+
+def split_arguments(parameters, arguments: dict) -> tuple[tuple, dict]:
+    """The names of a call's array arguments and its statics, checked.
+
+    ``parameters`` are the operation's (``inspect.signature(op).parameters``) and
+    ``arguments`` every argument of the call by name. The array arguments are the positional
+    parameters, in order; the statics are the keyword-only ones (``axis``, the flags,
+    ``reduction``), with the flags as bools.
+
+    Examples
+    --------
+    >>> import softorder
+    >>> parameters = softorder.soft_rank.signature.parameters
+    >>> split_arguments(parameters, {"x": 0, "alpha": 1.0, "axis": -1, "descending": False})
+    (('x', 'alpha'), {'axis': -1, 'descending': False})
+    """
+    names = tuple(p.name for p in parameters.values() if p.kind is not p.KEYWORD_ONLY)
+    statics = {name: arguments[name] for name in parameters if name not in names}
+    if "reduction" in statics:
+        check_reduction(statics["reduction"])
+    for flag in FLAGS:
+        if flag in statics:
+            statics[flag] = check_flag(statics[flag], flag)
+    return names, statics
+
+
+def is_floating(dtype) -> bool:
+    """Whether ``dtype`` (a NumPy dtype, ml_dtypes' ``bfloat16`` and ``float8_*`` included) is
+    a floating dtype.
+    """
+    dtype = np.dtype(dtype)
+    return dtype.kind == "f" or (dtype.kind == "V" and dtype.name.startswith(("float", "bfloat")))
+
+
+def check_input_dtype(dtype, name: str) -> bool:
+    """Whether an input of ``dtype`` is floating (``False`` for integers and bools), or
+    ``TypeError`` naming ``name`` for a dtype that is not real (complex, strings, ...).
+    """
+    if is_floating(dtype):
+        return True
+    float_array(np.empty(0, dtype=dtype), name)  # raises for anything not real
+    return False
+
+
+def host_value(value):
+    """A concrete argument as NumPy sees it: Python numbers as they are, narrow floats
+    (float16, bfloat16, ...) widened to float32.
+    """
+    if isinstance(value, (int, float, bool, complex)):
+        return value
+    arr = np.asarray(value)
+    if is_floating(arr.dtype) and arr.dtype not in (np.float32, np.float64):
+        arr = arr.astype(np.float32)
+    return arr
+
+
+def check_before_call(name: str, value, layout: Layout, compute, traced: bool = False) -> None:
+    """:func:`check_argument` for an argument ``name`` other than the input, before the call
+    runs (a bridge's checks when a function is traced).
+
+    ``value`` is a concrete value (an array of any kind NumPy converts, or a number), checked
+    as :func:`host_value` gives it and as rounded to ``compute``; with ``traced``, its values
+    are not known yet and only its ``shape`` and ``dtype`` (their kind) are checked, through
+    a :func:`placeholder`.
+    """
+    refuse_masked(value, name)
+    if traced:
+        kind = np.float64 if is_floating(value.dtype) else value.dtype
+        check_argument(name, placeholder(name, value.shape, kind, layout.n), layout)
+    else:
+        check_argument(name, host_value(value), layout, compute)
+
+
+def row_values(name: str, value, layout: Layout, compute) -> np.ndarray | None:
+    """A concrete ``alpha`` or ``k`` that :func:`check_before_call` accepted, once per row as
+    the kernels see it in a call computing in ``compute`` (rounded to it, subnormals flushed),
+    in ``compute``: ``(rows,)`` for ``alpha``, ``(rows, 1)`` for ``k``; ``None`` for several
+    ``k`` per row.
+    """
+    host = host_value(value)
+    if np.dtype(compute) == np.float64:
+        value = np.asarray(host, dtype=np.float64)
+    else:
+        value = as_computed(host, compute).astype(np.float64)
+    if name == "alpha":
+        return check_alpha(value, layout.batch_shape, layout.axis)[0].astype(compute)
+    n = layout.n
+    targets, multi, _ = check_targets(value, layout.batch_shape, name, n, f"n={n}")
+    return None if multi else targets.astype(compute)
 
 
 def check_argument(name: str, value, layout: Layout, compute=np.float64) -> None:
