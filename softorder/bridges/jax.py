@@ -42,8 +42,7 @@ from softorder import core
 from softorder import operations as _ops
 from softorder._docs import Dialect, documented
 from softorder._engine import checks
-from softorder._engine.backend import float_array
-from softorder._engine.call import Call, CallSpec, compute_dtype
+from softorder._engine.call import Call, CallSpec, input_dtypes
 from softorder._engine.layout import Layout
 
 __all__ = [
@@ -364,29 +363,15 @@ def _ffi_constants(op_name: str, arguments: dict, layout: Layout, compute, route
     ):
         return None
     handler, log = _FFI_OPS[op_name]
-    alpha = _as_kernel_value(arguments["alpha"], compute)
-    alpha, _ = checks.check_alpha(alpha, layout.batch_shape, layout.axis)
+    alpha = checks.row_values("alpha", arguments["alpha"], layout, compute)
     negate = arguments.get("descending", arguments.get("largest"))
-    constants = [alpha.astype(compute), np.array([negate, log], np.int32)]
+    constants = [alpha, np.array([negate, log], np.int32)]
     if "k" in arguments:
-        k = _as_kernel_value(arguments["k"], compute)
-        targets, multi, _ = checks.check_targets(
-            k, layout.batch_shape, "k", layout.n, f"n={layout.n}"
-        )
-        if multi:
+        k = checks.row_values("k", arguments["k"], layout, compute)
+        if k is None:
             return None  # several k per row: the callbacks
-        constants.append(targets.astype(compute))
+        constants.append(k)
     return handler, constants
-
-
-def _as_kernel_value(value, compute) -> np.ndarray:
-    """A concrete ``alpha`` or ``k`` as the kernels see it through the callbacks: in the
-    compute dtype (float32: rounded, subnormals flushed as XLA does), as float64.
-    """
-    host = _host_value(value)
-    if np.dtype(compute) == np.float64:
-        return np.asarray(host, dtype=np.float64)
-    return checks.as_computed(host, compute).astype(np.float64)
 
 
 # --------------------------------------------------------------------------------------------
@@ -396,16 +381,6 @@ def _as_kernel_value(value, compute) -> np.ndarray:
 
 def _is_traced(value) -> bool:
     return isinstance(value, jax.core.Tracer)
-
-
-def _host_value(value):
-    """A concrete argument as NumPy sees it (JAX's narrow floats widened to float32)."""
-    if isinstance(value, (int, float, bool, complex)):
-        return value
-    arr = np.asarray(value)
-    if jnp.issubdtype(arr.dtype, jnp.floating) and arr.dtype not in (np.float32, np.float64):
-        arr = arr.astype(np.float32)
-    return arr
 
 
 try:  # a private module: _refuse_forward_mode goes without it
@@ -442,37 +417,19 @@ def _run(op: Callable, arguments: dict) -> jax.Array:
 
 
 def _dispatch(op: Callable, arguments: dict) -> jax.Array:
-    parameters = op.signature.parameters.values()
-    names = tuple(p.name for p in parameters if p.kind is not p.KEYWORD_ONLY)
-    statics = {p.name: arguments[p.name] for p in parameters if p.name not in names}
-    if "reduction" in statics:
-        checks.check_reduction(statics["reduction"])
-    for flag in ("largest", "descending", "split_top1"):
-        if flag in statics:
-            statics[flag] = checks.check_flag(statics[flag], flag)
-
+    names, statics = checks.split_arguments(op.signature.parameters, arguments)
     input_name = names[0]
     checks.refuse_masked(arguments[input_name], input_name)
     x = jnp.asarray(arguments[input_name])
-    if jnp.issubdtype(x.dtype, jnp.floating):
-        compute, out_dtype = np.dtype(compute_dtype(x.dtype.name)), x.dtype
-    else:
-        float_array(np.empty(0, dtype=x.dtype), input_name)  # TypeError for complex
-        compute = out_dtype = jax.dtypes.canonicalize_dtype(np.float64)
+    default = jax.dtypes.canonicalize_dtype(np.float64)
+    compute, out_dtype = input_dtypes(x.dtype, input_name, default)
     x = x.astype(compute)
     layout = Layout.of(x.shape, statics.get("axis", -1), input_name)  # axis, scalar, empty
 
     arrays = {input_name: x}
     for name in names[1:]:
         value = arguments[name]
-        checks.refuse_masked(value, name)
-        if _is_traced(value):  # its shape and dtype kind
-            kind = np.float64 if jnp.issubdtype(value.dtype, jnp.floating) else value.dtype
-            checks.check_argument(
-                name, checks.placeholder(name, value.shape, kind, layout.n), layout
-            )
-        else:  # as NumPy sees it, also rounded to the compute dtype
-            checks.check_argument(name, _host_value(value), layout, compute)
+        checks.check_before_call(name, value, layout, compute, _is_traced(value))
         value = jnp.asarray(value)
         arrays[name] = value.astype(compute) if name in checks.FLOAT_ARGUMENTS else value
     _refuse_forward_mode(arrays.values())
