@@ -6,14 +6,10 @@ Usage::
 
     ranks = soj.soft_rank(x, alpha=0.1)  # x: a jax.Array; axis=-1 by default
 
-The functions take the NumPy API's arguments (:mod:`softorder.operations`), with JAX's
-dtypes, and compute the same values through the same rules: the bridge holds no mathematics.
-``jax.jit``, ``jax.grad`` / ``jax.vjp`` (in the input, ``alpha``, ``k`` and ``q``, which may be
-traced), ``jax.vmap`` (one batched kernel call) and :func:`jax.shard_map` work; forward mode
-raises ``TypeError`` and second derivatives ``NotImplementedError``, naming softorder.
-Concrete arguments are checked when a function is traced, with the NumPy API's errors, and
-traced ones when the kernels run. Results are float32 by default and float64 with
-``jax_enable_x64``. Dtypes, devices, threads, errors and timings: the JAX page of the docs.
+The functions take the NumPy API's arguments (:mod:`softorder.operations`) and compute the
+same values through the same rules. What they support (transformations, dtypes, errors) is in
+their docstrings' notes and on the JAX page of the docs. This module adapts JAX only: the
+checks, the dtype policy and the callbacks' bodies are the engine's (:mod:`softorder._engine`).
 
 How it works: each call is one :func:`jax.custom_vjp` function (``_apply``) over a kernel
 chosen when the call is traced. ``_Ffi``: on the CPU backend, ``soft_rank``, ``soft_sort``,
