@@ -89,16 +89,6 @@ def test_host_value():
     assert checks.host_value(np.int32([1])).dtype == np.int32
 
 
-class _Traced:
-    """A value whose shape and dtype are known and whose values are not."""
-
-    def __init__(self, shape, dtype):
-        self.shape, self.dtype = shape, np.dtype(dtype)
-
-    def __array__(self, *args, **kwargs):
-        raise AssertionError("a traced value's data was read")
-
-
 LAYOUT = Layout.of((2, 5), -1, "x")
 
 
@@ -120,9 +110,9 @@ def test_a_traced_argument_raises_as_a_concrete_one_of_its_shape_and_dtype(name,
     kind = np.float64 if np.dtype(dtype).kind == "f" else dtype
     concrete = np.ones(shape, kind)
     with pytest.raises((TypeError, ValueError)) as expected:
-        checks.check_before_call(name, concrete, LAYOUT, np.float64)
+        checks.check_concrete(name, concrete, LAYOUT, np.float64)
     with pytest.raises(type(expected.value)) as traced:
-        checks.check_before_call(name, _Traced(shape, dtype), LAYOUT, np.float32, traced=True)
+        checks.check_traced(name, shape, dtype, LAYOUT)
     assert str(traced.value) == str(expected.value)
 
 
@@ -131,15 +121,15 @@ def test_a_traced_argument_raises_as_a_concrete_one_of_its_shape_and_dtype(name,
     [("alpha", (2, 1), np.float32), ("k", (2,), np.int32), ("labels", (2,), np.int64)],
 )
 def test_a_valid_traced_argument_passes(name, shape, dtype):
-    checks.check_before_call(name, _Traced(shape, dtype), LAYOUT, np.float32, traced=True)
+    checks.check_traced(name, shape, dtype, LAYOUT)
 
 
 def test_a_concrete_argument_is_checked_as_rounded_and_its_mask_refused():
-    checks.check_before_call("alpha", 1e-40, LAYOUT, np.float64)
+    checks.check_concrete("alpha", 1e-40, LAYOUT, np.float64)
     with pytest.raises(ValueError, match=r"alpha=1e-40 rounds to 0.0 in float32"):
-        checks.check_before_call("alpha", 1e-40, LAYOUT, np.float32)
+        checks.check_concrete("alpha", 1e-40, LAYOUT, np.float32)
     with pytest.raises(TypeError, match="k is a numpy.ma.MaskedArray"):
-        checks.check_before_call("k", np.ma.masked_array([1.0, 2.0]), LAYOUT, np.float64)
+        checks.check_concrete("k", np.ma.masked_array([1.0, 2.0]), LAYOUT, np.float64)
 
 
 def test_row_values():

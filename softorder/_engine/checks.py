@@ -402,25 +402,26 @@ def host_value(value):
     return arr
 
 
-def check_before_call(name: str, value, layout: Layout, compute, traced: bool = False) -> None:
+def check_concrete(name: str, value, layout: Layout, compute) -> None:
     """:func:`check_argument` for an argument ``name`` other than the input, before the call
-    runs (a bridge's checks when a function is traced).
-
-    ``value`` is a concrete value (an array of any kind NumPy converts, or a number), checked
-    as :func:`host_value` gives it and as rounded to ``compute``; with ``traced``, its values
-    are not known yet and only its ``shape`` and ``dtype`` (their kind) are checked, through
-    a :func:`placeholder`.
+    runs: ``value`` (an array of any kind NumPy converts, or a number) as :func:`host_value`
+    gives it, and as rounded to ``compute``.
     """
     refuse_masked(value, name)
-    if traced:
-        kind = np.float64 if is_floating(value.dtype) else value.dtype
-        check_argument(name, placeholder(name, value.shape, kind, layout.n), layout)
-    else:
-        check_argument(name, host_value(value), layout, compute)
+    check_argument(name, host_value(value), layout, compute)
+
+
+def check_traced(name: str, shape: tuple, dtype, layout: Layout) -> None:
+    """:func:`check_argument` for an argument ``name`` whose values are not known yet (a
+    traced value): its ``shape`` and the kind of its ``dtype`` (a NumPy dtype, ml_dtypes'
+    included), through a :func:`placeholder`.
+    """
+    kind = np.float64 if is_floating(dtype) else dtype
+    check_argument(name, placeholder(name, shape, kind, layout.n), layout)
 
 
 def row_values(name: str, value, layout: Layout, compute) -> np.ndarray | None:
-    """A concrete ``alpha`` or ``k`` that :func:`check_before_call` accepted, once per row as
+    """A concrete ``alpha`` or ``k`` that :func:`check_concrete` accepted, once per row as
     the kernels see it in a call computing in ``compute`` (rounded to it, subnormals flushed),
     in ``compute``: ``(rows,)`` for ``alpha``, ``(rows, 1)`` for ``k``; ``None`` for several
     ``k`` per row.

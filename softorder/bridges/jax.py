@@ -425,7 +425,10 @@ def _dispatch(op: Callable, arguments: dict) -> jax.Array:
     arrays = {input_name: x}
     for name in names[1:]:
         value = arguments[name]
-        checks.check_before_call(name, value, layout, compute, _is_traced(value))
+        if _is_traced(value):  # its shape and dtype kind
+            checks.check_traced(name, value.shape, value.dtype, layout)
+        else:  # as NumPy sees it, also rounded to the compute dtype
+            checks.check_concrete(name, value, layout, compute)
         value = jnp.asarray(value)
         arrays[name] = value.astype(compute) if name in checks.FLOAT_ARGUMENTS else value
     _refuse_forward_mode(arrays.values())
