@@ -21,7 +21,7 @@ Every figure of issue 14's table, each measured as users meet it:
   ``np.argsort`` of the same row as the yardstick.
 
 ``--cold-repeats R`` repeats each first-call pair R times and prints the least of each figure
-(on a busy machine other processes only ever add to them). ``--quick`` (what the tests run)
+(on a busy machine other processes only ever add to them); ``--cold-repeats 0`` skips them. ``--quick`` (what the tests run)
 measures ``soft_rank`` through the NumPy API only, cold and warm, the import of ``softorder``
 and the NumPy floors, with few repeats. A report, not a test.
 """
@@ -113,9 +113,11 @@ def _best(runs: list[dict]) -> dict:
 
 def first_calls(ops, apis, repeats: int = 1) -> list[tuple]:
     """(api, op, cold dict, warm dict) for each pair, each in fresh interpreters; with
-    ``repeats``, the least of each figure over that many cold and warm pairs.
+    ``repeats``, the least of each figure over that many cold and warm pairs; none with 0.
     """
     rows = []
+    if repeats == 0:
+        return rows
     for api in apis:
         for op in ops:
             colds, warms = [], []
@@ -225,12 +227,15 @@ def main(argv=None) -> dict:
         "--cold-repeats",
         type=int,
         default=1,
-        help="fresh-process pairs per first-call row; the least of each figure is printed",
+        help="fresh-process pairs per first-call row; the least of each figure is printed "
+        "(0: no first-call rows)",
     )
     args = parser.parse_args(argv)
     ops = ("soft_rank",) if args.quick else tuple(args.ops.split(","))
     apis = ("numpy",) if args.quick else tuple(args.apis.split(","))
     repeats = 20 if args.quick else args.repeats
+    if args.cold_repeats < 0:
+        parser.error("--cold-repeats must be 0 or more")
     for name in ops:
         if name not in OPERATIONS:
             parser.error(f"unknown operation {name!r}")
