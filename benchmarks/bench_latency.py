@@ -21,9 +21,9 @@ Every figure of issue 14's table, each measured as users meet it:
   ``np.argsort`` of the same row as the yardstick.
 
 ``--cold-repeats R`` repeats each first-call pair R times and prints the least of each figure
-(on a busy machine other processes only ever add to them); ``--cold-repeats 0`` skips them. ``--quick`` (what the tests run)
-measures ``soft_rank`` through the NumPy API only, cold and warm, the import of ``softorder``
-and the NumPy floors, with few repeats. A report, not a test.
+(on a busy machine other processes only ever add to them); ``--cold-repeats 0`` skips them.
+``--quick`` (what the tests run) measures ``soft_rank`` through the NumPy API only, cold and
+warm, the import of ``softorder`` and the NumPy floors, with few repeats. A report, not a test.
 """
 
 from __future__ import annotations
