@@ -133,15 +133,19 @@ def test_scratch_never_outlives_its_kernel_call(name, every_request, monkeypatch
     shares memory with the buffer.
     """
     views, contexts = [], []
-    work = rules.Context.work
+    take, init = scratch.take, rules.Context.__init__
 
-    def recording(self, width, length=None):
-        view = work(self, width, length)
+    def recording(shape):  # every request, whichever route it takes to the buffer
+        view = take(shape)
         views.append(weakref.ref(view))
-        contexts.append(self)
         return view
 
-    monkeypatch.setattr(rules.Context, "work", recording)
+    def recording_context(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        contexts.append(self)
+
+    monkeypatch.setattr(scratch, "take", recording)
+    monkeypatch.setattr(rules.Context, "__init__", recording_context)
     x = _input((3, 24), np.float64, 1)
     rng = np.random.default_rng(1)
     fn, extra, _ = _arguments(name, x, rng)

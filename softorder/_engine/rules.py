@@ -381,6 +381,22 @@ def _signed(ctx: Context, a):
     return a if ctx.rows.sign > 0 else ctx.backend.scale(a, ctx.rows.sign)
 
 
+#: the dtypes the soft sort's CPU path tests for and views with (a dtype compared with a dtype
+#: object costs a third of one compared with a scalar type, on every small call)
+_F32 = np.dtype(np.float32)
+_I32 = np.dtype(np.int32)
+_I64 = np.dtype(np.int64)
+_U8 = np.dtype(np.uint8)
+
+
+def _host_work(rows: Rows, width: int) -> np.ndarray:
+    """:meth:`Context.work` of a host call, without its checks of the backend."""
+    length = rows.n if rows.n > 1 else 1
+    if 8 * rows.rows * width * length >= scratch.MIN_BYTES:
+        return scratch.take((rows.rows, width, length))
+    return np.empty((rows.rows, width, length))
+
+
 class SortRule(InverseRule):
     """Soft sort. On the CPU (rows shorter than 2**31) the forward pass keeps each target's
     offset but not its anchor (:func:`~softorder.core.sort.ladder_forward`), which the VJP
@@ -397,7 +413,8 @@ class SortRule(InverseRule):
     def prepare(self, x, alpha, axis, descending, order=None):
         ctx = _descending_context(x, alpha, axis, descending, order)
         rows = ctx.rows
-        if rows.dtype == np.float32 and ctx.kernels is core and rows.n < 2**31:
+        narrow = rows.dtype is _F32 or rows.dtype == _F32
+        if narrow and rows.backend is NUMPY and rows.n < 2**31:
             # a float32 input's sorted values are float32 numbers: the ladder kernels read
             # them in float32 and widen each one exactly (4 bytes per element less)
             rows.xs = rows.xs.astype(np.float32)
@@ -424,21 +441,26 @@ class SortRule(InverseRule):
 
     def forward(self, ctx):
         rows = ctx.rows
-        if ctx.kernels is core:  # the CPU kernel needs no targets: they are k - 1/2
-            shape, work = rows.xs.shape, ctx.work(core.lapsum.SORT_TABLES)
+        if rows.backend is NUMPY:  # the CPU kernel needs no targets: they are k - 1/2
+            xs = rows.xs
+            shape, work = xs.shape, _host_work(rows, core.lapsum.SORT_TABLES)
             if rows.n >= 2**31:
                 out = ctx.empty(shape)
                 anchor, offset = ctx.target_storage(rows.n)
-                core.lapsum.sort_kernel(rows.xs, ctx.alpha, out, anchor, offset, work)
+                core.lapsum.sort_kernel(xs, ctx.alpha, out, anchor, offset, work)
                 return rows.to_user(_signed(ctx, out), "row")
             # a float32 input's result in float32 (rounded once, as the cast rounded it); the
             # counts of the targets wait in the result's own memory
-            out = ctx.empty(shape, np.float32 if rows.dtype == np.float32 else np.float64)
-            counts = out.view(np.int32 if out.dtype == np.float32 else np.int64)
-            ctx.saved["offset"] = offset = ctx.empty(shape)
-            wide = offset if rows.xs.dtype == np.float32 else rows.xs
-            core.sort.ladder_forward(rows.xs, ctx.alpha, out, counts, offset, wide, work, True)
-            return rows.to_user(_signed(ctx, out), "row")
+            if rows.dtype is _F32 or rows.dtype == _F32:
+                out = np.empty(shape, _F32)
+                counts = out.view(_I32)
+            else:
+                out = np.empty(shape)
+                counts = out.view(_I64)
+            ctx.saved["offset"] = offset = np.empty(shape)
+            wide = offset if xs.dtype is _F32 or xs.dtype == _F32 else xs
+            core.sort.ladder_forward(xs, ctx.alpha, out, counts, offset, wide, work, True)
+            return rows.to_user(out if rows.sign > 0 else _signed(ctx, out), "row")
         w = np.arange(rows.n, dtype=np.float64)
         w += 0.5
         w = _same_row(ctx, w)
@@ -473,8 +495,9 @@ class SortRule(InverseRule):
 
     def vjp(self, ctx, cotangent):
         rows = ctx.rows
-        cpu = ctx.kernels is core
-        v = _float32_cotangent(ctx, cotangent, "row", (rows.n,)) if cpu else None
+        cpu = rows.backend is NUMPY  # (the backend whose kernels are softorder.core)
+        narrow = rows.dtype is _F32 or rows.dtype == _F32
+        v = _float32_cotangent(ctx, cotangent, "row", (rows.n,)) if cpu and narrow else None
         if v is None:
             u, owned = rows.to_core_owned(cotangent, "row", (rows.n,), "cotangent")
             if rows.sign < 0:
@@ -485,15 +508,15 @@ class SortRule(InverseRule):
         # a float32 cotangent of a float32 input is read as it is, into a float32 x_bar (the
         # float64 gradient rounded once)
         if v is not None:
-            u, x_bar = (v if rows.sign > 0 else np.negative(v)), ctx.empty(v.shape, np.float32)
+            u, x_bar = (v if rows.sign > 0 else np.negative(v)), np.empty(v.shape, _F32)
         s = ctx.saved
-        alpha_bar = ctx.empty(rows.rows)
+        alpha_bar = np.empty(rows.rows)
         if rows.n < 2**31:  # the ladder forward (or its residuals): anchors counted again
             if v is None:
-                x_bar = ctx.empty(rows.xs.shape)  # (never u: the counts wait in x_bar)
-            counts = x_bar.view(np.int32 if x_bar.dtype == np.float32 else np.int64)
-            redo = np.empty(rows.rows, np.uint8)
-            work = ctx.work(core.sort.LADDER_WORK)
+                x_bar = np.empty(rows.xs.shape)  # (never u: the counts wait in x_bar)
+            counts = x_bar.view(_I32 if v is not None else _I64)
+            redo = np.empty(rows.rows, _U8)
+            work = _host_work(rows, core.sort.LADDER_WORK)
             core.sort.ladder_vjp(
                 rows.xs,
                 rows.order,
@@ -507,7 +530,9 @@ class SortRule(InverseRule):
                 redo,
             )
             del work
-            if redo.any():  # ties threw an injection beyond the window: sort_vjp's rows
+            # rows whose ties threw an injection beyond the window: sort_vjp's rows
+            # (count_nonzero costs a fifth of redo.any() on a small call)
+            if np.count_nonzero(redo):
                 at = np.flatnonzero(redo)
                 xs, alpha, anchor, offset = self._solved_targets(ctx, at)
                 xs = xs.astype(np.float64)  # (sort_vjp reads float64 rows)
