@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from softorder._engine.backend import NUMPY, backend_of
+from softorder._engine.backend import _lookups as _backend_lookups
 from softorder._engine.backends.protocol import Backend
 from softorder._engine.checks import check_targets, refuse_masked
 
@@ -155,19 +156,37 @@ class Rows:
         """Validate and sort ``x``; with ``order`` (its saved argsort, from a forward pass)
         the sort is skipped and the rows are only gathered.
         """
-        refuse_masked(x, name)
-        backend = backend_of(x)
-        try:
-            arr, dtype = backend.float_input(x, name)
-        except (RuntimeError, TypeError):
-            _refuse_framework_values(x, name)
-            raise
+        if type(x) is np.ndarray and x.dtype.kind == "f" and not _backend_lookups:
+            # the common case, a floating host array: what refuse_masked, backend_of and
+            # float_input give it, without their calls (each counts at n = 1e2)
+            backend, arr, dtype = NUMPY, x, x.dtype
+            layout = _LAYOUTS.get((x.shape, axis, name)) if type(axis) is int else None
+            if layout is None:
+                layout = Layout.of(x.shape, axis, name)
+        else:
+            refuse_masked(x, name)
+            backend = backend_of(x)
+            try:
+                arr, dtype = backend.float_input(x, name)
+            except (RuntimeError, TypeError):
+                _refuse_framework_values(x, name)
+                raise
+            layout = Layout.of(arr.shape, axis, name)
         if dtype is not _F64 and dtype is not _F32 and dtype.itemsize > 8:
             _refuse_extended(dtype, name)
-        layout = Layout.of(arr.shape, axis, name)
-        # (np.moveaxis is not free even when there is nothing to move)
-        moved = arr if layout.axis == layout.ndim - 1 else backend.moveaxis(arr, layout.axis, -1)
-        rows2d = backend.contiguous_f64(moved, negate).reshape(-1, layout.n)  # never written
+        if (
+            dtype is _F64
+            and backend is NUMPY
+            and not negate
+            and layout.axis == layout.ndim - 1
+            and arr.flags.c_contiguous
+        ):  # already the rows the kernels read (contiguous_f64 would return it as it is)
+            rows2d = arr.reshape(-1, layout.n)
+        else:
+            # (np.moveaxis is not free even when there is nothing to move)
+            last = layout.axis == layout.ndim - 1
+            moved = arr if last else backend.moveaxis(arr, layout.axis, -1)
+            rows2d = backend.contiguous_f64(moved, negate).reshape(-1, layout.n)  # never written
         xs, order = backend.sort_rows(rows2d, order)
         return cls(xs, order, layout, dtype, -1.0 if negate else 1.0, backend)
 
