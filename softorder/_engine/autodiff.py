@@ -129,6 +129,7 @@ def operation(rule: Rule) -> Callable:
 
         run.rule = rule
         run.signature = signature
+        run.binder = binder  # (the arguments by name; TypeError where a call would raise)
         return run
 
     return decorate
@@ -224,8 +225,17 @@ def vjp(fn: Callable, *args, **kwargs) -> tuple[np.ndarray, Callable]:
     >>> x_bar.shape, float(alpha_bar) < 0.0
     ((3,), True)
     """
-    rule = rule_of(fn)
-    ctx = rule.prepare(**bind(fn.signature, args, kwargs))
+    rule = getattr(fn, "rule", None)
+    binder = getattr(fn, "binder", None)
+    if binder is None or not isinstance(rule, Rule):  # (rule_of's check, inline)
+        rule = rule_of(fn)
+        arguments = bind(fn.signature, args, kwargs)
+    else:
+        try:
+            arguments = binder(*args, **kwargs)
+        except TypeError:
+            arguments = _bind_slowly(fn.signature, args, kwargs)
+    ctx = rule.prepare(**arguments)
     out = rule.forward(ctx)
 
     def pullback(cotangent):

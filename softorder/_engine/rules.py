@@ -384,6 +384,7 @@ def _signed(ctx: Context, a):
 #: the dtypes the soft sort's CPU path tests for and views with (a dtype compared with a dtype
 #: object costs a third of one compared with a scalar type, on every small call)
 _F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
 _I32 = np.dtype(np.int32)
 _I64 = np.dtype(np.int64)
 _U8 = np.dtype(np.uint8)
@@ -401,15 +402,19 @@ _F32_MAX = float(np.finfo(np.float32).max)
 
 
 def _alpha_grad(ctx: Context, alpha_bar: np.ndarray):
-    """:meth:`Context.alpha_grad`; for one row of a float32 input and one alpha, without the
-    error state its cast sets (a third of a small call's cost of the gradient of alpha): a
-    value within float32's range cannot overflow, and rounds as the cast rounds it.
+    """:meth:`Context.alpha_grad` of host arrays; for one row and one alpha, its scalar
+    without the reshapes and checks, and for a float32 input without the error state of its
+    cast (two thirds of a small call's cost of the gradient of alpha): a value within
+    float32's range cannot overflow, and rounds as the cast rounds it.
     """
     rows = ctx.rows
-    if rows.rows == 1 and rows.dtype is _F32 and not ctx.alpha_shape and not rows.batch_shape:
-        value = alpha_bar[0]
-        if abs(value) <= _F32_MAX:
-            return _F32.type(value)
+    if rows.rows == 1 and not ctx.alpha_shape and not rows.batch_shape:
+        if rows.dtype is _F64:
+            return alpha_bar[0]
+        if rows.dtype is _F32:
+            value = alpha_bar[0]
+            if abs(value) <= _F32_MAX:
+                return _F32.type(value)
     return ctx.alpha_grad(alpha_bar)
 
 
@@ -427,8 +432,10 @@ class SortRule(InverseRule):
     index_residuals = ("order", "anchor")  # the CPU forward keeps int32 anchors
 
     def prepare(self, x, alpha, axis, descending, order=None):
-        ctx = _descending_context(x, alpha, axis, descending, order)
-        rows = ctx.rows
+        # (_descending_context, inline)
+        negate = check_flag(descending, "descending")
+        rows = Rows.from_input(x, axis, negate=negate, order=order)
+        ctx = Context.of(rows, alpha)
         narrow = rows.dtype is _F32 or rows.dtype == _F32
         if narrow and rows.backend is NUMPY and rows.n < 2**31:
             # a float32 input's sorted values are float32 numbers: the ladder kernels read
