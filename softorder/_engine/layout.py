@@ -193,14 +193,19 @@ class Rows:
     def to_user(self, arr: np.ndarray, kind: str, dtype=None) -> np.ndarray:
         """A ``(rows, *core)`` kernel result in the caller's layout and dtype."""
         layout = self.layout
-        shaped = arr.reshape(layout.batch_shape + arr.shape[1:])
-        nb = len(layout.batch_shape)
-        dtype = self.dtype if dtype is None else dtype
+        if dtype is None:
+            dtype = self.dtype
+        nb = layout.ndim - 1
         if kind == "row" and layout.axis == nb:  # the common case: the axis is already last
-            if type(shaped) is np.ndarray and shaped.dtype == dtype and shaped.flags.c_contiguous:
-                return shaped  # what the cast returns (the kernels write C-ordered rows)
-            moved = shaped
+            if type(arr) is np.ndarray:
+                # (one row: its first row is the view the reshape gives, for less)
+                shaped = arr[0] if nb == 0 else arr.reshape(layout.batch_shape + arr.shape[1:])
+                if (shaped.dtype is dtype or shaped.dtype == dtype) and shaped.flags.c_contiguous:
+                    return shaped  # what the cast returns (the kernels write C-ordered rows)
+                return self.backend.cast(shaped, dtype)
+            moved = arr.reshape(layout.batch_shape + arr.shape[1:])
         else:
+            shaped = arr.reshape(layout.batch_shape + arr.shape[1:])
             dst, ncore = layout._positions(kind)
             source = list(range(nb, nb + ncore))
             moved = shaped if source == dst else self.backend.moveaxis(shaped, source, dst)
