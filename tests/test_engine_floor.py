@@ -175,6 +175,31 @@ def test_float32_and_single_elements(name):
         assert isinstance(rest[-1], np.float32)  # alpha's gradient: a scalar of x's dtype
 
 
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.bool_, np.float16])
+def test_non_float64_inputs_reach_the_sort_as_float64(dtype, monkeypatch):
+    """Integer, boolean and float16 inputs are converted before the rows are sorted (the host
+    kernels are compiled for float64 rows only), and give the float64 input's values (in
+    float16 for float16).
+    """
+    from softorder._engine.backend import NUMPY
+
+    seen, sort_rows = [], NUMPY.sort_rows
+
+    def recording(rows2d, order=None):
+        seen.append(rows2d.dtype)
+        return sort_rows(rows2d, order)
+
+    monkeypatch.setattr(NUMPY, "sort_rows", recording)
+    x = np.array([[3, 1, 0, 2, 1]]).astype(dtype)
+    for name in CASES:
+        out, grads = _forward_backward(name, x, np.ones((1, 5)))
+        ref, ref_grads = _forward_backward(name, x.astype(np.float64), np.ones((1, 5)))
+        # (float16 results: the float64 ones, rounded once)
+        np.testing.assert_array_equal(out, ref.astype(out.dtype))
+        np.testing.assert_array_equal(grads[0], ref_grads[0].astype(grads[0].dtype))
+    assert seen and all(d == np.float64 for d in seen)
+
+
 def test_nan_rows_stay_in_their_row():
     x = np.array([[0.0, np.nan, 1.0], [0.0, 2.0, 1.0]])
     out, (x_bar, alpha_bar) = _forward_backward("soft_rank", x, np.ones((2, 3)))

@@ -175,7 +175,7 @@ class Rows:
         if dtype is not _F64 and dtype is not _F32 and dtype.itemsize > 8:
             _refuse_extended(dtype, name)
         if (
-            dtype is _F64
+            arr.dtype is _F64  # (not dtype: an integer input's arr is not converted yet)
             and backend is NUMPY
             and not negate
             and layout.axis == layout.ndim - 1
