@@ -30,6 +30,15 @@ from softorder._engine.checks import (
 )
 from softorder._engine.layout import Rows, Targets
 
+#: the dtypes the small calls' paths test for and view with (a dtype compared with a dtype
+#: object costs a third of one compared with a scalar type, on every small call)
+_F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
+_I32 = np.dtype(np.int32)
+_I64 = np.dtype(np.int64)
+_U8 = np.dtype(np.uint8)
+_F32_MAX = float(np.finfo(np.float32).max)
+
 
 @dataclass
 class Context:
@@ -91,8 +100,17 @@ class Context:
 
     def alpha_grad(self, alpha_bar: np.ndarray) -> np.ndarray:
         """Per-row gradient of alpha -> gradient of the caller's alpha (its shape)."""
+        dtype = self.rows.dtype
         if not self.alpha_shape and not self.rows.batch_shape:  # one row, one alpha
-            return self.backend.to_result(alpha_bar.reshape(()), self.rows.dtype)
+            if self.backend is NUMPY:
+                # its scalar without the reshape and the cast's error state (most of a small
+                # call's cost of this gradient): a value within float32's range cannot
+                # overflow, and rounds as the cast rounds it
+                if dtype == _F64:
+                    return alpha_bar[0]
+                if dtype == _F32 and abs(alpha_bar[0]) <= _F32_MAX:
+                    return _F32.type(alpha_bar[0])
+            return self.backend.to_result(alpha_bar.reshape(()), dtype)
         shaped = alpha_bar.reshape(self.rows.batch_shape)
         reduced = self.backend.unbroadcast(shaped, self._alpha_aligned()).reshape(self.alpha_shape)
         return self.backend.to_result(reduced, self.rows.dtype)
@@ -133,15 +151,22 @@ def _float32_cotangent(ctx: Context, cotangent, kind: str, core_shape: tuple):
     :meth:`Rows.to_core_owned` converts (and checks: a wrong shape also gives ``None`` here).
     """
     rows = ctx.rows
-    if rows.dtype != np.float32 or type(cotangent) is not np.ndarray:
+    if rows.dtype != _F32 or type(cotangent) is not np.ndarray:
         return None
-    if cotangent.dtype != np.float32 or not isinstance(rows.xs, np.ndarray):
+    if cotangent.dtype != _F32 or not isinstance(rows.xs, np.ndarray):
         return None
     layout = rows.layout
+    nb = len(layout.batch_shape)
+    if (
+        kind == "row"
+        and layout.axis == nb
+        and cotangent.flags.c_contiguous
+        and cotangent.shape == layout.batch_shape + core_shape
+    ):  # the common case, the rows as they are, without the general moves' calls
+        return cotangent.reshape((rows.rows,) + core_shape)
     if cotangent.shape != layout.user_shape(kind, core_shape):
         return None
     dst, ncore = layout._positions(kind)
-    nb = len(layout.batch_shape)
     source = list(range(nb, nb + ncore))
     moved = cotangent if source == dst else np.moveaxis(cotangent, dst, source)
     return np.ascontiguousarray(moved).reshape((rows.rows,) + core_shape)
@@ -381,43 +406,6 @@ def _signed(ctx: Context, a):
     return a if ctx.rows.sign > 0 else ctx.backend.scale(a, ctx.rows.sign)
 
 
-#: the dtypes the soft sort's CPU path tests for and views with (a dtype compared with a dtype
-#: object costs a third of one compared with a scalar type, on every small call)
-_F32 = np.dtype(np.float32)
-_F64 = np.dtype(np.float64)
-_I32 = np.dtype(np.int32)
-_I64 = np.dtype(np.int64)
-_U8 = np.dtype(np.uint8)
-
-
-def _host_work(rows: Rows, width: int) -> np.ndarray:
-    """:meth:`Context.work` of a host call, without its checks of the backend."""
-    length = rows.n if rows.n > 1 else 1
-    if 8 * rows.rows * width * length >= scratch.MIN_BYTES:
-        return scratch.take((rows.rows, width, length))
-    return np.empty((rows.rows, width, length))
-
-
-_F32_MAX = float(np.finfo(np.float32).max)
-
-
-def _alpha_grad(ctx: Context, alpha_bar: np.ndarray):
-    """:meth:`Context.alpha_grad` of host arrays; for one row and one alpha, its scalar
-    without the reshapes and checks, and for a float32 input without the error state of its
-    cast (two thirds of a small call's cost of the gradient of alpha): a value within
-    float32's range cannot overflow, and rounds as the cast rounds it.
-    """
-    rows = ctx.rows
-    if rows.rows == 1 and not ctx.alpha_shape and not rows.batch_shape:
-        if rows.dtype is _F64:
-            return alpha_bar[0]
-        if rows.dtype is _F32:
-            value = alpha_bar[0]
-            if abs(value) <= _F32_MAX:
-                return _F32.type(value)
-    return ctx.alpha_grad(alpha_bar)
-
-
 class SortRule(InverseRule):
     """Soft sort. On the CPU (rows shorter than 2**31) the forward pass keeps each target's
     offset but not its anchor (:func:`~softorder.core.sort.ladder_forward`), which the VJP
@@ -432,12 +420,9 @@ class SortRule(InverseRule):
     index_residuals = ("order", "anchor")  # the CPU forward keeps int32 anchors
 
     def prepare(self, x, alpha, axis, descending, order=None):
-        # (_descending_context, inline)
-        negate = check_flag(descending, "descending")
-        rows = Rows.from_input(x, axis, negate=negate, order=order)
-        ctx = Context.of(rows, alpha)
-        narrow = rows.dtype is _F32 or rows.dtype == _F32
-        if narrow and rows.backend is NUMPY and rows.n < 2**31:
+        ctx = _descending_context(x, alpha, axis, descending, order)
+        rows = ctx.rows
+        if rows.dtype == _F32 and rows.backend is NUMPY and rows.n < 2**31:
             # a float32 input's sorted values are float32 numbers: the ladder kernels read
             # them in float32 and widen each one exactly (4 bytes per element less)
             rows.xs = rows.xs.astype(np.float32)
@@ -466,7 +451,7 @@ class SortRule(InverseRule):
         rows = ctx.rows
         if rows.backend is NUMPY:  # the CPU kernel needs no targets: they are k - 1/2
             xs = rows.xs
-            shape, work = xs.shape, _host_work(rows, core.lapsum.SORT_TABLES)
+            shape, work = xs.shape, ctx.work(core.lapsum.SORT_TABLES)
             if rows.n >= 2**31:
                 out = ctx.empty(shape)
                 anchor, offset = ctx.target_storage(rows.n)
@@ -474,14 +459,14 @@ class SortRule(InverseRule):
                 return rows.to_user(_signed(ctx, out), "row")
             # a float32 input's result in float32 (rounded once, as the cast rounded it); the
             # counts of the targets wait in the result's own memory
-            if rows.dtype is _F32 or rows.dtype == _F32:
+            if rows.dtype == _F32:
                 out = np.empty(shape, _F32)
                 counts = out.view(_I32)
             else:
                 out = np.empty(shape)
                 counts = out.view(_I64)
             ctx.saved["offset"] = offset = np.empty(shape)
-            wide = offset if xs.dtype is _F32 or xs.dtype == _F32 else xs
+            wide = offset if xs.dtype == _F32 else xs
             core.sort.ladder_forward(xs, ctx.alpha, out, counts, offset, wide, work, True)
             return rows.to_user(out if rows.sign > 0 else _signed(ctx, out), "row")
         w = np.arange(rows.n, dtype=np.float64)
@@ -519,20 +504,7 @@ class SortRule(InverseRule):
     def vjp(self, ctx, cotangent):
         rows = ctx.rows
         cpu = rows.backend is NUMPY  # (the backend whose kernels are softorder.core)
-        narrow = rows.dtype is _F32 or rows.dtype == _F32
-        v = None
-        if cpu and narrow:
-            layout = rows.layout
-            if (
-                type(cotangent) is np.ndarray
-                and cotangent.dtype is _F32
-                and layout.axis == len(rows.batch_shape)
-                and cotangent.flags.c_contiguous
-                and cotangent.shape == layout.batch_shape + (rows.n,)
-            ):  # the common case of _float32_cotangent: the rows as they are
-                v = cotangent.reshape(rows.rows, rows.n)
-            else:
-                v = _float32_cotangent(ctx, cotangent, "row", (rows.n,))
+        v = _float32_cotangent(ctx, cotangent, "row", (rows.n,)) if cpu else None
         if v is None:
             u, owned = rows.to_core_owned(cotangent, "row", (rows.n,), "cotangent")
             if rows.sign < 0:
@@ -551,7 +523,7 @@ class SortRule(InverseRule):
                 x_bar = np.empty(rows.xs.shape)  # (never u: the counts wait in x_bar)
             counts = x_bar.view(_I32 if v is not None else _I64)
             redo = np.empty(rows.rows, _U8)
-            work = _host_work(rows, core.sort.LADDER_WORK)
+            work = ctx.work(core.sort.LADDER_WORK)
             core.sort.ladder_vjp(
                 rows.xs,
                 rows.order,
@@ -585,7 +557,7 @@ class SortRule(InverseRule):
                     work,
                 )
                 x_bar[at], alpha_bar[at] = sub_x_bar, sub_alpha_bar
-            return rows.grad_to_user(x_bar), _alpha_grad(ctx, alpha_bar)
+            return rows.grad_to_user(x_bar), ctx.alpha_grad(alpha_bar)
         # rows of 2**31 or more (int64 anchors): x_bar in u when softorder owns u (sort_vjp
         # reads each row of u before it writes that row of x_bar)
         if v is None:
