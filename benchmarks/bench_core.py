@@ -26,6 +26,13 @@ glibc's mmap threshold fixed (``MALLOC_MMAP_THRESHOLD_``) so that the warm-up ca
 resident heap behind for the measured call to reuse. tracemalloc would not see numba's
 allocations. Linux only; skipped elsewhere.
 
+``--memory-profile LABEL DTYPE`` shows where one operation's bytes go (n = 1e6, one process):
+at every kernel call of forward + VJP, the NumPy arrays alive (``tracemalloc``: every array's
+memory is NumPy's, the kernels' fast paths allocate nothing large of their own) in bytes per
+element of the row, each with the line of softorder that allocated it and the rule's line that
+led there; the call at which the most is alive is the peak's profile (the caller's input and
+cotangent, allocated before, are not counted, as in the memory table).
+
 Targets (issue 13): time ratio <= 3 everywhere, memory ratio <= 8 (float32) and <= 16
 (float64). The script prints PASS / FAIL per row and always exits with 0: it is a report,
 not a test.
@@ -34,13 +41,16 @@ not a test.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
+import linecache
 import os
 import platform
 import subprocess
 import sys
 import time
+import tracemalloc
 
 import numba
 import numpy as np
@@ -131,6 +141,110 @@ def memory_child(label, dtype, n):
     return (peak - before) * 1024, x.nbytes
 
 
+#: tracemalloc's domain of NumPy's array memory
+_NUMPY_DOMAIN = 389047
+
+
+def _live_arrays(n: int) -> list[tuple[float, str]]:
+    """``(bytes per element of a row of n, where softorder allocated it)`` of every NumPy
+    allocation alive now of at least 1 byte per 100 elements, largest first.
+    """
+    snapshot = tracemalloc.take_snapshot().filter_traces(
+        [tracemalloc.DomainFilter(True, _NUMPY_DOMAIN)]
+    )
+    found = []
+    for trace in snapshot.traces:
+        if trace.size * 100 < n:
+            continue
+        # the line that allocated it, and the rule's line that led there (the innermost line
+        # of the rules that is not a helper's return of what it allocated: Context.work)
+        frames = [
+            (f, linecache.getline(f.filename, f.lineno).strip())
+            for f in reversed(trace.traceback)
+            if "softorder" in f.filename
+        ]
+        rule = [
+            (f, src)
+            for f, src in frames
+            if f.filename.endswith("rules.py") and not src.startswith("return ")
+        ]
+        shown = frames[:1] + [fs for fs in rule[:1] if fs[0] is not frames[0][0]]
+        where = " | ".join(
+            f"{f.filename.rsplit('softorder/', 1)[-1]}:{f.lineno} {src[:50]}" for f, src in shown
+        )
+        found.append((trace.size / n, where or "(allocated outside softorder)"))
+    return sorted(found, reverse=True)
+
+
+def _kernels():
+    """``(module, name)`` of every CPU kernel (``softorder.core._jit.kernel``: a function with
+    a ``serial`` dispatcher) that softorder's CPU modules expose: the rules and the kernels'
+    Python wrappers look them up there at each call.
+    """
+    modules = [softorder.core] + [
+        m
+        for name, m in sorted(sys.modules.items())
+        if name.startswith("softorder.core.") and ".cuda" not in name and m is not None
+    ]
+    return [
+        (m, name)
+        for m in modules
+        for name, value in vars(m).items()
+        if callable(getattr(value, "serial", None))
+    ]
+
+
+def memory_profile(label, dtype, n):
+    """Print the NumPy arrays alive at every kernel call of one forward + VJP (see the
+    module's docstring) and return the steps as ``[(kernel, [(bytes per element, where)])]``.
+    """
+    rng = np.random.default_rng(SEED)
+    x = rng.standard_normal(n).astype(dtype)
+    run = forward_vjp(label, x, rng)
+    run()  # compiles or loads the kernels
+    softorder.set_scratch_limit(softorder.set_scratch_limit(0))
+    steps = []
+    wrapped = []
+
+    def watch(module, name, kernel):
+        @functools.wraps(kernel)
+        def call(*args, **kwargs):
+            steps.append((f"{module.__name__.split('.')[-1]}.{name}", _live_arrays(n)))
+            return kernel(*args, **kwargs)
+
+        return call
+
+    seen = set()
+    for module, name in _kernels():
+        kernel = getattr(module, name)
+        if (module.__name__, name) in seen:
+            continue
+        seen.add((module.__name__, name))
+        wrapped.append((module, name, kernel))
+        setattr(module, name, watch(module, name, kernel))
+    gc.collect()
+    tracemalloc.start(64)
+    try:
+        result = run()
+        steps.append(("(after the pullback, the gradients held)", _live_arrays(n)))
+        del result
+    finally:
+        tracemalloc.stop()
+        for module, name, kernel in wrapped:
+            setattr(module, name, kernel)
+    itemsize = np.dtype(dtype).itemsize
+    print(f"{label}, {dtype}, n = {n:.0e}: NumPy arrays alive at each kernel call, in bytes per")
+    print(f"element (input: {itemsize}); x input = their sum over the input's bytes\n")
+    peak = max(range(len(steps)), key=lambda i: sum(b for b, _ in steps[i][1]))
+    for i, (kernel, arrays) in enumerate(steps):
+        total = sum(b for b, _ in arrays)
+        mark = "  <- the most alive" if i == peak else ""
+        print(f"{kernel}: {total:.1f} B/element = {total / itemsize:.2f} x input{mark}")
+        for b, where in arrays:
+            print(f"    {b:5.1f}  {where}")
+    return steps
+
+
 def memory_ratios(n):
     """``{(label, dtype): extra peak / input bytes}``, one subprocess each."""
     out = {}
@@ -187,6 +301,13 @@ def parse_args(argv):
         "on it, and other processes on a busy machine do not count); wall: perf_counter",
     )
     parser.add_argument("--memory-child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--memory-profile",
+        nargs=2,
+        metavar=("LABEL", "DTYPE"),
+        help="the NumPy arrays alive at each kernel call of one forward + VJP of the "
+        "operation LABEL (e.g. soft_sort) in DTYPE (float32 or float64), n = 1e6",
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
@@ -200,6 +321,14 @@ def main(argv=None):
     if args.memory_child:
         label, dtype, n = args.memory_child
         print(json.dumps(memory_child(label, dtype, int(n))))
+        return 0
+    if args.memory_profile:
+        label, dtype = args.memory_profile
+        if label not in [name for name, _, _ in OPERATIONS]:
+            names = ", ".join(name for name, _, _ in OPERATIONS)
+            sys.exit(f"--memory-profile: unknown operation {label!r}; one of: {names}")
+        numba.set_num_threads(1)
+        memory_profile(label, np.dtype(dtype).name, MEMORY_N)
         return 0
     if args.clock == "cpu" and args.threads > 1:
         sys.exit("--clock cpu measures the calling thread only: use --clock wall with --threads")

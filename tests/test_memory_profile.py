@@ -1,0 +1,40 @@
+"""``benchmarks/bench_core.py --memory-profile`` (issue 13): the NumPy arrays alive at each
+kernel call of one forward + VJP, as the issue's note reports them. Checked here against what
+soft_sort's CPU path allocates (its docstrings' budget: three rows of float64 scratch, the
+float64 offsets, the float32 sorted row, its int32 order, the float32 result and gradient).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import runpy
+
+import pytest
+
+BENCH = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "bench_core.py"
+N = 200_000  # the scratch of a call (3 rows of float64) is above the scratch kept per thread
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return runpy.run_path(str(BENCH))
+
+
+def test_soft_sort_float32_profile(bench, capsys):
+    steps = dict(bench["memory_profile"]("soft_sort", "float32", N))
+    out = capsys.readouterr().out
+    assert "sort.ladder_vjp" in steps and "sort.ladder_forward" in steps
+    forward = sorted(round(b, 3) for b, _ in steps["sort.ladder_forward"])
+    pullback = sorted(round(b, 3) for b, _ in steps["sort.ladder_vjp"])
+    # scratch, offsets, then the result, the sorted row and its order (4 bytes each)
+    assert forward == [4.0, 4.0, 4.0, 8.0, 24.0]
+    assert pullback == [4.0, 4.0, 4.0, 4.0, 8.0, 24.0]  # ... and the gradient
+    assert "sort.ladder_vjp: 48.0 B/element = 12.00 x input  <- the most alive" in out
+    where = dict((b, w) for b, w in steps["sort.ladder_vjp"] if b != 4.0)
+    assert "ctx.work(core.sort.LADDER_WORK)" in where[24.0]
+    assert 'ctx.saved["offset"]' in where[8.0]
+
+
+def test_unknown_operation_is_refused(bench):
+    with pytest.raises(SystemExit, match="unknown operation 'soft_nothing'"):
+        bench["main"](["--memory-profile", "soft_nothing", "float32"])
