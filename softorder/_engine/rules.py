@@ -468,7 +468,9 @@ class SortRule(InverseRule):
             ctx.saved["offset"] = offset = np.empty(shape)
             wide = offset if xs.dtype == _F32 else xs
             core.sort.ladder_forward(xs, ctx.alpha, out, counts, offset, wide, work, True)
-            return rows.to_user(out if rows.sign > 0 else _signed(ctx, out), "row")
+            if rows.sign < 0:  # _signed's product, in place: no copy beside the scratch
+                np.multiply(out, rows.sign, out=out)
+            return rows.to_user(out, "row")
         w = np.arange(rows.n, dtype=np.float64)
         w += 0.5
         w = _same_row(ctx, w)
