@@ -194,9 +194,20 @@ def _kernels():
     ]
 
 
+def _resident() -> int | None:
+    """Resident bytes of this process (``VmRSS``), ``None`` where /proc is not there."""
+    try:
+        return _status_kib("VmRSS") * 1024
+    except OSError:
+        return None
+
+
 def memory_profile(label, dtype, n):
     """Print the NumPy arrays alive at every kernel call of one forward + VJP (see the
-    module's docstring) and return the steps as ``[(kernel, [(bytes per element, where)])]``.
+    module's docstring) and return the steps as ``[(kernel, [(bytes per element, where)],
+    resident)]``: ``resident`` is ``(at the call, after it)``, the extra resident bytes per
+    element (``None`` off Linux). Arrays are counted whole; the resident figures count the
+    pages written (a kernel may write part of its scratch only).
     """
     rng = np.random.default_rng(SEED)
     x = rng.standard_normal(n).astype(dtype)
@@ -205,12 +216,22 @@ def memory_profile(label, dtype, n):
     softorder.set_scratch_limit(softorder.set_scratch_limit(0))
     steps = []
     wrapped = []
+    base = [0]
+
+    def resident():
+        now = _resident()
+        return None if now is None else (now - base[0]) / n
 
     def watch(module, name, kernel):
         @functools.wraps(kernel)
         def call(*args, **kwargs):
-            steps.append((f"{module.__name__.split('.')[-1]}.{name}", _live_arrays(n)))
-            return kernel(*args, **kwargs)
+            arrays, entry = _live_arrays(n), resident()
+            try:
+                return kernel(*args, **kwargs)
+            finally:
+                after = resident()
+                both = None if entry is None else (entry, after)
+                steps.append((f"{module.__name__.split('.')[-1]}.{name}", arrays, both))
 
         return call
 
@@ -224,9 +245,13 @@ def memory_profile(label, dtype, n):
         setattr(module, name, watch(module, name, kernel))
     gc.collect()
     tracemalloc.start(64)
+    base[0] = _resident() or 0
     try:
         result = run()
-        steps.append(("(after the pullback, the gradients held)", _live_arrays(n)))
+        now = resident()
+        steps.append(
+            ("(after the pullback, the gradients held)", _live_arrays(n), now and (now, now))
+        )
         del result
     finally:
         tracemalloc.stop()
@@ -234,14 +259,16 @@ def memory_profile(label, dtype, n):
             setattr(module, name, kernel)
     itemsize = np.dtype(dtype).itemsize
     print(f"{label}, {dtype}, n = {n:.0e}: NumPy arrays alive at each kernel call, in bytes per")
-    print(f"element (input: {itemsize}); x input = their sum over the input's bytes\n")
+    print(f"element (input: {itemsize}); x input = their sum over the input's bytes; resident:")
+    print("the process's extra resident bytes per element at the call and after it\n")
     peak = max(range(len(steps)), key=lambda i: sum(b for b, _ in steps[i][1]))
-    for i, (kernel, arrays) in enumerate(steps):
+    for i, (kernel, arrays, both) in enumerate(steps):
         total = sum(b for b, _ in arrays)
         mark = "  <- the most alive" if i == peak else ""
-        print(f"{kernel}: {total:.1f} B/element = {total / itemsize:.2f} x input{mark}")
-        for b, where in arrays:
-            print(f"    {b:5.1f}  {where}")
+        where = "" if both is None else f" (resident {both[0]:.1f} -> {both[1]:.1f})"
+        print(f"{kernel}: {total:.1f} B/element = {total / itemsize:.2f} x input{where}{mark}")
+        for b, at in arrays:
+            print(f"    {b:5.1f}  {at}")
     return steps
 
 
@@ -327,6 +354,11 @@ def main(argv=None):
         if label not in [name for name, _, _ in OPERATIONS]:
             names = ", ".join(name for name, _, _ in OPERATIONS)
             sys.exit(f"--memory-profile: unknown operation {label!r}; one of: {names}")
+        if sys.platform.startswith("linux") and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+            # the memory table's allocator setting (memory_ratios), for its resident figures
+            env = dict(os.environ, NUMBA_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="131072")
+            cmd = [sys.executable, __file__, "--memory-profile", label, dtype]
+            return subprocess.run(cmd, env=env, check=False).returncode
         numba.set_num_threads(1)
         memory_profile(label, np.dtype(dtype).name, MEMORY_N)
         return 0
