@@ -250,7 +250,11 @@ def memory_profile(label, dtype, n):
         result = run()
         now = resident()
         steps.append(
-            ("(after the pullback, the gradients held)", _live_arrays(n), now and (now, now))
+            (
+                "(after the pullback, the gradients held)",
+                _live_arrays(n),
+                None if now is None else (now, now),
+            )
         )
         del result
     finally:
