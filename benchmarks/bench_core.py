@@ -24,7 +24,9 @@ resetting it through ``/proc/self/clear_refs``) minus the resident size just bef
 with the input and the cotangent already allocated and the kernels already compiled, and
 glibc's mmap threshold fixed (``MALLOC_MMAP_THRESHOLD_``) so that the warm-up call leaves no
 resident heap behind for the measured call to reuse. tracemalloc would not see numba's
-allocations. Linux only; skipped elsewhere.
+allocations. Linux only; skipped elsewhere. With torchsort installed, its soft_rank and
+soft_sort (forward and ``torch.autograd.grad`` on one row, regularization ``ALPHA``) are peer
+rows of the table, measured alike: softorder's soft_rank and soft_sort must not need more.
 
 ``--memory-profile LABEL DTYPE`` shows where one operation's bytes go (n = 1e6, one process):
 at every kernel call of forward + VJP, the NumPy arrays alive (``tracemalloc``: every array's
@@ -123,11 +125,37 @@ def _status_kib(field):
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
+#: peers of the memory table (issue 13: soft_rank and soft_sort within torchsort's memory):
+#: label -> torchsort's function, on one row (a batch of one) at regularization ``ALPHA``
+MEMORY_PEERS = {"torchsort soft_rank": "soft_rank", "torchsort soft_sort": "soft_sort"}
+
+
+def _peer_forward_backward(label, x, rng):
+    """:func:`forward_vjp` of the peer ``label``: forward and ``torch.autograd.grad`` with a
+    random cotangent (the leaf that requires grad is a copy made before, as the input).
+    """
+    import torch
+    import torchsort
+
+    fn = getattr(torchsort, MEMORY_PEERS[label])
+    leaf = torch.from_numpy(x.reshape(1, -1)).clone().requires_grad_(True)
+    cotangent = torch.from_numpy(rng.standard_normal(leaf.shape).astype(x.dtype))
+
+    def run():
+        out = fn(leaf, regularization_strength=ALPHA)
+        return torch.autograd.grad(out, leaf, cotangent)
+
+    return run
+
+
 def memory_child(label, dtype, n):
     """Extra peak bytes of one forward + VJP (run in a fresh process)."""
     rng = np.random.default_rng(SEED)
     x = rng.standard_normal(n).astype(dtype)
-    run = forward_vjp(label, x, rng)
+    if label in MEMORY_PEERS:
+        run = _peer_forward_backward(label, x, rng)
+    else:
+        run = forward_vjp(label, x, rng)
     run()  # compiles or loads the kernels
     # the scratch the warm-up call left for the next (softorder.set_scratch_limit) goes too:
     # the measured call's peak counts the scratch it takes
@@ -276,10 +304,19 @@ def memory_profile(label, dtype, n):
     return steps
 
 
-def memory_ratios(n):
-    """``{(label, dtype): extra peak / input bytes}``, one subprocess each."""
+def memory_peers() -> list[str]:
+    """The labels of :data:`MEMORY_PEERS` whose package is installed."""
+    import importlib.util
+
+    return list(MEMORY_PEERS) if importlib.util.find_spec("torchsort") else []
+
+
+def memory_ratios(n, peers=()):
+    """``{(label, dtype): extra peak / input bytes}`` of the operations and ``peers``, one
+    subprocess each.
+    """
     out = {}
-    for label, _, _ in OPERATIONS:
+    for label in [name for name, _, _ in OPERATIONS] + list(peers):
         for dtype in ("float32", "float64"):
             cmd = [sys.executable, __file__, "--memory-child", label, dtype, str(n)]
             # A fixed mmap threshold: glibc otherwise raises it after the warm-up call frees
@@ -406,17 +443,27 @@ def main(argv=None):
     memory = args.memory_only or not args.no_memory
     if memory and sys.platform.startswith("linux") and args.max_n >= MEMORY_N:
         print(f"\nExtra peak memory of fwd+VJP / input bytes, n = {MEMORY_N:.0e} (subprocesses)\n")
-        mem = memory_ratios(MEMORY_N)
+        peers = memory_peers()
+        mem = memory_ratios(MEMORY_N, peers)
         print("| operation | float32 | float64 |")
         print("|---|---:|---:|")
-        for label, _, _ in OPERATIONS:
+        for label in [name for name, _, _ in OPERATIONS] + peers:
             cells = []
             for dtype in ("float32", "float64"):
                 r = mem[label, dtype]
                 cells.append(f"{r:.1f}")
-                if not r <= TARGET_MEMORY[dtype]:
+                if label not in MEMORY_PEERS and not r <= TARGET_MEMORY[dtype]:
                     misses.append(f"{label} memory {dtype}: {r:.1f}")
-            print(f"| {label} | " + " | ".join(cells) + " |")
+            print(f"| {label} (peer) | " if label in MEMORY_PEERS else f"| {label} | ", end="")
+            print(" | ".join(cells) + " |")
+        for op in ("soft_rank", "soft_sort"):  # issue 13: no more than torchsort's
+            peer = f"torchsort {op}"
+            for dtype in ("float32", "float64") if peer in peers else ():
+                if not mem[op, dtype] <= mem[peer, dtype]:
+                    misses.append(
+                        f"{op} memory {dtype} above torchsort's: {mem[op, dtype]:.1f} > "
+                        f"{mem[peer, dtype]:.1f}"
+                    )
 
     print(
         f"\nTargets: time <= {TARGET_RATIO:g} x np.argsort; memory <= "
