@@ -179,3 +179,32 @@ def test_forward_mode_under_torch_compile_is_refused_naming_softorder():
     h = 1e-6
     central = (sot.soft_sort(X + h * tangent, 0.5) - sot.soft_sort(X - h * tangent, 0.5)) / (2 * h)
     torch.testing.assert_close(eager, central, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_every_narrow_float_is_computed_in_float32(dtype):
+    # the engine's dtype policy (compute_dtype): float8 too, not only float16 and bfloat16
+    x = X.to(dtype)
+    out = sot.soft_rank(x, 0.5)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, sot.soft_rank(x.float(), 0.5).to(dtype), rtol=0, atol=0)
+    alpha = torch.tensor(0.5).to(dtype)
+    torch.testing.assert_close(sot.soft_rank(X, alpha), sot.soft_rank(X, 0.5), rtol=0, atol=0)
+
+
+def test_a_bool_k_is_refused_under_torch_compile_as_in_eager_mode():
+    compiled = torch.compile(lambda x: sot.soft_topk(x, True, 0.5), backend="eager")
+    with pytest.raises(TypeError, match="k must be a real number or array, not a bool"):
+        sot.soft_topk(X, True, 0.5)
+    with pytest.raises(Exception, match="k must be a real number or array, not a bool"):
+        compiled(X)
+
+
+def test_bad_settings_are_refused_before_the_call_by_the_engine():
+    # checks.split_arguments: the same messages as the rules', for every route
+    with pytest.raises(TypeError, match="largest must be a bool"):
+        sot.soft_topk(X, 2, 0.5, largest="yes")
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        sot.permutation_cross_entropy(X, RANKS, 0.5, reduction="avg")
+    with pytest.raises(TypeError, match="alpha must be a real number, a sequence of them or a"):
+        sot.soft_rank(X, np.ones(2))

@@ -20,7 +20,6 @@ from __future__ import annotations
 import collections
 import functools
 import json
-import numbers
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -29,9 +28,6 @@ import numpy as np
 from softorder._engine.autodiff import Rule, rule_named
 from softorder._engine.checks import check_input_dtype
 from softorder._engine.layout import axes_after_leading
-
-#: the floating dtypes narrower than float32 that the frameworks have
-NARROW_FLOATS = ("float16", "bfloat16")
 
 #: the arguments a callback may receive as 0-d arrays that pass to the rules as numbers
 _SCALARS = frozenset(("alpha", "k", "q"))
@@ -66,33 +62,6 @@ def input_dtypes(dtype, name: str, default) -> tuple[np.dtype, np.dtype]:
     if check_input_dtype(dtype, name):
         return np.dtype(compute_dtype(np.dtype(dtype).name)), np.dtype(dtype)
     return np.dtype(default), np.dtype(default)
-
-
-_PLAIN = (bool, int, float, str, type(None))
-
-
-def plain(value, name: str):
-    """A static argument as a plain Python value (bool, int, float, str, None, or a list of
-    them), so that a call spec holds only literals; ``TypeError`` naming ``name`` otherwise.
-
-    Examples
-    --------
-    >>> plain(np.float32(0.5), "alpha"), plain((1, np.int64(2)), "k")
-    (0.5, [1, 2])
-    """
-    if type(value) in _PLAIN:
-        return value
-    if isinstance(value, (bool, str, type(None))):
-        return value
-    if isinstance(value, np.bool_):
-        return bool(value)
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    if isinstance(value, (list, tuple)):
-        return [plain(v, name) for v in value]
-    raise TypeError(f"{name} must be a real number, a sequence of them or a tensor; got {value!r}")
 
 
 class CallSpec(NamedTuple):

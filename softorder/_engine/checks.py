@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -347,13 +348,20 @@ FLOAT_ARGUMENTS = ("alpha", "k", "q", "p_k")
 FLAGS = ("largest", "descending", "split_top1")
 
 
-def split_arguments(parameters, arguments: dict) -> tuple[tuple, dict]:
+def positional(parameters) -> tuple:
+    """The names of an operation's positional ``parameters`` (its input and array arguments)."""
+    return tuple(p.name for p in parameters.values() if p.kind is not p.KEYWORD_ONLY)
+
+
+def split_arguments(parameters, arguments: dict, is_array=None) -> tuple[tuple, dict]:
     """The names of a call's array arguments and its statics, checked.
 
-    ``parameters`` are the operation's (``inspect.signature(op).parameters``) and
-    ``arguments`` every argument of the call by name. The array arguments are the positional
-    parameters, in order; the statics are the keyword-only ones (``axis``, the flags,
-    ``reduction``), with the flags as bools.
+    ``parameters`` are the operation's (``inspect.signature(op).parameters``), or the names of
+    its positional ones, and ``arguments`` every argument of the call by name. The array
+    arguments are the positional parameters, in order; the statics are the keyword-only ones
+    (``axis``, the flags, ``reduction``), with the flags as bools. With ``is_array`` (a bridge
+    whose numbers are statics: PyTorch's), a positional argument other than the input for
+    which ``is_array(value)`` is false is a static too, as a :func:`plain` value.
 
     Examples
     --------
@@ -361,15 +369,84 @@ def split_arguments(parameters, arguments: dict) -> tuple[tuple, dict]:
     >>> parameters = softorder.soft_rank.signature.parameters
     >>> split_arguments(parameters, {"x": 0, "alpha": 1.0, "axis": -1, "descending": False})
     (('x', 'alpha'), {'axis': -1, 'descending': False})
+    >>> split_arguments(("x", "alpha"), {"x": 0, "alpha": 1.0, "axis": -1}, lambda v: False)
+    (('x',), {'alpha': 1.0, 'axis': -1})
     """
-    names = tuple(p.name for p in parameters.values() if p.kind is not p.KEYWORD_ONLY)
-    statics = {name: arguments[name] for name in parameters if name not in names}
+    if type(parameters) is not tuple:
+        parameters = positional(parameters)
+    names, statics = [], {}
+    for name, value in arguments.items():
+        if name not in parameters:
+            statics[name] = value
+        elif is_array is None or name == parameters[0] or is_array(value):
+            names.append(name)
+        else:
+            statics[name] = plain(value, name)
     if "reduction" in statics:
         check_reduction(statics["reduction"])
     for flag in FLAGS:
         if flag in statics:
             statics[flag] = check_flag(statics[flag], flag)
-    return names, statics
+    return tuple(names), statics
+
+
+#: the types that pass as statics as they are
+PLAIN_TYPES = (bool, int, float, str, type(None))
+
+
+def plain(value, name: str):
+    """A static argument as a plain Python value (bool, int, float, str, None, or a list of
+    them), so that a call spec holds only literals; ``TypeError`` naming ``name`` otherwise.
+
+    Examples
+    --------
+    >>> plain(np.float32(0.5), "alpha"), plain((1, np.int64(2)), "k")
+    (0.5, [1, 2])
+    """
+    if type(value) in PLAIN_TYPES or isinstance(value, (bool, str, type(None))):
+        return value
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, (list, tuple)):
+        return [plain(v, name) for v in value]
+    raise TypeError(f"{name} must be a real number, a sequence of them or a tensor; got {value!r}")
+
+
+def check_axis(axis, shape: tuple, name: str = "x", word: str = "axis") -> int:
+    """``axis`` of an input ``name`` of ``shape`` as an int: anything :func:`operator.index`
+    takes but a bool, in range (``IndexError`` otherwise, in PyTorch's words), along a
+    non-empty dimension. ``word`` is what the caller calls the argument (PyTorch: ``dim``).
+
+    Examples
+    --------
+    >>> check_axis(np.int64(-1), (2, 3))
+    -1
+    >>> check_axis(2, (2, 3), word="dim")
+    Traceback (most recent call last):
+    ...
+    IndexError: Dimension out of range (expected to be in range of [-2, 1], but got 2)
+    """
+    try:
+        if isinstance(axis, (bool, np.bool_)):
+            raise TypeError
+        axis = operator.index(axis)
+    except TypeError:
+        raise TypeError(f"{word} must be an integer; got {axis!r}") from None
+    ndim = len(shape)
+    if ndim == 0:
+        raise ValueError(f"{name} must have at least one dimension; got shape ()")
+    if not -ndim <= axis < ndim:
+        raise IndexError(
+            f"Dimension out of range (expected to be in range of [{-ndim}, {ndim - 1}], "
+            f"but got {axis})"
+        )
+    if shape[axis] == 0:
+        raise ValueError(f"{word} {axis} of {name} is empty (shape {tuple(shape)}); need n >= 1")
+    return axis
 
 
 def is_floating(dtype) -> bool:

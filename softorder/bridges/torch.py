@@ -10,33 +10,26 @@ tensor([[0.0680, 0.0000, 1.0000, 0.9320]])
 >>> x.grad.shape
 torch.Size([1, 4])
 
-The bridge adapts PyTorch's types and transforms to one call of the engine
-(:mod:`softorder._engine.call`), nothing else; what it supports: ``docs/pytorch.rst``. CPU
-tensors reach the rules as NumPy views, CUDA tensors stay on their device
-(:mod:`softorder.bridges._torch_device`). The routes of a call:
+This module adapts PyTorch's types and transforms only: the checks, the call spec and the
+dtype policy are the engine's (:mod:`softorder._engine`); what it supports:
+``docs/pytorch.rst``. CPU tensors reach the rules as NumPy views, CUDA tensors stay on their
+device (:mod:`softorder.bridges._torch_device`). The routes of a call:
 
-- plain eager calls: :class:`_PlainOperation`, an :class:`torch.autograd.Function` whose
-  backward calls the rule's VJP on the context its forward kept;
-- forward mode (a ``forward_ad`` dual level) and torch.func transforms: :class:`_Operation`,
-  with a ``jvp`` and a ``vmap`` rule (the vmapped dimension becomes one more leading batch
-  dimension, :class:`_Batched`); under transforms the wrapped tensors reach NumPy only
-  through the custom operators below, whose own vmap rules batch ``jacrev``/``jacfwd``;
-- ``torch.compile``: custom operators (``softorder::forward`` with fake implementations and
-  a reverse-mode formula, ``softorder::backward``), so that ``fullgraph=True`` traces
-  without graph breaks; the forward operator also returns the rule's O(n) residuals.
+- plain eager calls: :class:`_PlainOperation`, whose backward calls the rule's VJP on the
+  context its forward kept;
+- forward mode and torch.func transforms: :class:`_Operation`, with ``jvp`` and ``vmap``
+  rules (:class:`_Batched`); wrapped tensors reach NumPy only through the custom operators;
+- ``torch.compile``: the custom operators ``softorder::forward`` (whose outputs include the
+  residuals) and ``softorder::backward``, so that ``fullgraph=True`` traces.
 
-Gradients and tangents that may be differentiated again are tied to their inputs by
-:class:`_FirstOrderOnly`, whose derivatives raise :data:`_SECOND_ORDER`. Plain eager calls
-never import PyTorch's dynamo compiler (seconds); private PyTorch APIs are used only through
-:mod:`softorder.bridges._torch_compat`. The functions' docstrings are the NumPy API's,
-translated (:mod:`softorder._docs`): each function writes only its example.
+Derivatives of gradients and tangents raise (:class:`_FirstOrderOnly`). Private PyTorch APIs
+are used only through :mod:`softorder.bridges._torch_compat`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import operator
 
 import numpy as np
 import torch
@@ -44,15 +37,9 @@ from torch import Tensor, nn
 
 from softorder import core, operations
 from softorder._docs import Dialect, documented
+from softorder._engine import checks
 from softorder._engine.autodiff import rule_named
-from softorder._engine.call import (
-    NARROW_FLOATS,
-    CallSpec,
-    compute_dtype,
-    gradient_positions,
-    plain,
-    reduction_scale,
-)
+from softorder._engine.call import CallSpec, compute_dtype, gradient_positions, reduction_scale
 from softorder.bridges import _torch_compat as compat
 
 __all__ = [
@@ -68,28 +55,24 @@ __all__ = [
     "topk_cross_entropy",
 ]
 
-# PyTorch's OpenMP threads and numba's spin against each other (numbers in
-# core.set_parallel): next to PyTorch, the kernels run on the calling thread.
-core.set_parallel(False)
+core.set_parallel(False)  # next to PyTorch's threads, the kernels run on the calling thread
 
-#: arguments that choose what is computed; all others are data
-_SETTINGS = ("axis", "largest", "descending", "reduction", "split_top1")
-#: the input argument's name of each operation (``x``, or ``logits``)
-_INPUT_NAMES = {n: getattr(operations, n).rule.input_name for n in __all__ if n.islower()}
-#: the rule of each operation
-_RULES = {n: rule_named(n) for n in _INPUT_NAMES}
+#: the keyword-only arguments: statics under torch.compile too
+_SETTINGS = ("axis", "reduction", *checks.FLAGS)
+#: the positional arguments of each operation (the input first), by name
+_POSITIONAL = {
+    n: checks.positional(getattr(operations, n).signature.parameters)
+    for n in __all__
+    if n.islower()
+}
+_INPUT_NAMES = {n: names[0] for n, names in _POSITIONAL.items()}
+_RULES = {n: rule_named(n) for n in _POSITIONAL}
 #: where the input's gradient is among each rule's VJP results
 _INPUT_POSITIONS = {n: r.differentiable.index(r.input_name) for n, r in _RULES.items()}
-#: the dtype policy of softorder._engine.call: narrow floats are computed in float32
-_COMPUTE_DTYPE = {getattr(torch, n): getattr(torch, compute_dtype(n)) for n in NARROW_FLOATS}
-#: the types :func:`plain` passes as they are (a tuple: torch 2.6's dynamo traces ``in`` on a
-#: tuple of classes, not on a frozenset)
-_PLAIN_TYPES = (bool, int, float, str, type(None))
-#: the input dtypes computed as they are (no conversion of the input or the result)
+_PLAIN_TYPES = checks.PLAIN_TYPES
 _WIDE_FLOATS = frozenset((torch.float32, torch.float64))
 _STRIDED = torch.strided
-#: device types whose tensors the rules take as they are (softorder.bridges._torch_device);
-#: CPU tensors reach the rules as NumPy views
+#: device types whose tensors the rules take as they are; CPU tensors reach them as NumPy views
 _ON_DEVICE = {"cuda"}
 
 
@@ -451,16 +434,6 @@ def _values(call: _Call, *tensors: Tensor) -> Tensor:
     return _as_tensor(out)
 
 
-#: gradient_positions of each (operation, array argument names)
-_POSITIONS: dict = {}
-
-
-def _positions(call: _Call) -> tuple:
-    key = (call.name, call.names)
-    positions = _POSITIONS[key] = gradient_positions(call.rule, call.names)
-    return positions
-
-
 class _Operation(compat.FastApplyFunction):
     """Eager autograd for one call: reverse mode, forward mode and ``vmap``."""
 
@@ -496,8 +469,7 @@ class _Operation(compat.FastApplyFunction):
             return None, *_first_order_only(grads, (*tensors, cotangent))
         needs = ctx.needs_input_grad  # (the first is the call's)
         grads, values = [None] * len(needs), None
-        positions = _POSITIONS.get((call.name, call.names)) or _positions(call)
-        for i, position in positions:
+        for i, position in gradient_positions(call.rule, call.names):
             if needs[i + 1]:
                 if values is None:
                     cpu = cotangent.is_cpu and "cpu" not in _ON_DEVICE
@@ -544,15 +516,7 @@ class _PlainOperation(compat.FastApplyFunction):
     def forward(ctx, call: _Call, *tensors: Tensor) -> Tensor:
         ctx.call = call
         ctx.save_for_backward(*tensors)
-        if len(tensors) != 1 or not tensors[0].is_cpu or "cpu" in _ON_DEVICE:
-            return _values(call, *tensors)
-        # (_values' common case inline; grad mode is off here: numpy() takes x as it is)
-        rule = call.rule
-        call.ctx = c = rule.prepare(tensors[0].numpy(), **call.statics)
-        out = rule.forward(c)
-        if type(out) is np.ndarray and out.flags.c_contiguous:
-            return torch.from_numpy(out)
-        return _as_tensor(out)
+        return _values(call, *tensors)
 
     @staticmethod
     def backward(ctx, cotangent):
@@ -565,12 +529,8 @@ class _PlainOperation(compat.FastApplyFunction):
             or compat.is_wrapped(cotangent)
         ):
             return _Operation.backward(ctx, cotangent)
-        call = ctx.call
-        # (grad mode is off here: numpy() takes the cotangent as it is)
+        call = ctx.call  # (grad mode is off here: numpy() takes the cotangent as it is)
         grad = call.rule.vjp(call.ctx, cotangent.numpy())[_INPUT_POSITIONS[call.name]]
-        if type(grad) is np.ndarray and grad.flags.c_contiguous:  # _gradient's common case
-            out = torch.from_numpy(grad)
-            return None, out if out.dtype == tensors[0].dtype else out.to(tensors[0].dtype)
         return None, _gradient(grad, tensors[0])
 
 
@@ -578,62 +538,51 @@ class _PlainOperation(compat.FastApplyFunction):
 
 
 def _run(name: str, x, arguments: dict) -> Tensor:
-    """Operation ``name`` on the input ``x`` and the bridge function's other ``arguments``.
-
-    ``arguments`` are in signature order, ``dim`` as ``axis``, last. (The name, not the
-    function: dynamo in torch 2.15 reads a wrapped function's ``__name__`` as its code's.)
-    The common case (one plain CPU tensor of a wide float dtype, plain settings, a valid int
-    ``dim``, no transform) is decided first, with few operations: each counts at n = 1e2.
+    """Operation ``name`` (the name: dynamo in torch 2.15 reads a wrapped function's
+    ``__name__`` as its code's) on the input ``x`` and the public function's other
+    ``arguments``, ``dim`` as ``axis``. The common case (plain settings and numbers, a plain CPU
+    tensor of a wide float dtype, a valid int ``dim``, no transform) is decided first, in few
+    steps: this is the per-call floor.
     """
-    if (
-        type(x) is Tensor
-        and x.is_cpu
-        and x.dtype in _WIDE_FLOATS
-        and x.layout is _STRIDED  # (a nested tensor may have it too: its shape raises below)
-        and "cpu" not in _ON_DEVICE
-        and not torch.compiler.is_compiling()
-        and not (compat.transforms_active() or compat.is_wrapped(x) or compat.dual_level_open())
-    ):
-        try:
-            shape = x.shape
-        except RuntimeError:  # a nested tensor (PyTorch's "internal error"): refused
-            _check_dense(x, _INPUT_NAMES[name])
-            raise
-        dim = arguments.get("axis", -1)
-        if type(dim) is int and -len(shape) <= dim < len(shape) and shape[dim]:
-            for value in arguments.values():
-                if type(value) not in _PLAIN_TYPES:
-                    break
-            else:
+    for value in arguments.values():
+        if type(value) not in _PLAIN_TYPES:
+            break
+    else:
+        if (
+            type(x) is Tensor
+            and x.is_cpu
+            and x.dtype in _WIDE_FLOATS
+            and x.layout is _STRIDED
+            and "cpu" not in _ON_DEVICE
+            and not torch.compiler.is_compiling()
+            and not (compat.transforms_active() or compat.is_wrapped(x) or compat.dual_level_open())
+        ):
+            try:
+                shape = x.shape
+            except RuntimeError:  # a nested tensor (PyTorch's "internal error"): refused
+                _check_dense(x, _INPUT_NAMES[name])
+                raise
+            dim = arguments.get("axis", -1)
+            if type(dim) is int and -len(shape) <= dim < len(shape) and shape[dim]:
                 call = _Call(name, (_INPUT_NAMES[name],), arguments)
                 if x.requires_grad and torch.is_grad_enabled():
                     return _PlainOperation.c_apply(call, x)
-                return _values(call, x)  # nothing to differentiate: no Function (about 2 us)
-    return _run_any(name, x, arguments)
-
-
-def _run_any(name: str, x, arguments: dict) -> Tensor:
-    """:func:`_run` for every call (the losses call it directly: they have tensor arguments
-    besides the input): checked, compiled, under transforms, on devices.
-    """
-    if (
-        not isinstance(x, Tensor)
-        or not x.dtype.is_floating_point  # (getters: no argument parsing)
-        or x.layout is not _STRIDED
-        or x.is_nested
-    ):
-        _check_input(x, _INPUT_NAMES[name])  # raises
+                return _values(call, x)  # nothing to differentiate: no Function
+    input_name = _INPUT_NAMES[name]
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{input_name} must be a torch.Tensor; got {type(x).__name__}")
+    if not x.is_floating_point():  # (the engine computes integers; this bridge refuses them)
+        raise TypeError(f"{input_name} must be a floating point tensor; got dtype {x.dtype}")
     compiling = torch.compiler.is_compiling()
     if compiling:
-        _plain_settings_when_compiling(arguments)
-        _no_forward_mode_when_compiling()
-    if "axis" in arguments:
-        dim, shape = arguments["axis"], x.shape
+        _traceable(arguments)
+    every = {input_name: x, **arguments}
+    names, statics = checks.split_arguments(_POSITIONAL[name], every, _is_tensor)
+    tensors = [_tensor(every[arg], arg) for arg in names]
+    if "axis" in statics:
+        dim, shape = statics["axis"], x.shape
         if not (type(dim) is int and -len(shape) <= dim < len(shape) and shape[dim]):
-            arguments["axis"] = _check_dim(x, dim)
-    if compiling:
-        arguments = {arg: _traceable(arg, value) for arg, value in arguments.items()}
-    names, tensors, statics = _split(name, x, arguments)
+            statics["axis"] = checks.check_axis(dim, tuple(shape), input_name, "dim")
     if compiling:
         out = _forward_op(_encode(name, names, tuple(statics.items())), tensors)[0]
     else:
@@ -647,32 +596,25 @@ def _run_any(name: str, x, arguments: dict) -> Tensor:
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
-def _split(name: str, x: Tensor, arguments: dict) -> tuple[tuple, list, dict]:
-    """The tensor arguments' names and the tensors (input first; dense, on a device with
-    kernels, narrow floats as float32), and the static rest as plain values.
+def _is_tensor(value) -> bool:
+    return isinstance(value, Tensor)
+
+
+def _tensor(t: Tensor, name: str) -> Tensor:
+    """A tensor argument as the rules take it: dense, on a device with kernels, in the
+    engine's compute dtype (:func:`softorder._engine.call.compute_dtype`).
     """
-    names, tensors, statics = [], [], {}
-    for arg, value in ((_INPUT_NAMES[name], x), *arguments.items()):
-        if type(value) in _PLAIN_TYPES:
-            statics[arg] = value
-        elif isinstance(value, Tensor):
-            if value.layout is not _STRIDED or value.is_nested:
-                _check_dense(value, arg)
-            if not value.is_cpu:
-                _backend_for(value.device)
-            if value.dtype in _COMPUTE_DTYPE:
-                value = value.to(_COMPUTE_DTYPE[value.dtype])
-            names.append(arg)
-            tensors.append(value)
-        else:
-            statics[arg] = plain(value, arg)
-    return tuple(names), tensors, statics
+    _check_dense(t, name)
+    if not t.is_cpu:
+        _backend_for(t.device)
+    if t.is_floating_point() and t.dtype not in _WIDE_FLOATS:
+        t = t.to(getattr(torch, compute_dtype(str(t.dtype).removeprefix("torch."))))
+    return t
 
 
 def _backend_for(device: torch.device) -> None:
-    """Check that tensors of ``device`` can be computed on: CPU tensors run the numba CPU
-    kernels, CUDA tensors the numba-cuda kernels (:mod:`softorder.bridges._torch_device`);
-    other devices raise (there is no silent copy to the host).
+    """Check that tensors of ``device`` can be computed on: CUDA tensors run the numba-cuda
+    kernels (:mod:`softorder.bridges._torch_device`); other devices raise (no silent copy).
     """
     if device.type == "cpu":
         return
@@ -691,18 +633,9 @@ def _backend_for(device: torch.device) -> None:
     _torch_device.backend_for(device)
 
 
-def _check_input(x, name: str) -> None:
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor; got {type(x).__name__}")
-    _check_dense(x, name)
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating point tensor; got dtype {x.dtype}")
-
-
 def _check_dense(t: Tensor, name: str) -> None:
-    """``TypeError`` naming softorder for a tensor the kernels cannot read as one array:
-    sparse and MKL-DNN layouts, nested tensors (where PyTorch's own errors from ``numpy()``
-    speak of other things).
+    """``TypeError`` naming softorder for a tensor the kernels cannot read as one array
+    (where PyTorch's own errors speak of other things).
     """
     if t.is_nested:
         raise TypeError(
@@ -710,69 +643,41 @@ def _check_dense(t: Tensor, name: str) -> None:
             f"torch.nested.to_padded_tensor({name}, float('-inf')), a padding that "
             "soft_topk(largest=True) ignores"
         )
-    if t.layout is not torch.strided:
+    if t.layout is not _STRIDED:
         raise TypeError(
             f"softorder takes dense (strided) tensors; {name} has layout {t.layout}: "
             f"pass {name}.to_dense()"
         )
 
 
-def _check_dim(x: Tensor, dim) -> int:
-    """``dim`` as a Python int (anything :func:`operator.index` takes, as NumPy does, but not a
-    bool), checked as PyTorch checks it (``IndexError``), of a non-empty dimension.
-    """
-    if isinstance(dim, (bool, np.bool_)):
-        raise TypeError(f"dim must be an integer; got {dim!r}")
-    try:
-        dim = operator.index(dim)
-    except TypeError:
-        raise TypeError(f"dim must be an integer; got {dim!r}") from None
-    if x.dim() == 0:
-        raise ValueError("x must have at least one dimension; got a 0-d tensor")
-    if not -x.dim() <= dim < x.dim():
-        raise IndexError(
-            f"Dimension out of range (expected to be in range of [{-x.dim()}, {x.dim() - 1}], "
-            f"but got {dim})"
-        )
-    if x.shape[dim] == 0:
-        raise ValueError(f"dim {dim} of the input is empty (shape {tuple(x.shape)}); need n >= 1")
-    return dim
-
-
 # --- torch.compile: what dynamo traces, and what it refuses ----------------------------------
 
 
-def _traceable(arg: str, value):
-    """An argument as torch.compile can pass it: NumPy scalars and numbers that are data
-    (not settings) as tensors.
+def _traceable(arguments: dict) -> None:
+    """The arguments as torch.compile can pass them, in place: NumPy scalars (which dynamo
+    traces as arrays) and numbers that are data (which it may turn into symbols, which the
+    constant spec cannot hold) as tensors; settings given as NumPy values refused.
     """
-    if isinstance(value, (np.ndarray, np.generic)) and value.ndim == 0:
-        return torch.as_tensor(value)  # dynamo traces NumPy scalars as arrays
-    if arg not in _SETTINGS and isinstance(value, (float, int)):
-        # torch.compile may turn a number that changes between calls into a symbol,
-        # which cannot be part of the constant spec: pass it as a tensor instead.
-        return torch.tensor(value, dtype=torch.float64)
-    return value
-
-
-def _plain_settings_when_compiling(arguments: dict) -> None:
-    """Refuse NumPy scalars for the settings under ``torch.compile``: dynamo traces them as
-    arrays, whose values the call spec cannot hold as constants.
-    """
-    for arg in _SETTINGS:
-        if isinstance(arguments.get(arg), (np.ndarray, np.generic)):
-            shown = "dim" if arg == "axis" else arg
-            _refuse(
-                f"softorder under torch.compile: {shown} must be a Python int or bool, not a "
-                f"NumPy value (e.g. {shown}=int(value) or bool(value))"
-            )
+    _no_forward_mode_when_compiling()
+    for arg, value in arguments.items():
+        numpy = isinstance(value, (np.ndarray, np.generic))
+        if arg in _SETTINGS:
+            if numpy:
+                shown = "dim" if arg == "axis" else arg
+                _refuse(
+                    f"softorder under torch.compile: {shown} must be a Python int or bool, not "
+                    f"a NumPy value (e.g. {shown}=int(value) or bool(value))"
+                )
+        elif numpy and value.ndim == 0:
+            arguments[arg] = torch.as_tensor(value)
+        elif type(value) in (float, int):
+            arguments[arg] = torch.tensor(value, dtype=torch.float64)
 
 
 @compat.mark_constant  # run, not traced, by torch.compile
 def _no_forward_mode_when_compiling() -> None:
-    """Refuse forward mode in compiled code: the custom operators of the compiled path have
-    a reverse-mode formula only, and PyTorch would give their results zero tangents. Run at
-    trace time, where the transforms being traced are on functorch's stack.
+    """Refuse forward mode in compiled code, where the custom operators would give zero
+    tangents (run at trace time, where functorch's stack holds the transforms traced).
     """
     if compat.forward_mode_active():
         raise NotImplementedError(
@@ -784,11 +689,8 @@ def _no_forward_mode_when_compiling() -> None:
 
 @compat.mark_constant  # run, not traced, by torch.compile
 def _refuse(message: str) -> None:
-    """Raise ``TypeError(message)`` from traced code so that torch.compile shows the message:
-    dynamo runs this function instead of tracing it, and reports what it raised with its text
-    (``InternalTorchDynamoError: TypeError: ...``), while a ``raise`` in traced code becomes
-    "Observed exception", whose text omits the message (torch 2.6) or keeps it only in a
-    debug section (torch 2.13).
+    """Raise ``TypeError(message)`` from traced code with its text: dynamo runs this function
+    and reports what it raised, while a ``raise`` in traced code loses the message.
     """
     raise TypeError(message)
 
@@ -931,8 +833,7 @@ def topk_cross_entropy(
     (2.4966, torch.Size([2, 4]))
     """
     arguments = {"labels": labels, "p_k": p_k, "alpha": alpha, "reduction": reduction}
-    arguments["split_top1"] = split_top1
-    return _run_any("topk_cross_entropy", logits, arguments)
+    return _run("topk_cross_entropy", logits, {**arguments, "split_top1": split_top1})
 
 
 @documented(operations.permutation_cross_entropy, _TORCH)
@@ -955,8 +856,7 @@ def permutation_cross_entropy(
     True
     """
     arguments = {"target_ranks": target_ranks, "alpha": alpha, "reduction": reduction}
-    arguments["descending"] = descending
-    return _run_any("permutation_cross_entropy", x, arguments)
+    return _run("permutation_cross_entropy", x, {**arguments, "descending": descending})
 
 
 @documented(operations.topk_cross_entropy, _TORCH, drop=("Returns", "Raises", "Notes"))
