@@ -82,9 +82,7 @@ def _encode(name: str, tensor_names: tuple, statics: tuple) -> str:
 
 
 def _arrays(call: CallSpec, tensors, fakes: bool = False) -> list:
-    """What the rules read of each tensor (:func:`_as_array`); fake tensors as they are, for
-    their shapes, with ``fakes``.
-    """
+    """:func:`_as_array` of each tensor; with ``fakes``, fake tensors as they are (shapes)."""
     input_name = call.rule.input_name
     return [
         t if fakes and compat.is_fake(t) else _as_array(t, name == input_name)
@@ -93,13 +91,10 @@ def _arrays(call: CallSpec, tensors, fakes: bool = False) -> list:
 
 
 def _as_array(t: Tensor, on_device: bool = True):
-    """What the rules read: a NumPy view of CPU memory; a GPU tensor as it is when
-    ``on_device`` (the input, cotangents, tangents, residuals), copied to the host otherwise
-    (the small arguments the rules validate there). A tensor wrapped by torch.func transforms
-    is copied through a custom operator, which unwraps every level on the way in.
+    """What the rules read of a tensor (never a wrapped one: custom operators and Functions
+    unwrap them): a NumPy view of CPU memory; a GPU tensor as it is when ``on_device`` (the
+    input, cotangents, tangents, residuals), else copied to the host, where the rules check it.
     """
-    if compat.is_wrapped(t):
-        t = _plain_copy(t)
     if t.is_cpu and "cpu" not in _ON_DEVICE or t.device.type not in _ON_DEVICE:
         return t.numpy(force=True)  # (a view of a CPU tensor; the meta device raises)
     t = t.detach()
@@ -107,9 +102,7 @@ def _as_array(t: Tensor, on_device: bool = True):
 
 
 def _as_tensor(arr, dtype: torch.dtype | None = None) -> Tensor:
-    """A result of the rules as a tensor (of ``dtype``, if given): a NumPy array's memory, or
-    the device tensor itself.
-    """
+    """A result of the rules as a tensor (of ``dtype``, if given), sharing its memory."""
     if isinstance(arr, Tensor):  # computed on the device
         out = arr
     else:
@@ -128,7 +121,7 @@ def _gradient(grad, like: Tensor) -> Tensor:
     return out if like.is_cpu and out.is_cpu or out.device == like.device else out.to(like.device)
 
 
-# --- the custom operators: the compiled path, and torch.func's way to the values -------------
+# --- custom operators: the compiled path, and torch.func's way to the values ----------------
 
 
 @compat.custom_op("softorder::forward", "(str spec, Tensor[] tensors) -> Tensor[]")
@@ -198,16 +191,6 @@ def _(spec, tensors, residuals, tangent_names, tangents, like):
     return torch.empty_like(like)
 
 
-@compat.custom_op("softorder::plain_copy", "(Tensor t) -> Tensor")
-def _plain_copy(t: Tensor) -> Tensor:
-    return t.clone()
-
-
-@_plain_copy.register_fake
-def _(t):
-    return torch.empty_like(t)
-
-
 # --- second derivatives: refused, never silently zero ----------------------------------------
 
 _SECOND_ORDER = (
@@ -228,17 +211,17 @@ def _save_nothing(ctx, inputs, output):
     pass
 
 
-for _op in (_backward_op, _pushforward_op, _plain_copy):
+for _op in (_backward_op, _pushforward_op):
     _op.register_autograd(_no_second_derivative, setup_context=_save_nothing)
 
 
 class _FirstOrderOnly(torch.autograd.Function):
-    """The identity on eager gradients (or tangents) computed outside autograd, recorded as
-    depending on the call's tensors, so that differentiating them raises :data:`_SECOND_ORDER`.
-    ``apply(count, *values_then_anchors)``: the first ``count`` tensors are returned.
+    """``apply(count, *values, *anchors)``: copies of the ``count`` values (gradients or
+    tangents computed outside autograd) recorded as depending on the anchors, so that
+    differentiating them raises :data:`_SECOND_ORDER`.
     """
 
-    generate_vmap_rule = True  # (a copy: vmap needs no rule of its own)
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(count: int, *tensors: Tensor):
@@ -273,7 +256,6 @@ def _first_order_only(values: list, anchors) -> list:
 
 
 def _wrapped(*tensors) -> bool:
-    """Whether any tensor is wrapped by a torch.func transform."""
     return any(t is not None and compat.is_wrapped(t) for t in tensors)
 
 
@@ -295,8 +277,7 @@ def _backward_compiled(ctx, grads):
     tensors, residuals = saved[: ctx.count], saved[ctx.count :]
     if grads[0] is None:  # the result was not used
         return None, [None] * len(tensors)
-    # the tensors stay attached: differentiating the gradient reaches the backward
-    # operator's autograd formula, which refuses (_no_second_derivative)
+    # (the tensors stay attached: a derivative of the gradient reaches _no_second_derivative)
     return None, CallSpec.decode(ctx.spec).select(
         [t.is_floating_point() for t in tensors],
         lambda: _backward_op(ctx.spec, list(tensors), _detached(residuals), grads[0]),
@@ -310,11 +291,10 @@ _forward_op.register_autograd(_backward_compiled, setup_context=_setup_compiled)
 
 
 class _Batched:
-    """A call on one more batch dimension (a ``vmap`` level) as one call: the vmapped
-    dimension becomes a leading batch dimension of every argument (expanded where it is not
-    batched); per-row arguments get unit dimensions after it (:meth:`CallSpec.inserts`). A
-    reduced loss is computed per row (:meth:`CallSpec.vmapped`) and reduced here, per vmapped
-    element.
+    """A call under one ``vmap`` level as one call: the vmapped dimension leads every
+    argument (expanded where it is not batched), with the engine's unit dimensions after it
+    (:meth:`CallSpec.inserts`); a loss is computed per row (:meth:`CallSpec.vmapped`) and
+    reduced here, per vmapped element.
     """
 
     def __init__(self, size: int, call: CallSpec, tensors, in_dims):
@@ -392,9 +372,8 @@ def _(info, in_dims, spec, tensors, residuals, tangent_names, tangents, like):
 
 
 class _Call:
-    """One eager call: its spec's parts (not a CallSpec: the eager floor pays for no more than
-    it reads) and, after the forward pass, the rule's context, which holds the residuals: the
-    backward and the forward-mode pass use it directly.
+    """One eager call: its spec's parts (cheaper than a CallSpec) and, after the forward pass,
+    the rule's context, which the backward and forward-mode passes use.
     """
 
     __slots__ = ("ctx", "name", "names", "rule", "statics")
@@ -414,13 +393,9 @@ class _Call:
 
 
 def _values(call: _Call, *tensors: Tensor) -> Tensor:
-    """The forward pass of a call: its result; the rule's context is left in ``call.ctx``.
-    Forward receives no wrapped tensors (the Function unwraps them), and grad mode is off
-    there: a CPU tensor's ``numpy()`` is its view.
-    """
+    """The result of a call's forward pass; the rule's context is left in ``call.ctx``."""
     rule = call.rule
     if len(tensors) == 1 and tensors[0].is_cpu and "cpu" not in _ON_DEVICE:  # the common case
-        # (every rule's prepare takes the input first: tests/test_torch_bridge.py)
         call.ctx = ctx = rule.prepare(tensors[0].numpy(force=True), **call.statics)
     else:
         arguments = call.statics.copy()
@@ -443,7 +418,7 @@ class _Operation(compat.FastApplyFunction):
     def setup_context(ctx, inputs, output):
         ctx.call, *tensors = inputs
         ctx.save_for_backward(*tensors)
-        if compat.forward_mode_possible():  # (jvp reads them; saving costs every call)
+        if compat.forward_mode_possible():
             ctx.save_for_forward(*tensors)
             ctx.dtype = output.dtype  # for tangents
 
@@ -505,11 +480,9 @@ class _Operation(compat.FastApplyFunction):
 
 @compat.direct_backward
 class _PlainOperation(compat.FastApplyFunction):
-    """:class:`_Operation` for a plain eager call (no torch.func transform, no forward-mode
-    dual level): a Function in PyTorch's older form, whose ``forward`` also sets up the
-    context, one Python call less per call. Its backward goes straight to the rule in the
-    common case (one plain CPU input and cotangent, grad mode off): this is the bridge's
-    per-call floor, where each step counts at n = 1e2.
+    """:class:`_Operation` outside transforms and dual levels, in PyTorch's older form
+    (``forward`` sets up the context: one Python call less); its backward goes straight to
+    the rule in the common case (one CPU input, grad mode off). This is the per-call floor.
     """
 
     @staticmethod
@@ -520,10 +493,10 @@ class _PlainOperation(compat.FastApplyFunction):
 
     @staticmethod
     def backward(ctx, cotangent):
-        tensors = ctx.saved_tensors  # (also PyTorch's check that none was changed in place)
+        tensors = ctx.saved_tensors  # (also PyTorch's check for in-place changes)
         if (
             len(tensors) != 1
-            or torch.is_grad_enabled()  # (create_graph: the gradient is tied to x)
+            or torch.is_grad_enabled()  # (create_graph)
             or not cotangent.is_cpu
             or "cpu" in _ON_DEVICE
             or compat.is_wrapped(cotangent)
@@ -715,8 +688,8 @@ _TORCH = Dialect(
     kinds={"p_k": "sequence or Tensor"},
     about="The PyTorch version of :func:`softorder.{name}`: the same kernels and values.",
     note=(
-        "PyTorch: the input must be a floating-point tensor (float16 and bfloat16 are computed "
-        "in float32) on the CPU or, with ``numba-cuda``, a CUDA device; the result has its "
+        "PyTorch: the input must be a floating-point tensor (narrower ones are computed in "
+        "float32) on the CPU or, with ``numba-cuda``, a CUDA device; the result has its "
         "dtype and device. Differentiable in {differentiable} (when tensors that require "
         "grad): reverse and forward mode, :mod:`torch.func` transforms, and reverse mode "
         "under :func:`torch.compile`. Second derivatives raise ``NotImplementedError``."
@@ -865,8 +838,6 @@ class TopKCrossEntropyLoss(nn.Module):
 
     Parameters
     ----------
-    p_k : sequence or Tensor
-        ``P_K(k)`` for k = 1..K, summing to 1, e.g. ``[0, 0, 0, 0, 1]`` for top-5.
     alpha : float or Tensor
         LapSum scale; pass an :class:`torch.nn.Parameter` to learn it.
     method : str
@@ -901,12 +872,8 @@ class TopKCrossEntropyLoss(nn.Module):
     ):
         super().__init__()
         self.register_buffer("p_k", torch.as_tensor(p_k, dtype=torch.float64))
-        self.alpha = alpha
-        self.reduction = reduction
-        self.split_top1 = split_top1
-        self.method = method
-        self.temperature = temperature
-        self.top_m = top_m
+        self.alpha, self.reduction, self.split_top1 = alpha, reduction, split_top1
+        self.method, self.temperature, self.top_m = method, temperature, top_m
         if method != "lapsum":
             from softorder import baselines
 
@@ -917,15 +884,9 @@ class TopKCrossEntropyLoss(nn.Module):
 
     def forward(self, logits: Tensor, labels: Tensor) -> Tensor:
         """The loss of ``logits`` (``(..., C)``) against integer ``labels`` (``(...)``)."""
+        settings = {"reduction": self.reduction, "split_top1": self.split_top1}
         if self.method == "lapsum" and self.top_m is None:
-            return topk_cross_entropy(
-                logits,
-                labels,
-                self.p_k,
-                self.alpha,
-                reduction=self.reduction,
-                split_top1=self.split_top1,
-            )
+            return topk_cross_entropy(logits, labels, self.p_k, self.alpha, **settings)
         from softorder import baselines
 
         return baselines.topk_cross_entropy(
@@ -935,8 +896,7 @@ class TopKCrossEntropyLoss(nn.Module):
             method=self.method,
             temperature=self.alpha if self.method == "lapsum" else self.temperature,
             top_m=self.top_m,
-            reduction=self.reduction,
-            split_top1=self.split_top1,
+            **settings,
         )
 
 
@@ -963,12 +923,9 @@ class PermutationCrossEntropyLoss(nn.Module):
         self, alpha: float | Tensor = 1.0, *, reduction: str = "mean", descending: bool = False
     ):
         super().__init__()
-        self.alpha = alpha
-        self.reduction = reduction
-        self.descending = descending
+        self.alpha, self.reduction, self.descending = alpha, reduction, descending
 
     def forward(self, x: Tensor, target_ranks: Tensor) -> Tensor:
         """The loss of scores ``x`` (``(..., n)``) against 1-based ``target_ranks``."""
-        return permutation_cross_entropy(
-            x, target_ranks, self.alpha, reduction=self.reduction, descending=self.descending
-        )
+        settings = {"reduction": self.reduction, "descending": self.descending}
+        return permutation_cross_entropy(x, target_ranks, self.alpha, **settings)
