@@ -79,12 +79,8 @@ class TorchDeviceBackend:
         return torch.zeros(shape, dtype=torch.float64, device=self.device)
 
     def full(self, shape, value: float):
-        return torch.full(
-            (shape,) if isinstance(shape, int) else shape,
-            value,
-            dtype=torch.float64,
-            device=self.device,
-        )
+        shape = (shape,) if isinstance(shape, int) else shape
+        return torch.full(shape, value, dtype=torch.float64, device=self.device)
 
     def from_host(self, arr: np.ndarray):
         return torch.tensor(arr, device=self.device)  # a copy: host arrays may be read-only
