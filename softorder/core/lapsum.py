@@ -21,7 +21,7 @@ import math
 import numpy as np
 from numba import prange, types
 
-from softorder.core import fast_exp
+from softorder.core import fast_exp, fast_log
 from softorder.core._jit import SymbolCalls, address_only, helper, inner_helper, kernel
 from softorder.core.kernel_sums import carry_injections, gather_at_targets, inject_exact
 from softorder.core.laplace import INF, gap, logaddexp, offset_z, rel_weight
@@ -381,8 +381,9 @@ def solve_ladder(r, alpha, inv_alpha, E, A, B, w0, anchor, t, out):
     at its first target and a prefix sum gives ``J_q``. Branch-free, unlike a merge, whose
     data-dependent exit is mispredicted about once per target and dominated its time.
     The same ``J`` as :func:`count_at_most` wherever ``S`` is non-decreasing; the inverse is
-    :func:`invert`'s, written with selects for the common case. ``S`` (:func:`lapsum_at_points`)
-    is computed in the count, never stored. With ``out`` of length m, the targets' values
+    :func:`invert`'s, written with selects for the common case, and its logs in a pass of
+    their own (:data:`take_logs`). ``S`` (:func:`lapsum_at_points`) is computed in the count,
+    never stored. With ``out`` of length m, the targets' values
     :func:`target_position` go there too (``out`` of length 0: not wanted).
     """
     n = r.shape[0]
@@ -398,15 +399,17 @@ def solve_ladder(r, alpha, inv_alpha, E, A, B, w0, anchor, t, out):
         J += anchor[q]
         w = w0 + q
         # invert's cases written out (numba's inlining of invert was a third of this
-        # function's compilation)
+        # function's compilation); a target whose offset is final here gets the anchor
+        # -1 - anchor, the others their ratio, whose log take_logs takes in a pass of its own
         if J == 0:
-            anchor[q] = 0
+            anchor[q] = -1
             t[q] = math.log(2.0 * w / B[0])
         elif J == n:
-            anchor[q] = n - 1
+            anchor[q] = -n
             t[q] = -math.log(2.0 * (n - w) / A[n - 1])
         elif E[J] < SMALL_E:
-            anchor[q], t[q] = invert_far(A[J - 1], B[J], gap(r[J], r[J - 1]) * inv_alpha, w - J, J)
+            an, t[q] = invert_far(A[J - 1], B[J], gap(r[J], r[J - 1]) * inv_alpha, w - J, J)
+            anchor[q] = -1 - an
         else:
             c = w - J
             a = A[J - 1]
@@ -415,11 +418,47 @@ def solve_ladder(r, alpha, inv_alpha, E, A, B, w0, anchor, t, out):
             up = c >= 0.0
             num = c + d if up else a
             den = b if up else d - c
-            anchor[q] = J if up else J - 1
-            t[q] = math.log(num / den)
+            an = J if up else J - 1
+            ratio = num / den
+            if ratio >= fast_log.TINY and ratio < INF:  # (always: A, B >= 1, E >= SMALL_E)
+                anchor[q] = an
+                t[q] = ratio
+            else:
+                anchor[q] = -1 - an
+                t[q] = math.log(ratio)
+    take_logs(anchor, t)
     if positions:  # a pass of its own: inside the loop above it slowed every target
         for q in range(m):
             out[q] = target_position(r, alpha, anchor[q], t[q])
+
+
+def _logs_inlined(anchor, t):
+    for q in range(anchor.shape[0]):
+        a = anchor[q]
+        x = t[q]
+        y = fast_log.log_main(x)  # (every slot, then a select: no branch, no call)
+        usual = a >= 0
+        t[q] = y if usual else x
+        anchor[q] = a if usual else -1 - a
+
+
+def _logs_of_libm(anchor, t):
+    for q in range(anchor.shape[0]):
+        a = anchor[q]
+        if a >= 0:
+            t[q] = math.log(t[q])
+        else:
+            anchor[q] = -1 - a
+
+
+#: The last pass of :func:`solve_ladder`: ``t[q] = log(t[q])`` (libm's value) where
+#: ``anchor[q] >= 0`` (the usual targets, whose ratio is there), and ``anchor[q] = -1 -
+#: anchor[q]`` elsewhere (the targets whose offset is final). Where
+#: :data:`~softorder.core.fast_log.FAST_LOG`, :func:`~softorder.core.fast_log.log_main` for
+#: every slot and a select, which LLVM vectorizes: about 1 ns per target, where libm's ``log``
+#: inside the solve's loop cost about 5 (its latency piled on the square root's and the
+#: division's). Chosen here rather than by a branch in the loop, which numba would compile too.
+take_logs = inner_helper(_logs_inlined if fast_log.FAST_LOG else _logs_of_libm)
 
 
 @inner_helper

@@ -16,7 +16,7 @@ import math
 import numpy as np
 from numba import prange, types
 
-from softorder.core import fast_exp
+from softorder.core import fast_exp, fast_log
 from softorder.core._jit import SymbolCalls, helper, inner_helper, kernel
 from softorder.core.kernel_sums import _first_at_or_above, carry_injections, inject_exact
 from softorder.core.laplace import INF, exp_nonpositive, gap, offset_z
@@ -31,6 +31,7 @@ from softorder.core.lapsum import (
     moment_step_down,
     moment_step_up,
     moment_tables,
+    take_logs,
     target_position,
     target_weights,
 )
@@ -678,8 +679,9 @@ def ladder_anchor(n, w, J):
 @helper
 def _ladder_values(r, alpha, inv_alpha, E, A, B, w0, counts, offset, out, values):
     """The targets ``w0 + q`` of one row from their counts (:func:`prefix_counts`):
-    :func:`~softorder.core.lapsum.solve_ladder`'s operations, each offset into ``offset[q]``
-    and its anchor over its count, then, with ``values``, in a pass of its own as in
+    :func:`~softorder.core.lapsum.solve_ladder`'s operations (its logs in a pass of their
+    own, :func:`~softorder.core.lapsum.take_logs`), each offset into ``offset[q]`` and its
+    anchor over its count, then, with ``values``, in a pass of its own as in
     ``solve_ladder``, its value :func:`~softorder.core.lapsum.target_position` into
     ``out[q]`` (rounded once for a float32 ``out``). ``counts`` may be ``out`` itself seen as
     integers: each slot is read before it is written.
@@ -690,15 +692,17 @@ def _ladder_values(r, alpha, inv_alpha, E, A, B, w0, counts, offset, out, values
     for q in range(m):
         J += counts[q]
         w = w0 + q
+        # a final offset gets the anchor -1 - anchor, a ratio the anchor (take_logs)
         if J == 0:
-            an = 0
+            an = -1
             t = math.log(2.0 * w / B[0])
         elif J == n:
-            an = n - 1
+            an = -n
             t = -math.log(2.0 * (n - w) / A[n - 1])
         elif E[J] < SMALL_E:
             d = gap(np.float64(r[J]), np.float64(r[J - 1]))
             an, t = invert_far(A[J - 1], B[J], d * inv_alpha, w - J, J)
+            an = -1 - an
         else:
             c = w - J
             a = A[J - 1]
@@ -708,9 +712,13 @@ def _ladder_values(r, alpha, inv_alpha, E, A, B, w0, counts, offset, out, values
             num = c + d if up else a
             den = b if up else d - c
             an = J if up else J - 1
-            t = math.log(num / den)
+            t = num / den
+            if not (t >= fast_log.TINY and t < INF):  # (never: A, B >= 1, E >= SMALL_E)
+                an = -1 - an
+                t = math.log(t)
         counts[q] = an
         offset[q] = t
+    take_logs(counts[:m], offset)
     if values:
         for q in range(m):
             out[q] = target_position(r, alpha, counts[q], offset[q])
