@@ -81,7 +81,7 @@ def _encode(name: str, tensor_names: tuple, statics: tuple) -> str:
     return CallSpec(name, tensor_names, statics).encode()
 
 
-def _arrays(call: CallSpec, tensors, fakes: bool = False) -> list:
+def _arrays(call: CallSpec | _Call, tensors, fakes: bool = False) -> list:
     """:func:`_as_array` of each tensor; with ``fakes``, fake tensors as they are (shapes)."""
     input_name = call.rule.input_name
     return [
@@ -392,18 +392,20 @@ class _Call:
         return [_as_tensor(a) for a in self.rule.residuals(self.ctx).values()]
 
 
-def _values(call: _Call, *tensors: Tensor) -> Tensor:
-    """The result of a call's forward pass; the rule's context is left in ``call.ctx``."""
+def _values(ctx, call: _Call, *tensors: Tensor) -> Tensor:
+    """The result of a call's forward pass; the rule's context is left in ``call.ctx``. With
+    ``ctx`` (:class:`_PlainOperation`'s forward) the call and the tensors are saved there.
+    """
+    if ctx is not None:
+        ctx.call = call
+        ctx.save_for_backward(*tensors)
     rule = call.rule
     if len(tensors) == 1 and tensors[0].is_cpu and "cpu" not in _ON_DEVICE:  # the common case
-        call.ctx = ctx = rule.prepare(tensors[0].numpy(force=True), **call.statics)
+        call.ctx = context = rule.prepare(tensors[0].numpy(), **call.statics)
     else:
-        arguments = call.statics.copy()
-        for name, t in zip(call.names, tensors, strict=True):
-            cpu = t.is_cpu and "cpu" not in _ON_DEVICE
-            arguments[name] = t.numpy(force=True) if cpu else _as_array(t, name == rule.input_name)
-        call.ctx = ctx = rule.prepare(**arguments)
-    out = rule.forward(ctx)
+        arrays = dict(zip(call.names, _arrays(call, tensors), strict=True))
+        call.ctx = context = rule.prepare(**call.statics, **arrays)
+    out = rule.forward(context)
     if type(out) is np.ndarray and out.flags.c_contiguous:  # the common case
         return torch.from_numpy(out)
     return _as_tensor(out)
@@ -412,7 +414,9 @@ def _values(call: _Call, *tensors: Tensor) -> Tensor:
 class _Operation(compat.FastApplyFunction):
     """Eager autograd for one call: reverse mode, forward mode and ``vmap``."""
 
-    forward = staticmethod(_values)
+    @staticmethod
+    def forward(call: _Call, *tensors: Tensor) -> Tensor:
+        return _values(None, call, *tensors)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -447,9 +451,7 @@ class _Operation(compat.FastApplyFunction):
         for i, position in gradient_positions(call.rule, call.names):
             if needs[i + 1]:
                 if values is None:
-                    cpu = cotangent.is_cpu and "cpu" not in _ON_DEVICE
-                    v = cotangent.numpy(force=True) if cpu else _as_array(cotangent)
-                    values = call.rule.vjp(call.ctx, v)
+                    values = call.rule.vjp(call.ctx, _as_array(cotangent))
                 grads[i + 1] = _gradient(values[position], tensors[i])
         if not torch.is_grad_enabled():  # plain eager backward: the gradients are values
             return tuple(grads)
@@ -485,11 +487,7 @@ class _PlainOperation(compat.FastApplyFunction):
     the rule in the common case (one CPU input, grad mode off). This is the per-call floor.
     """
 
-    @staticmethod
-    def forward(ctx, call: _Call, *tensors: Tensor) -> Tensor:
-        ctx.call = call
-        ctx.save_for_backward(*tensors)
-        return _values(call, *tensors)
+    forward = staticmethod(_values)
 
     @staticmethod
     def backward(ctx, cotangent):
@@ -540,7 +538,7 @@ def _run(name: str, x, arguments: dict) -> Tensor:
                 call = _Call(name, (_INPUT_NAMES[name],), arguments)
                 if x.requires_grad and torch.is_grad_enabled():
                     return _PlainOperation.c_apply(call, x)
-                return _values(call, x)  # nothing to differentiate: no Function
+                return _values(None, call, x)  # nothing to differentiate: no Function
     input_name = _INPUT_NAMES[name]
     if not isinstance(x, Tensor):
         raise TypeError(f"{input_name} must be a torch.Tensor; got {type(x).__name__}")
