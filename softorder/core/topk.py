@@ -101,7 +101,7 @@ def topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work):
         A = out[row, 0]  # written by the first scatter, once the targets are solved
         B = work[row, 0, :n]
         _call_prefix_sums(r, inv_alpha, A, B)
-        solve_targets_ab(r, inv_alpha, A, B, w[row], worder[row], anchor[row], offset[row])
+        _call_solve(r, inv_alpha, A, B, w[row], worder[row], anchor[row], offset[row])
         sorted_out = B  # spent once the targets are solved
         fast = FAST_EXP and not log and finite_row(r, inv_alpha)
         for j in range(m):
@@ -114,12 +114,10 @@ def topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work):
                     h = 0.5 * sorted_out[i]
                     z_pos = finite_z(ra, r[i], inv_alpha, t) > 0.0
                     sorted_out[i] = 1.0 - h if z_pos else h
-            elif log:
-                for i in range(n):
-                    sorted_out[i] = log_cdf(offset_z(ra, r[i], inv_alpha, t))
             else:
                 for i in range(n):
-                    sorted_out[i] = cdf(offset_z(ra, r[i], inv_alpha, t))
+                    z = offset_z(ra, r[i], inv_alpha, t)
+                    sorted_out[i] = log_cdf(z) if log else cdf(z)
             scatter(order[row], sorted_out, out[row, j])
 
 
@@ -218,15 +216,24 @@ def _exp_pass(r, ra, t, inv_alpha, shift, out):
 
 
 _F, _F1 = types.float64, types.Array(types.float64, 1, "C")
-#: per-row helpers the kernels call by symbol: compiled once, not again inside each kernel
-#: (with its vectorized loop inlined, a first call's compilation of topk_forward and
-#: topk_vjp took about 0.25 s longer)
+_L1 = types.Array(types.int64, 1, "C")
+#: per-row and per-target helpers the kernels call by symbol: compiled once, not again inside
+#: each kernel (with its vectorized loop inlined, a first call's compilation of topk_forward
+#: and topk_vjp took about 0.25 s longer; figures in CHANGELOG.md). gather and scatter stay
+#: linked in: called by symbol, once per target, they made 256 x 100 rows with 3 targets
+#: 3-5% slower
 _TOPK_CALLS = SymbolCalls(
     # r, ra, t, inv_alpha, shift, out
     exp_pass=(_exp_pass, (_F1, _F, _F, _F, _F, _F1)),
     # r, inv_alpha, A, B
     prefix_sums=(prefix_sums_halves, (_F1, _F, _F1, _F1)),
+    # r, inv_alpha, A, B, w, worder, anchor, offset (one row's)
+    solve=(solve_targets_ab, (_F1, _F, _F1, _F1, _F1, _L1, _L1, _F1)),
+    # r, inv_alpha, anchor, t
+    target_shift=(target_shift, (_F1, _F, types.int64, _F)),
 )
+_call_solve = _TOPK_CALLS.solve
+_call_target_shift = _TOPK_CALLS.target_shift
 _call_exp_pass = _TOPK_CALLS.exp_pass
 _call_prefix_sums = _TOPK_CALLS.prefix_sums
 
@@ -271,7 +278,7 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
         for j in range(m):
             t = offset[row, j]
             an = anchor[row, j]
-            shift = target_shift(r, inv_alpha, an, t)
+            shift = _call_target_shift(r, inv_alpha, an, t)
             w_bar[row, j] = 0.0
             if shift == INF:
                 continue  # G == 0: every term of this target is 0
@@ -283,20 +290,16 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
             # each call of exp spilled its six accumulators. They wait in rbar while it holds
             # nothing (e may be vs), else in e, once rbar has taken the previous target's
             # omega_i phi
+            if not fresh:
+                for i in range(n):
+                    rbar[i] = rbar[i] + e[i] * pg
+            weights = rbar if fresh else e
             if FAST_EXP and finite_row(r, inv_alpha) and abs(t) != INF:
-                if not fresh:
-                    for i in range(n):
-                        rbar[i] = rbar[i] + e[i] * pg
-                _call_exp_pass(r, ra, t, inv_alpha, shift, rbar if fresh else e)
+                _call_exp_pass(r, ra, t, inv_alpha, shift, weights)
             else:
                 for i in range(n):
                     az = abs(offset_z(ra, r[i], inv_alpha, t))
-                    ei = 0.0 if az == INF else 1.0 if az == shift else math.exp(shift - az)
-                    if fresh:
-                        rbar[i] = ei
-                    else:
-                        rbar[i] = rbar[i] + e[i] * pg
-                        e[i] = ei
+                    weights[i] = 0.0 if az == INF else 1.0 if az == shift else math.exp(shift - az)
             G = 0.0
             Z = 0.0
             phi = 0.0
