@@ -57,8 +57,6 @@ __all__ = [
 
 core.set_parallel(False)  # next to PyTorch's threads, the kernels run on the calling thread
 
-#: the keyword-only arguments: statics under torch.compile too
-_SETTINGS = ("axis", "reduction", *checks.FLAGS)
 #: the positional arguments of each operation (the input first), by name
 _POSITIONAL = {
     n: checks.positional(getattr(operations, n).signature.parameters)
@@ -546,7 +544,7 @@ def _run(name: str, x, arguments: dict) -> Tensor:
         raise TypeError(f"{input_name} must be a floating point tensor; got dtype {x.dtype}")
     compiling = torch.compiler.is_compiling()
     if compiling:
-        _traceable(arguments)
+        _traceable(name, arguments)
     every = {input_name: x, **arguments}
     names, statics = checks.split_arguments(_POSITIONAL[name], every, _is_tensor)
     tensors = [_tensor(every[arg], arg) for arg in names]
@@ -624,7 +622,7 @@ def _check_dense(t: Tensor, name: str) -> None:
 # --- torch.compile: what dynamo traces, and what it refuses ----------------------------------
 
 
-def _traceable(arguments: dict) -> None:
+def _traceable(name: str, arguments: dict) -> None:
     """The arguments as torch.compile can pass them, in place: NumPy scalars (which dynamo
     traces as arrays) and numbers that are data (which it may turn into symbols, which the
     constant spec cannot hold) as tensors; settings given as NumPy values refused.
@@ -632,7 +630,7 @@ def _traceable(arguments: dict) -> None:
     _no_forward_mode_when_compiling()
     for arg, value in arguments.items():
         numpy = isinstance(value, (np.ndarray, np.generic))
-        if arg in _SETTINGS:
+        if arg not in _POSITIONAL[name]:  # a setting
             if numpy:
                 shown = "dim" if arg == "axis" else arg
                 _refuse(
