@@ -1,7 +1,7 @@
 """``fast_log.log_main`` is libm's ``log`` to the bit for every positive normal double wherever
 the kernels use it (``FAST_LOG``), its table is what the algorithm needs, the gate falls back
-to ``math.log`` elsewhere, and the solvers' log pass (``lapsum.take_logs``) gives libm's values
-whichever variant the gate picks."""
+to ``math.log`` elsewhere, and the solvers' log pass (``fast_log.take_logs``) gives libm's
+values whichever variant the gate picks."""
 
 import math
 import platform
@@ -10,7 +10,7 @@ from decimal import Decimal, localcontext
 import numpy as np
 import pytest
 
-from softorder.core import fast_log, lapsum
+from softorder.core import fast_log
 from softorder.core.laplace import INF
 
 TINY = 2.0**-1022
@@ -156,17 +156,23 @@ def test_gate_needs_the_platform_and_agreement(monkeypatch):
 def log_passes():
     import numba
 
-    return numba.njit(lapsum._logs_inlined), numba.njit(lapsum._logs_of_libm)
+    def inlined(marks, t):
+        fast_log._logs_where_marked(marks, t)
+
+    return numba.njit(inlined), numba.njit(fast_log._logs_of_libm)
 
 
 @pytest.mark.parametrize("kind", [np.int32, np.int64])
-def test_take_logs_variants_agree(rng, log_passes, kind):
-    """Both variants of the solvers' log pass: libm's log of the ratios (anchor >= 0), the
-    final offsets kept and their anchors decoded (anchor < 0), to the bit; the gate picks the
-    inlined one exactly where ``FAST_LOG``."""
-    picked = lapsum._logs_inlined if fast_log.FAST_LOG else lapsum._logs_of_libm
-    assert lapsum.take_logs.py_func is picked
-    n = 5000
+@pytest.mark.parametrize("step", [1, 3])
+def test_take_logs_variants_agree(rng, log_passes, kind, step):
+    """Both variants of the solvers' log pass: libm's log of the ratios (mark >= 0), the
+    final offsets kept and their anchors decoded (mark < 0), to the bit, on contiguous and
+    strided rows; the gate picks the inlined one exactly where ``FAST_LOG``."""
+    if fast_log.FAST_LOG:
+        assert fast_log.take_logs is fast_log._logs_where_marked
+    else:
+        assert fast_log.take_logs.py_func is fast_log._logs_of_libm
+    n = 5001
     anchor = rng.integers(0, n, n).astype(kind)
     final = rng.random(n) < 0.2
     anchor[final] = -1 - anchor[final]
@@ -177,6 +183,11 @@ def test_take_logs_variants_agree(rng, log_passes, kind):
     want_t = np.array([ti if a < 0 else math.log(ti) for a, ti in zip(anchor, t, strict=True)])
     for run in log_passes:
         a, v = anchor.copy(), t.copy()
-        run(a, v)
-        np.testing.assert_array_equal(a, want_anchor)
-        np.testing.assert_array_equal(v.view(np.int64), want_t.view(np.int64))
+        run(a[::step], v[::step])
+        np.testing.assert_array_equal(a[::step], want_anchor[::step])
+        np.testing.assert_array_equal(v[::step].view(np.int64), want_t[::step].view(np.int64))
+        # the slots between the strided ones are untouched
+        untouched = np.ones(n, bool)
+        untouched[::step] = False
+        np.testing.assert_array_equal(a[untouched], anchor[untouched])
+        np.testing.assert_array_equal(v[untouched].view(np.int64), t[untouched].view(np.int64))

@@ -382,9 +382,10 @@ def solve_ladder(r, alpha, inv_alpha, E, A, B, w0, anchor, t, out):
     data-dependent exit is mispredicted about once per target and dominated its time.
     The same ``J`` as :func:`count_at_most` wherever ``S`` is non-decreasing; the inverse is
     :func:`invert`'s, written with selects for the common case, and its logs in a pass of
-    their own (:data:`take_logs`). ``S`` (:func:`lapsum_at_points`) is computed in the count,
-    never stored. With ``out`` of length m, the targets' values
-    :func:`target_position` go there too (``out`` of length 0: not wanted).
+    their own (:data:`~softorder.core.fast_log.take_logs`). ``S``
+    (:func:`lapsum_at_points`) is computed in the count, never stored. With ``out`` of length
+    m, the targets' values :func:`target_position` go there too (``out`` of length 0: not
+    wanted).
     """
     n = r.shape[0]
     m = anchor.shape[0]
@@ -400,7 +401,7 @@ def solve_ladder(r, alpha, inv_alpha, E, A, B, w0, anchor, t, out):
         w = w0 + q
         # invert's cases written out (numba's inlining of invert was a third of this
         # function's compilation); a target whose offset is final here gets the anchor
-        # -1 - anchor, the others their ratio, whose log take_logs takes in a pass of its own
+        # -1 - anchor, the others their ratio, whose log fast_log.take_logs takes afterwards
         if J == 0:
             anchor[q] = -1
             t[q] = math.log(2.0 * w / B[0])
@@ -426,39 +427,10 @@ def solve_ladder(r, alpha, inv_alpha, E, A, B, w0, anchor, t, out):
             else:
                 anchor[q] = -1 - an
                 t[q] = math.log(ratio)
-    take_logs(anchor, t)
+    fast_log.take_logs(anchor, t)
     if positions:  # a pass of its own: inside the loop above it slowed every target
         for q in range(m):
             out[q] = target_position(r, alpha, anchor[q], t[q])
-
-
-def _logs_inlined(anchor, t):
-    for q in range(anchor.shape[0]):
-        a = anchor[q]
-        x = t[q]
-        y = fast_log.log_main(x)  # (every slot, then a select: no branch, no call)
-        usual = a >= 0
-        t[q] = y if usual else x
-        anchor[q] = a if usual else -1 - a
-
-
-def _logs_of_libm(anchor, t):
-    for q in range(anchor.shape[0]):
-        a = anchor[q]
-        if a >= 0:
-            t[q] = math.log(t[q])
-        else:
-            anchor[q] = -1 - a
-
-
-#: The last pass of :func:`solve_ladder`: ``t[q] = log(t[q])`` (libm's value) where
-#: ``anchor[q] >= 0`` (the usual targets, whose ratio is there), and ``anchor[q] = -1 -
-#: anchor[q]`` elsewhere (the targets whose offset is final). Where
-#: :data:`~softorder.core.fast_log.FAST_LOG`, :func:`~softorder.core.fast_log.log_main` for
-#: every slot and a select, which LLVM vectorizes: about 1 ns per target, where libm's ``log``
-#: inside the solve's loop cost about 5 (its latency piled on the square root's and the
-#: division's). Chosen here rather than by a branch in the loop, which numba would compile too.
-take_logs = inner_helper(_logs_inlined if fast_log.FAST_LOG else _logs_of_libm)
 
 
 @inner_helper

@@ -31,7 +31,6 @@ from softorder.core.lapsum import (
     moment_step_down,
     moment_step_up,
     moment_tables,
-    take_logs,
     target_position,
     target_weights,
 )
@@ -680,7 +679,7 @@ def ladder_anchor(n, w, J):
 def _ladder_values(r, alpha, inv_alpha, E, A, B, w0, counts, offset, out, values):
     """The targets ``w0 + q`` of one row from their counts (:func:`prefix_counts`):
     :func:`~softorder.core.lapsum.solve_ladder`'s operations (its logs in a pass of their
-    own, :func:`~softorder.core.lapsum.take_logs`), each offset into ``offset[q]`` and its
+    own, :data:`~softorder.core.fast_log.take_logs`), each offset into ``offset[q]`` and its
     anchor over its count, then, with ``values``, in a pass of its own as in
     ``solve_ladder``, its value :func:`~softorder.core.lapsum.target_position` into
     ``out[q]`` (rounded once for a float32 ``out``). ``counts`` may be ``out`` itself seen as
@@ -692,7 +691,7 @@ def _ladder_values(r, alpha, inv_alpha, E, A, B, w0, counts, offset, out, values
     for q in range(m):
         J += counts[q]
         w = w0 + q
-        # a final offset gets the anchor -1 - anchor, a ratio the anchor (take_logs)
+        # a final offset gets the anchor -1 - anchor, a ratio the anchor (fast_log.take_logs)
         if J == 0:
             an = -1
             t = math.log(2.0 * w / B[0])
@@ -718,7 +717,7 @@ def _ladder_values(r, alpha, inv_alpha, E, A, B, w0, counts, offset, out, values
                 t = math.log(t)
         counts[q] = an
         offset[q] = t
-    take_logs(counts[:m], offset)
+    fast_log.take_logs(counts, offset)
     if values:
         for q in range(m):
             out[q] = target_position(r, alpha, counts[q], offset[q])
