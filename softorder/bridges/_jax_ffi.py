@@ -13,7 +13,7 @@ everything was validated when the call was traced. It sorts the rows itself
 (:func:`sort_rows`, a radix sort: XLA's own sort in the traced graph was about ten times
 slower on rows of 1e3 to 1e5; figures in CHANGELOG.md) and calls the
 same serial kernels as the NumPy API on the same float64 rows and int32 orders (the very same
-compilations, through their addresses: :func:`_native`), so its results are bitwise
+compilations, by symbol: :data:`KERNELS`), so its results are bitwise
 those of the NumPy API when the rows have no ties (with ties, only the order of equal
 elements can differ: this sort is stable, NumPy's is not, and a gradient then sums in
 another order). The handlers are compiled on first use and cached on disk next to the
@@ -41,23 +41,18 @@ import ctypes
 import logging
 import threading
 
-import llvmlite.binding
 import llvmlite.ir as ir
 import numpy as np
 from numba import types
-from numba.core import cgutils, errors
+from numba.core import cgutils
 from numba.core.ccallback import CFunc
 from numba.cpython.mathimpl import negate_real
 from numba.extending import intrinsic
 from numba.np.arrayobj import np_cfarray
 
 from softorder.core import _jit, lapsum, rank, sort, topk
-from softorder.core._jit import _cache_classes, cache_dir, helper
+from softorder.core._jit import SymbolCalls, _cache_classes, cache_dir, helper
 from softorder.core.lapsum import empty
-
-rank_forward_work, rank_linear_work = rank.FORWARD_WORK, rank.LINEAR_WORK
-topk_forward_work, topk_gradient_work = topk.FORWARD_WORK, topk.GRADIENT_WORK
-sort_forward_work, sort_vjp_work = lapsum.SORT_TABLES, sort.SORT_VJP_WORK
 
 #: XLA_FFI_DataType codes of the buffers the handlers read and write
 F32, F64 = 11, 12
@@ -136,56 +131,46 @@ def buffer(typingctx, frame, slot, i):
     return types.UniTuple(types.int64, 2)(types.int64, types.int64, types.int64), codegen
 
 
-def _each(builder, count):
-    return cgutils.for_range(builder, count)
+def _copy(context, builder, array, address, code, negate, widen: bool):
+    """Copy the float32 or float64 values (``code``: the XLA_FFI_DataType) at ``address`` into
+    the float64 C-contiguous ``array`` (``widen``), or back, negated on request.
+    """
+    count = array.nitems
+    is32 = builder.icmp_signed("==", code, ir.Constant(code.type, F32))
+    with builder.if_else(is32) as (single, double):
+        for branch, dtype in ((single, types.float32), (double, types.float64)):
+            with branch:
+                raw = _pointer(context, builder, address, dtype)
+                source, target = (raw, array.data) if widen else (array.data, raw)
+                with cgutils.for_range(builder, count) as loop:
+                    value = builder.load(builder.gep(source, [loop.index]))
+                    if widen and dtype == types.float32:
+                        value = builder.fpext(value, ir.DoubleType())
+                    value = builder.select(negate, negate_real(builder, value), value)
+                    if not widen and dtype == types.float32:
+                        value = builder.fptrunc(value, ir.FloatType())
+                    builder.store(value, builder.gep(target, [loop.index]))
+    return context.get_dummy_value()
 
 
 @intrinsic
 def widen(typingctx, out, address, dtype, negate):
-    """Fill the float64 C-contiguous ``out`` with the float32 or float64 (``dtype``: the
-    XLA_FFI_DataType code) values at ``address``, negated on request.
-    """
+    """Fill the float64 C-contiguous ``out`` with the values at ``address`` (:func:`_copy`)."""
 
     def codegen(context, builder, signature, args):
-        target = context.make_array(signature.args[0])(context, builder, args[0])
-        count = target.nitems
-        is32 = builder.icmp_signed("==", args[2], ir.Constant(args[2].type, F32))
-        with builder.if_else(is32) as (single, double):
-            for branch, dtype in ((single, types.float32), (double, types.float64)):
-                with branch:
-                    source = _pointer(context, builder, args[1], dtype)
-                    with _each(builder, count) as loop:
-                        value = builder.load(builder.gep(source, [loop.index]))
-                        if dtype == types.float32:
-                            value = builder.fpext(value, ir.DoubleType())
-                        value = builder.select(args[3], negate_real(builder, value), value)
-                        builder.store(value, builder.gep(target.data, [loop.index]))
-        return context.get_dummy_value()
+        out = context.make_array(signature.args[0])(context, builder, args[0])
+        return _copy(context, builder, out, args[1], args[2], args[3], widen=True)
 
     return types.none(out, types.int64, types.int64, types.boolean), codegen
 
 
 @intrinsic
 def narrow(typingctx, address, dtype, values, negate):
-    """Write the float64 C-contiguous ``values``, negated on request, as the float32 or float64
-    (``dtype``: the XLA_FFI_DataType code) values at ``address``.
-    """
+    """Write the float64 C-contiguous ``values`` at ``address`` (:func:`_copy`)."""
 
     def codegen(context, builder, signature, args):
-        source = context.make_array(signature.args[2])(context, builder, args[2])
-        count = source.nitems
-        is32 = builder.icmp_signed("==", args[1], ir.Constant(args[1].type, F32))
-        with builder.if_else(is32) as (single, double):
-            for branch, dtype in ((single, types.float32), (double, types.float64)):
-                with branch:
-                    target = _pointer(context, builder, args[0], dtype)
-                    with _each(builder, count) as loop:
-                        value = builder.load(builder.gep(source.data, [loop.index]))
-                        value = builder.select(args[3], negate_real(builder, value), value)
-                        if dtype == types.float32:
-                            value = builder.fptrunc(value, ir.FloatType())
-                        builder.store(value, builder.gep(target, [loop.index]))
-        return context.get_dummy_value()
+        values = context.make_array(signature.args[2])(context, builder, args[2])
+        return _copy(context, builder, values, args[0], args[1], args[3], widen=False)
 
     return types.none(types.int64, types.int64, values, types.boolean), codegen
 
@@ -202,9 +187,9 @@ def gather_rows(typingctx, out, values, order):
             for t, a in zip(signature.args, args, strict=True)
         )
         rows, n = cgutils.unpack_tuple(builder, source.shape)
-        with _each(builder, rows) as row:
+        with cgutils.for_range(builder, rows) as row:
             start = builder.mul(row.index, n)
-            with _each(builder, n) as column:
+            with cgutils.for_range(builder, n) as column:
                 at = builder.add(start, column.index)
                 index = builder.sext(builder.load(builder.gep(indices.data, [at])), n.type)
                 value = builder.load(builder.gep(source.data, [builder.add(start, index)]))
@@ -216,91 +201,6 @@ def gather_rows(typingctx, out, values, order):
 
 _F1, _F2, _F3 = (types.Array(types.float64, d, "C") for d in (1, 2, 3))
 _I2, _L2 = types.Array(types.int32, 2, "C"), types.Array(types.int64, 2, "C")
-
-#: The compiled functions the handlers call, by symbol: (module, name, argument types), the
-#: types the NumPy API's calls give the kernels (int32 orders), so both share one compilation.
-NATIVE = {
-    "softorder_ffi_rank_forward": (rank, "rank_forward", (_F2, _I2, _F1, _F2, _F2, _F3)),
-    "softorder_ffi_rank_vjp": (rank, "rank_vjp", (_F2, _I2, _F1, _F2, _F2, _F2, _F1, _F3)),
-    "softorder_ffi_topk_forward": (
-        topk,
-        "topk_forward",
-        (_F2, _I2, _F1, _F2, _L2, types.boolean, _F3, _L2, _F2, _F3),
-    ),
-    "softorder_ffi_topk_vjp": (
-        topk,
-        "topk_vjp",
-        (_F2, _I2, _F1, _L2, _F2, types.boolean, _F3, _F2, _F2, _F1, _F3),
-    ),
-    "softorder_ffi_sort_forward": (lapsum, "sort_kernel", (_F2, _F1, _F2, _L2, _F2, _F3)),
-    "softorder_ffi_sort_vjp": (
-        sort,
-        "sort_vjp",
-        (_F2, _I2, _F1, _L2, _F2, _F2, _F2, _F1, _F3),
-    ),
-    "softorder_ffi_sort_rows": (None, "sort_rows", (_F2, _F2, _I2)),
-}
-
-
-def _native(symbol: str):
-    """Call the compiled function ``NATIVE[symbol]`` through the symbol that :func:`_link`
-    registers, with numba's calling convention: its code is not linked into the handler.
-
-    A handler that calls a kernel as numba usually does links the kernel's code in and LLVM
-    optimises and compiles it once more: cold, that tripled the handlers' compile. Through the
-    symbol, a handler's compile is its own code, and the kernels are the very compilations the
-    NumPy API uses (disk cache included). The result is the compiled function's own (a new
-    reference); its status is not checked, since nothing it does can fail on validated input.
-    """
-    module, name, arg_types = NATIVE[symbol]
-
-    @intrinsic
-    def call(typingctx, *args):
-        if tuple(types.unliteral(a) for a in args) != arg_types:
-            raise errors.TypingError(f"softorder: {symbol} takes {arg_types}; got {args}")
-        dispatcher = getattr(module, name).serial if module is not None else globals()[name]
-        restype = dispatcher.overloads[arg_types].signature.return_type
-
-        def codegen(context, builder, signature, llargs):
-            fnty = context.call_conv.get_function_type(restype, arg_types)
-            fn = cgutils.get_or_insert_function(builder.module, fnty, symbol)
-            values = [
-                context.cast(builder, v, t, u)
-                for v, t, u in zip(
-                    cgutils.unpack_tuple(builder, llargs[0], len(arg_types)),
-                    signature.args[0].types,
-                    arg_types,
-                    strict=True,
-                )
-            ]
-            _, result = context.call_conv.call_function(builder, fn, restype, arg_types, values)
-            return result if restype != types.none else context.get_dummy_value()
-
-        return restype(types.StarArgTuple.from_types(args)), codegen
-
-    return call
-
-
-_linked: set = set()
-
-
-def _link(symbols) -> None:
-    """Compile (or load from the disk cache) the functions behind ``symbols`` and register
-    their addresses for the handlers' calls; before a handler is compiled or loaded.
-    """
-    for symbol in symbols:
-        if symbol in _linked:
-            continue
-        module, name, arg_types = NATIVE[symbol]
-        dispatcher = getattr(module, name).serial if module is not None else globals()[name]
-        dispatcher.compile(arg_types)
-        compiled = dispatcher.overloads[arg_types]
-        address = compiled.library.get_pointer_to_function(compiled.fndesc.llvm_func_name)
-        if not address:
-            raise RuntimeError(f"softorder: no compiled code for {symbol}")
-        llvmlite.binding.add_symbol(symbol, address)
-        _linked.add(symbol)
-
 
 #: words of XLA_FFI_CallFrame (xla/ffi/api/c_api.h): the stage, the argument count and the
 #: arguments' and results' arrays of XLA_FFI_Buffer pointers
@@ -443,13 +343,27 @@ def sort_rows(values, xs, order):
             xs[r, i] = row[j]
 
 
-_rank_forward = _native("softorder_ffi_rank_forward")
-_rank_vjp = _native("softorder_ffi_rank_vjp")
-_topk_forward = _native("softorder_ffi_topk_forward")
-_topk_vjp = _native("softorder_ffi_topk_vjp")
-_sort_forward = _native("softorder_ffi_sort_forward")
-_sort_vjp = _native("softorder_ffi_sort_vjp")
-_sort_rows = _native("softorder_ffi_sort_rows")
+#: The kernels the handlers call by symbol (:class:`~softorder.core._jit.SymbolCalls`): the very
+#: compilations of the NumPy API's calls (same argument types: int32 orders), not linked in
+KERNELS = {
+    "rank_forward": (rank.rank_forward.serial, (_F2, _I2, _F1, _F2, _F2, _F3)),
+    "rank_vjp": (rank.rank_vjp.serial, (_F2, _I2, _F1, _F2, _F2, _F2, _F1, _F3)),
+    "topk_forward": (
+        topk.topk_forward.serial,
+        (_F2, _I2, _F1, _F2, _L2, types.boolean, _F3, _L2, _F2, _F3),
+    ),
+    "topk_vjp": (
+        topk.topk_vjp.serial,
+        (_F2, _I2, _F1, _L2, _F2, types.boolean, _F3, _F2, _F2, _F1, _F3),
+    ),
+    "sort_forward": (lapsum.sort_kernel.serial, (_F2, _F1, _F2, _L2, _F2, _F3)),
+    "sort_vjp": (sort.sort_vjp.serial, (_F2, _I2, _F1, _L2, _F2, _F2, _F2, _F1, _F3)),
+    "sort_rows": (sort_rows, (_F2, _F2, _I2)),
+}
+_calls = SymbolCalls(**KERNELS)
+_rank_forward, _rank_vjp = _calls.rank_forward, _calls.rank_vjp
+_topk_forward, _topk_vjp = _calls.topk_forward, _calls.topk_vjp
+_sort_forward, _sort_vjp, _sort_rows = _calls.sort_forward, _calls.sort_vjp, _calls.sort_rows
 
 
 def rank_handler(frame):
@@ -473,7 +387,7 @@ def rank_handler(frame):
         widen(v, *buffer(frame, ARGS, 5), False)
         x_bar = empty((rows, n), np.float64)
         alpha_bar = empty((rows,), np.float64)
-        work = empty((rows, rank_linear_work, n), np.float64)
+        work = empty((rows, rank.LINEAR_WORK, n), np.float64)
         _rank_vjp(xs, order, alpha, decay, v, x_bar, alpha_bar, work)
         narrow(*buffer(frame, RESULTS, 0), x_bar, negate)
         return 0
@@ -482,7 +396,7 @@ def rank_handler(frame):
     _sort_rows(values, xs, order)
     decay = array_at(buffer(frame, RESULTS, 2)[0], (rows, n), np.float64)
     out = empty((rows, n), np.float64)
-    work = empty((rows, rank_forward_work, n), np.float64)
+    work = empty((rows, rank.FORWARD_WORK, n), np.float64)
     _rank_forward(xs, order, alpha, out, decay, work)
     narrow(*buffer(frame, RESULTS, 0), out, False)
     return 0
@@ -513,7 +427,7 @@ def topk_handler(frame):
         x_bar = empty((rows, n), np.float64)
         w_bar = empty((rows, 1), np.float64)
         alpha_bar = empty((rows,), np.float64)
-        work = empty((rows, topk_gradient_work, n), np.float64)
+        work = empty((rows, topk.GRADIENT_WORK, n), np.float64)
         _topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, work)
         narrow(*buffer(frame, RESULTS, 0), x_bar, negate)
         return 0
@@ -528,7 +442,7 @@ def topk_handler(frame):
     anchor = array_at(buffer(frame, RESULTS, 2)[0], (rows, 1), np.int64)
     offset = array_at(buffer(frame, RESULTS, 3)[0], (rows, 1), np.float64)
     out = empty((rows, 1, n), np.float64)
-    work = empty((rows, topk_forward_work, n), np.float64)
+    work = empty((rows, topk.FORWARD_WORK, n), np.float64)
     _topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work)
     narrow(*buffer(frame, RESULTS, 0), out, False)
     return 0
@@ -558,7 +472,7 @@ def sort_handler(frame):
         u = empty((rows, n), np.float64)
         widen(u, *buffer(frame, ARGS, 6), negate)
         alpha_bar = empty((rows,), np.float64)
-        work = empty((rows, sort_vjp_work, n), np.float64)
+        work = empty((rows, sort.SORT_VJP_WORK, n), np.float64)
         # the gradient into u itself, as the NumPy API does (each row of u is read before
         # that row of the gradient is written)
         _sort_vjp(xs, order, alpha, anchor, offset, u, u, alpha_bar, work)
@@ -570,7 +484,7 @@ def sort_handler(frame):
     anchor = array_at(buffer(frame, RESULTS, 2)[0], (rows, n), np.int64)
     offset = array_at(buffer(frame, RESULTS, 3)[0], (rows, n), np.float64)
     out = empty((rows, n), np.float64)
-    work = empty((rows, sort_forward_work, n), np.float64)
+    work = empty((rows, lapsum.SORT_TABLES, n), np.float64)
     _sort_forward(xs, alpha, out, anchor, offset, work)
     narrow(*buffer(frame, RESULTS, 0), out, negate)
     return 0
@@ -579,16 +493,13 @@ def sort_handler(frame):
 #: one C function per operation: its forward and backward passes (told apart by their
 #: number of arguments), so that one compilation serves both
 _HANDLERS = {"rank": rank_handler, "topk": topk_handler, "sort": sort_handler}
-#: the kernels each handler calls (:func:`_link`)
-_CALLS = {
-    name: (f"softorder_ffi_{name}_forward", f"softorder_ffi_{name}_vjp", "softorder_ffi_sort_rows")
-    for name in _HANDLERS
-}
 
 
 def _compile(name: str):
     """The numba C function of handler ``name``, loaded from the disk cache or compiled."""
-    _link(_CALLS[name])
+    for kernel in (f"{name}_forward", f"{name}_vjp", "sort_rows"):
+        # linked first: numba runs no ``reload_init`` for a C function loaded from the cache
+        _jit._link_symbol(*KERNELS[kernel])
     fn = _HANDLERS[name]
     handler = CFunc(
         fn,
