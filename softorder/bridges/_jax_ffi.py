@@ -2,29 +2,22 @@
 
 The JAX bridge routes ``soft_rank``, ``soft_sort``, ``soft_topk`` and ``log_soft_topk`` here
 when a call is traced for the CPU backend with a concrete ``alpha`` (and ``k``, one per row):
-then nothing is left to validate when the computation runs, and a call costs its kernels,
-without the Python, the GIL and the host copies of :func:`jax.pure_callback`, whose fixed
-cost is most of a small call's (figures in CHANGELOG.md).
+everything is validated then, so a call costs its kernels, without the Python, the GIL and the
+host copies of a callback (figures in CHANGELOG.md).
 
 Each handler is one C function of XLA's typed FFI (``api_version=1``,
-``XLA_FFI_Error* handler(XLA_FFI_CallFrame*)``, see ``xla/ffi/api/c_api.h`` in
-``jax.ffi.include_dir()``), written with numba; it never fails (it returns NULL), since
-everything was validated when the call was traced. It sorts the rows itself
-(:func:`sort_rows`, a radix sort: XLA's own sort in the traced graph was about ten times
-slower on rows of 1e3 to 1e5; figures in CHANGELOG.md) and calls the
-same serial kernels as the NumPy API on the same float64 rows and int32 orders (the very same
-compilations, by symbol: :data:`KERNELS`), so its results are bitwise
-those of the NumPy API when the rows have no ties (with ties, only the order of equal
-elements can differ: this sort is stable, NumPy's is not, and a gradient then sums in
-another order). The handlers are compiled on first use and cached on disk next to the
-kernels (:func:`softorder.core.cache_dir`). A handler is one numba compilation: it reads
-XLA's call frame and buffers through intrinsics (code emitted in place) and calls the
-kernels and the sort by symbol, so an empty cache's first call compiles the operation's two
-kernels (which the NumPy API shares), the sort and the handler, nothing else.
+``XLA_FFI_Error* handler(XLA_FFI_CallFrame*)``, ``xla/ffi/api/c_api.h`` in
+``jax.ffi.include_dir()``) that never fails (it returns NULL). It reads XLA's call frame and
+buffers through intrinsics (code emitted in place), sorts the rows itself (:func:`sort_rows`,
+faster than XLA's sort) and calls the NumPy API's serial kernels by symbol (:data:`KERNELS`:
+the very same compilations) on the same float64 rows and int32 orders, so its results are
+bitwise the NumPy API's when the rows have no ties (with ties, this sort is stable, NumPy's is
+not, and a gradient may sum in another order). A handler is one numba compilation, cached on
+disk next to the kernels (:func:`softorder.core.cache_dir`).
 
-One handler per operation serves its forward and backward passes, told apart by their
-number of operands. The operands, with the rows flattened over every leading axis (``vmap``
-adds some, ``vmap_method="broadcast_all"``):
+One handler per operation serves its forward and backward passes, told apart by their number
+of operands. The rows are flattened over every leading axis (``vmap`` adds some,
+``vmap_method="broadcast_all"``):
 
 * forward: the input rows in the computing dtype (float32 or float64: widened to float64,
   exactly), ``alpha`` once per row in that dtype, int32 flags ``(negate, log)`` and for
@@ -54,8 +47,7 @@ from softorder.core import _jit, lapsum, rank, sort, topk
 from softorder.core._jit import SymbolCalls, _cache_classes, cache_dir, helper
 from softorder.core.lapsum import empty
 
-#: XLA_FFI_DataType codes of the buffers the handlers read and write
-F32, F64 = 11, 12
+F32 = 11  # XLA_FFI_DataType of float32 (the handlers' other buffers are float64, 12)
 #: the XLA FFI API version the handlers are written against (xla/ffi/api/c_api.h)
 API_MAJOR, API_MINOR = 0, 1
 EXECUTE = 3  # XLA_FFI_ExecutionStage_EXECUTE
@@ -63,8 +55,7 @@ METADATA = 1  # XLA_FFI_Extension_Metadata
 
 _lock = threading.Lock()
 _registered: dict = {}
-_noted = _jit._noted  # one first-compilation note per process (softorder.precompile's
-# progress output replaces it)
+_noted = _jit._noted  # one first-compilation note per process
 _log = logging.getLogger("softorder")
 
 
@@ -79,9 +70,8 @@ def float_bits(typingctx, value):
     return sig, codegen
 
 
-# The handlers reach XLA's call frame and buffers through the intrinsics below: code emitted
-# in place, where a numba function (``carray``, a helper) would cost a compilation of its own
-# on the first call, however small (figures in CHANGELOG.md).
+# The handlers reach XLA's call frame and buffers through the intrinsics below: a numba function
+# (``carray``, a helper) would cost a compilation of its own on a first call, however small.
 
 
 def _pointer(context, builder, address, dtype):
@@ -280,8 +270,6 @@ def sort_rows(values, xs, order):
     An LSD radix sort on the bytes of integer keys: a float's bits as a signed integer, with
     the magnitude bits of negative values flipped. Passes where every key has the same byte
     are skipped (the low bytes of float32 data); rows of at most 32 take an insertion sort.
-    At n = 1e3 on fresh data it took a third of numba's merge sort, whose time depended on
-    the branch predictor having seen the same data before.
     """
     rows, n = values.shape
     scratch = empty((4, n), np.int64)  # one allocation
