@@ -6,19 +6,13 @@ Usage::
 
     ranks = soj.soft_rank(x, alpha=0.1)  # x: a jax.Array; axis=-1 by default
 
-The functions take the NumPy API's arguments (:mod:`softorder.operations`) and compute the
-same values through the same rules. What they support (transformations, dtypes, errors) is in
-their docstrings' notes and on the JAX page of the docs. This module adapts JAX only: the
-checks, the dtype policy and the callbacks' bodies are the engine's (:mod:`softorder._engine`).
-
-How it works: each call is one :func:`jax.custom_vjp` function (``_apply``) over a kernel
-chosen when the call is traced. ``_Ffi``: on the CPU backend, ``soft_rank``, ``soft_sort``,
-``soft_topk`` and ``log_soft_topk`` with a concrete ``alpha`` and ``k`` (one per row) are XLA
-FFI calls into numba C functions (:mod:`softorder.bridges._jax_ffi`), with no Python per
-call. ``_Callbacks``, for every other call: ``buffer_callback`` calls that run the engine's
-callback bodies (:class:`softorder._engine.call.Call`) on XLA's buffers in place, the CPU
-kernels on the CPU and the GPU kernels on a CUDA backend with ``numba-cuda``, or
-``pure_callback`` copies elsewhere (``_route``).
+The functions take the NumPy API's arguments and compute the same values through the same
+rules; what they support is in their docstrings and on the docs' JAX page. This module adapts
+JAX only (the checks, the dtype policy and the callbacks' bodies are :mod:`softorder._engine`'s):
+each call is one :func:`jax.custom_vjp` function (``_apply``) over the kernels of the route
+chosen when it is traced (``_route``): XLA FFI calls (``_Ffi``,
+:mod:`softorder.bridges._jax_ffi`) or callbacks of :class:`softorder._engine.call.Call`
+(``_Callbacks``: ``buffer_callback`` on XLA's buffers in place, else ``pure_callback``).
 """
 
 from __future__ import annotations
@@ -125,10 +119,9 @@ class _Callbacks:
         return tuple(self.call.backward_flat(arrays, wanted=self.wanted))
 
     def in_place(self, ctx, out, *buffers) -> None:
-        """The callback of ``buffer_callback``: the results written into XLA's buffers ``out``.
-        Host buffers run the CPU kernels on NumPy views of them (the engine never writes into
-        the arguments, nor keeps them past the call), unless numba's simulator stands in for
-        a GPU; GPU buffers run the GPU kernels on XLA's stream.
+        """The callback of ``buffer_callback``: the results written into XLA's buffers ``out``:
+        the CPU kernels on NumPy views of host buffers (unless numba's simulator stands in for a
+        GPU), the GPU kernels on XLA's stream for GPU buffers.
         """
         if self.route == "host" or (_on_host(buffers[0]) and not _simulator()):
             outs = [np.asarray(target) for target in out]
@@ -137,7 +130,15 @@ class _Callbacks:
             else:
                 self.call.backward_into(buffers, outs, self.wanted)
             return
-        with _launching(ctx, buffers[0]) as device:
+        from softorder._engine.backends import numba_cuda
+
+        if numba_cuda.SIMULATOR and not _on_host(buffers[0]):
+            raise RuntimeError(
+                "NUMBA_ENABLE_CUDASIM=1 runs softorder's GPU kernels in numba's simulator, "
+                "which cannot read JAX's GPU buffers; unset it to use the GPU"
+            )
+        stream = None if numba_cuda.SIMULATOR else ctx.stream  # (no GPU context to read there)
+        with numba_cuda.launching(buffers[0].__dlpack_device__()[1], stream) as device:
             if self.wanted is None:
                 results = self.call.forward(device.arguments(buffers), self.keep, device.backend)
             else:
@@ -315,21 +316,6 @@ def _simulator() -> bool:
     return bool(numba.config.ENABLE_CUDASIM)
 
 
-def _launching(ctx, buffer):
-    """The kernels inside the block launch on XLA's stream of ``buffer``'s device; yields the
-    :class:`softorder._engine.backends.numba_cuda.Launch`.
-    """
-    from softorder._engine.backends import numba_cuda
-
-    if numba_cuda.SIMULATOR and not _on_host(buffer):
-        raise RuntimeError(
-            "NUMBA_ENABLE_CUDASIM=1 runs softorder's GPU kernels in numba's simulator, "
-            "which cannot read JAX's GPU buffers; unset it to use the GPU"
-        )
-    stream = None if numba_cuda.SIMULATOR else ctx.stream  # (no GPU context to read there)
-    return numba_cuda.launching(buffer.__dlpack_device__()[1], stream)
-
-
 #: the operations the FFI route covers: (handler, log)
 _FFI_OPS = {
     "soft_rank": ("rank", False),
@@ -386,11 +372,9 @@ except ImportError:  # pragma: no cover - depends on the JAX version
 
 
 def _refuse_forward_mode(arrays) -> None:
-    """``TypeError`` naming softorder for an argument that carries a forward-mode tangent.
-
-    Under ``jax.jit(lambda x: jax.jvp(f, ...))`` JAX refuses a custom_vjp only after the call
-    has traced, outside :func:`_run`, in words that do not name softorder. (JAX has no public
-    test for a jvp tracer; without this private one, JAX's own error.)
+    """``TypeError`` naming softorder for an argument that carries a forward-mode tangent: under
+    ``jax.jit(lambda x: jax.jvp(f, ...))`` JAX refuses a custom_vjp only after the call has
+    traced, outside :func:`_run`, in its own words (JAX has no public test for a jvp tracer).
     """
     jvp_tracer = getattr(_ad, "JVPTracer", None)
     if jvp_tracer is not None and any(
@@ -475,13 +459,11 @@ _JAX = Dialect(
     ),
 )
 
-#: a note of the operations the FFI route covers
 _FFI_NOTE = (
     "FFI route: on the CPU backend, with a concrete (not traced) ``alpha`` (and ``k``, one per "
     "row), this is an XLA FFI call into numba C functions, with no Python per call; otherwise "
     'a callback (see the module\'s "FFI route").'
 )
-#: a note of the losses
 _LOSS_NOTE = "Under ``vmap`` the reduction applies to each vmapped element separately."
 
 
