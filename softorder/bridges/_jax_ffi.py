@@ -45,6 +45,7 @@ from numba.np.arrayobj import np_cfarray
 
 from softorder.core import _jit, lapsum, rank, sort, topk
 from softorder.core._jit import SymbolCalls, _cache_classes, cache_dir, helper
+from softorder.core.fast_exp import _bits as float_bits
 from softorder.core.lapsum import empty
 
 F32 = 11  # XLA_FFI_DataType of float32 (the handlers' other buffers are float64, 12)
@@ -57,17 +58,6 @@ _lock = threading.Lock()
 _registered: dict = {}
 _noted = _jit._noted  # one first-compilation note per process
 _log = logging.getLogger("softorder")
-
-
-@intrinsic
-def float_bits(typingctx, value):
-    """The bits of a float64 as an int64."""
-    sig = types.int64(types.float64)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.int64))
-
-    return sig, codegen
 
 
 # The handlers reach XLA's call frame and buffers through the intrinsics below: a numba function
@@ -279,7 +269,7 @@ def sort_rows(values, xs, order):
         row = values[r]
         for i in range(n):
             v = row[i]
-            k = float_bits(0.0 if v == 0.0 else v)
+            k = float_bits(0.0 if v == 0.0 else v)  # as int64
             if v != v:
                 k = 0x7FFFFFFFFFFFFFFF  # above +inf (0x7FF0000000000000)
             elif k < 0:
