@@ -238,7 +238,6 @@ _call_exp_pass = _TOPK_CALLS.exp_pass
 _call_prefix_sums = _TOPK_CALLS.prefix_sums
 
 
-@kernel
 def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, work):
     """Cotangent ``v`` (rows, m, n) -> ``x_bar`` (rows, n), ``w_bar`` (rows, m), ``alpha_bar``.
 
@@ -251,7 +250,21 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
 
     ``x_bar`` (float64) holds the gradient in sorted order until the scatter; with one
     target it may be ``v`` itself. :func:`topk_vjp_narrow` writes a float32 ``x_bar``.
+
+    Two kernels: :func:`_vjp_one` for one target per row (a scalar ``k``, and
+    every call of the JAX bridge's handler), :func:`_vjp_several` for any number; a first
+    call compiles only the one it needs (the one-target kernel compiles in about three
+    quarters of the time; figures in CHANGELOG.md). ``serial`` and ``parallel`` are those of
+    the one-target kernel (which raises ``ValueError`` for other counts): what the JAX
+    bridge's handler calls by symbol.
     """
+    run = _vjp_one if anchor.shape[1] == 1 else _vjp_several
+    run(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, work)
+
+
+@kernel
+def _vjp_several(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, work):
+    """:func:`topk_vjp` of any number of targets per row."""
     rows, n = xs.shape
     m = anchor.shape[1]
     for row in prange(rows):
@@ -358,6 +371,98 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
         xb = x_bar[row]
         for i in range(n):
             xb[o[i]] = 0.0 if abs(r[i]) == INF else vs[i]  # (no cotangent reaches +-inf)
+
+
+@kernel
+def _vjp_one(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, work):
+    """:func:`topk_vjp` of one target per row (else ``ValueError``): :func:`_vjp_several`'s
+    operations with ``m = 1``, in the same order, so the same bits; its relative weights go
+    where the cotangent was (read first, never again). The multi-target bookkeeping of
+    :func:`_vjp_several` (the previous target's terms, kept apart) is not compiled here.
+    """
+    rows, n = xs.shape
+    if anchor.shape[1] != 1:
+        raise ValueError("softorder: _vjp_one takes one target per row")
+    for row in prange(rows):
+        r = xs[row]
+        o = order[row]
+        if has_nan(r):
+            x_bar[row, :] = np.nan
+            w_bar[row, :] = np.nan
+            alpha_bar[row] = np.nan
+            continue
+        inv_alpha = 1.0 / alpha[row]
+        t = offset[row, 0]
+        an = anchor[row, 0]
+        shift = _call_target_shift(r, inv_alpha, an, t)
+        w_bar[row, 0] = 0.0
+        if shift == INF:  # G == 0: every term is 0
+            x_bar[row, :] = 0.0
+            alpha_bar[row] = 0.0
+            continue
+        ra = r[an]
+        one_exp = shift < ONE_EXP_SHIFT
+        decay = math.exp(-shift) if one_exp else 0.0
+        vs = work[row, 2, :n]  # the cotangent in sorted order, then the relative weights
+        gather(o, v[row, 0], vs)
+        # the relative weights wait in the row of x_bar (v itself may be that row: gathered)
+        rbar = x_bar[row]
+        if FAST_EXP and finite_row(r, inv_alpha) and abs(t) != INF:
+            _call_exp_pass(r, ra, t, inv_alpha, shift, rbar)
+        else:
+            for i in range(n):
+                az = abs(offset_z(ra, r[i], inv_alpha, t))
+                rbar[i] = 0.0 if az == INF else 1.0 if az == shift else math.exp(shift - az)
+        G = 0.0
+        Z = 0.0
+        phi = 0.0
+        phi_z = 0.0
+        k_bar = 0.0  # times 1 / G
+        v_common = 0.0  # log: cotangents of the elements whose kappa_k is `common`
+        for i in range(n):
+            vi = vs[i]
+            ei = rbar[i]
+            vs[i] = ei
+            zi = offset_z(ra, r[i], inv_alpha, t)
+            az = abs(zi)
+            if az == INF:
+                rbar[i] = 0.0
+                continue
+            G += ei
+            Z += zi * ei
+            if vi == 0.0:
+                rbar[i] = 0.0
+                continue  # (kappa may underflow where kappa_k does not: keep going)
+            if log:
+                if zi <= 0.0:
+                    vk = vi * inv_alpha  # hazard 1
+                    v_common += vi
+                else:
+                    h = 0.5 * (ei * decay if one_exp else math.exp(-zi))
+                    q = 1.0 / (1.0 - h)
+                    vk = vi * (h * q * inv_alpha)
+                    k_bar += vi * (ei * q)
+            else:
+                ez = ei * decay if one_exp else math.exp(-az)
+                vk = vi * (0.5 * ez * inv_alpha)
+                k_bar += vi * ei
+            phi += vk
+            phi_z += vk * zi
+            rbar[i] = 0.0 - vk
+        inv_g = 1.0 / G
+        pg = phi * inv_g
+        k_bar *= inv_g
+        if v_common != 0.0:
+            k_bar += v_common * (2.0 * math.exp(shift) * inv_g)
+        w_bar[row, 0] = k_bar
+        alpha_bar[row] = 0.0 + (phi * (Z * inv_g) - phi_z)
+        for i in range(n):
+            vs[i] = rbar[i] + vs[i] * pg
+        for i in range(n):
+            rbar[o[i]] = 0.0 if abs(r[i]) == INF else vs[i]  # (no cotangent reaches +-inf)
+
+
+topk_vjp.serial, topk_vjp.parallel = _vjp_one.serial, _vjp_one.parallel
 
 
 @kernel
