@@ -207,27 +207,6 @@ def test_infinities_nan_and_a_middle_axis(case, dtype, rng, callbacks):
         assert np.isinf(ffi[0][0, :, 0]).sum() == 2 and np.isfinite(ffi[1][0, :, 0]).all()
 
 
-def test_sort_rows_is_numpys_stable_argsort(rng):
-    import numba
-
-    @numba.njit
-    def sort_rows(values, xs, order):  # the helper has no Python wrapper of its own
-        _jax_ffi.sort_rows(values, xs, order)
-
-    specials = [0.0, -0.0, np.nan, -np.nan, np.inf, -np.inf, 1.0, -1.0, 5e-324, -5e-324]
-    for n in (1, 2, 31, 33, 300):
-        for values in (
-            rng.standard_normal((3, n)),
-            np.round(rng.standard_normal((3, n)), 1).astype(np.float32).astype(np.float64),
-            rng.choice(specials, size=(3, n)),
-        ):
-            xs, order = np.empty(values.shape), np.empty(values.shape, np.int32)
-            sort_rows(values, xs, order)
-            expected = np.argsort(values, axis=1, kind="stable")
-            equal(order, expected.astype(np.int32))
-            equal(xs, np.take_along_axis(values, expected, 1))
-
-
 def test_handlers_answer_the_metadata_query_and_skip_other_stages():
     """XLA asks a handler for its API version through a metadata extension (here behind
     another extension) and calls it at stages before execution: it answers, or returns,

@@ -8,12 +8,12 @@ host copies of a callback (figures in CHANGELOG.md).
 Each handler is one C function of XLA's typed FFI (``api_version=1``,
 ``XLA_FFI_Error* handler(XLA_FFI_CallFrame*)``, ``xla/ffi/api/c_api.h`` in
 ``jax.ffi.include_dir()``) that never fails (it returns NULL). It reads XLA's call frame and
-buffers through intrinsics (code emitted in place), sorts the rows itself (:func:`sort_rows`,
-faster than XLA's sort) and calls the NumPy API's serial kernels by symbol (:data:`KERNELS`:
-the very same compilations) on the same float64 rows and int32 orders, so its results are
-bitwise the NumPy API's when the rows have no ties (with ties, this sort is stable, NumPy's is
-not, and a gradient may sum in another order). A handler is one numba compilation, cached on
-disk next to the kernels (:func:`softorder.core.cache_dir`).
+buffers through intrinsics (code emitted in place), sorts the rows itself
+(:mod:`softorder.core.sort_rows`, faster than XLA's sort) and calls the NumPy API's serial
+kernels by symbol (:data:`KERNELS`: the very same compilations) on the same float64 rows and
+int32 orders, so its results are bitwise the NumPy API's when the rows have no ties (with
+ties, this sort is stable, NumPy's is not, and a gradient may sum in another order). A handler
+is one numba compilation, cached on disk next to the kernels (:func:`softorder.core.cache_dir`).
 
 One handler per operation serves its forward and backward passes, told apart by their number
 of operands. The rows are flattened over every leading axis (``vmap`` adds some,
@@ -44,9 +44,9 @@ from numba.extending import intrinsic
 from numba.np.arrayobj import np_cfarray
 
 from softorder.core import _jit, lapsum, rank, sort, topk
-from softorder.core._jit import SymbolCalls, _cache_classes, cache_dir, helper
-from softorder.core.fast_exp import _bits as float_bits
+from softorder.core._jit import SymbolCalls, _cache_classes, cache_dir
 from softorder.core.lapsum import empty
+from softorder.core.sort_rows import gather_rows, sort_rows
 
 F32 = 11  # XLA_FFI_DataType of float32 (the handlers' other buffers are float64, 12)
 #: the XLA FFI API version the handlers are written against (xla/ffi/api/c_api.h)
@@ -155,30 +155,6 @@ def narrow(typingctx, address, dtype, values, negate):
     return types.none(types.int64, types.int64, values, types.boolean), codegen
 
 
-@intrinsic
-def gather_rows(typingctx, out, values, order):
-    """Each row of ``values`` (rows, n) in the order of its argsort ``order`` (int32), into
-    ``out``: ``out[r, j] = values[r, order[r, j]]``.
-    """
-
-    def codegen(context, builder, signature, args):
-        target, source, indices = (
-            context.make_array(t)(context, builder, a)
-            for t, a in zip(signature.args, args, strict=True)
-        )
-        rows, n = cgutils.unpack_tuple(builder, source.shape)
-        with cgutils.for_range(builder, rows) as row:
-            start = builder.mul(row.index, n)
-            with cgutils.for_range(builder, n) as column:
-                at = builder.add(start, column.index)
-                index = builder.sext(builder.load(builder.gep(indices.data, [at])), n.type)
-                value = builder.load(builder.gep(source.data, [builder.add(start, index)]))
-                builder.store(value, builder.gep(target.data, [at]))
-        return context.get_dummy_value()
-
-    return types.none(out, values, order), codegen
-
-
 _F1, _F2, _F3 = (types.Array(types.float64, d, "C") for d in (1, 2, 3))
 _I2, _L2 = types.Array(types.int32, 2, "C"), types.Array(types.int64, 2, "C")
 
@@ -250,75 +226,6 @@ def begin(typingctx, frame):
         return context.make_tuple(builder, signature.return_type, values)
 
     return types.Tuple((types.boolean, types.int64, types.int64))(types.int64), codegen
-
-
-@helper
-def sort_rows(values, xs, order):
-    """Each row of ``values`` sorted into ``xs``, stably, NaN last (all NaN equal) and
-    ``-0.0 == 0.0`` (NumPy's order); the argsort into ``order`` (int32).
-
-    An LSD radix sort on the bytes of integer keys: a float's bits as a signed integer, with
-    the magnitude bits of negative values flipped. Passes where every key has the same byte
-    are skipped (the low bytes of float32 data); rows of at most 32 take an insertion sort.
-    """
-    rows, n = values.shape
-    scratch = empty((4, n), np.int64)  # one allocation
-    o, keys, keys2, order2 = scratch[0], scratch[1], scratch[2], scratch[3]
-    counts = empty((8, 256), np.int64)
-    for r in range(rows):
-        row = values[r]
-        for i in range(n):
-            v = row[i]
-            k = float_bits(0.0 if v == 0.0 else v)  # as int64
-            if v != v:
-                k = 0x7FFFFFFFFFFFFFFF  # above +inf (0x7FF0000000000000)
-            elif k < 0:
-                k ^= 0x7FFFFFFFFFFFFFFF
-            keys[i] = k
-            o[i] = i
-        src_o = o  # the argsort, once sorted
-        if n <= 32:
-            for i in range(1, n):
-                k, oi = keys[i], o[i]
-                j = i - 1
-                while j >= 0 and keys[j] > k:
-                    keys[j + 1] = keys[j]
-                    o[j + 1] = o[j]
-                    j -= 1
-                keys[j + 1] = k
-                o[j + 1] = oi
-        else:
-            for b in range(8):
-                for d in range(256):
-                    counts[b, d] = 0
-            for i in range(n):
-                k = keys[i]
-                for b in range(7):
-                    counts[b, (k >> (8 * b)) & 0xFF] += 1
-                counts[7, ((k >> 56) & 0xFF) ^ 0x80] += 1
-            src_k, dst_k, dst_o = keys, keys2, order2
-            for b in range(8):
-                shift = 8 * b
-                flip = 0x80 if b == 7 else 0
-                if counts[b, ((src_k[0] >> shift) & 0xFF) ^ flip] == n:
-                    continue  # one value of this byte: the pass would move nothing
-                total = 0
-                for d in range(256):
-                    c = counts[b, d]
-                    counts[b, d] = total
-                    total += c
-                for i in range(n):
-                    k = src_k[i]
-                    d = ((k >> shift) & 0xFF) ^ flip
-                    j = counts[b, d]
-                    counts[b, d] = j + 1
-                    dst_k[j] = k
-                    dst_o[j] = src_o[i]
-                src_k, src_o, dst_k, dst_o = dst_k, dst_o, src_k, src_o
-        for i in range(n):
-            j = src_o[i]
-            order[r, i] = j
-            xs[r, i] = row[j]
 
 
 #: The kernels the handlers call by symbol (:class:`~softorder.core._jit.SymbolCalls`): the very

@@ -4,7 +4,8 @@ Conventions shared by every kernel:
 
 * ``xs`` is float64, each row sorted ascending (NaN last, as NumPy sorts), ``order`` (int64)
   the argsort that produced it. Sorting happens outside the kernels (NumPy's SIMD sort is
-  several times faster than a sort inside ``njit``).
+  several times faster than a sort inside ``njit``), except in compiled callers that cannot
+  call NumPy (the JAX bridge's FFI handlers): those sort with :mod:`softorder.core.sort_rows`.
 * ``alpha`` is a float64 array with one value per row.
 * Outputs are float64 arrays the caller allocates; element-indexed outputs and cotangents are in
   the caller's original element order. Inputs are never written.
@@ -49,7 +50,7 @@ _KERNELS = {
 }
 _MODULES = frozenset(
     ("kernel_sums", "laplace", "lapsum", "permutation", "rank", "rows", "sort", "topk")
-    + ("topk_loss", "cuda")
+    + ("sort_rows", "topk_loss", "cuda")
 )
 
 

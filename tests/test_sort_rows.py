@@ -1,0 +1,122 @@
+"""softorder.core.sort_rows (the JAX FFI handlers' per-row argsort) against NumPy's stable
+argsort: the same order and the same sorted values, bit for bit, for every kind of row.
+"""
+
+import numba
+import numpy as np
+import pytest
+
+from softorder.core.sort_rows import INSERTION_MAX, gather_rows, sort_rows
+
+pytestmark = pytest.mark.skipif(
+    numba.config.DISABLE_JIT, reason="NUMBA_DISABLE_JIT: the helpers need compiled callers"
+)
+
+SPECIALS = [0.0, -0.0, np.nan, -np.nan, np.inf, -np.inf, 1.0, -1.0, 5e-324, -5e-324]
+#: row lengths around the insertion sort's limit, and longer ones (the radix sort)
+LENGTHS = (1, 2, 3, INSERTION_MAX - 1, INSERTION_MAX, INSERTION_MAX + 1, 300, 4099)
+
+
+@numba.njit
+def argsort(values, xs, order):  # the helper has no Python wrapper of its own
+    sort_rows(values, xs, order)
+
+
+@numba.njit
+def take(out, values, order):
+    gather_rows(out, values, order)
+
+
+def equal(a, b):
+    np.testing.assert_array_equal(a, b, strict=True)
+
+
+def same_bits(a, b):
+    """Equal bit for bit: -0.0 is not 0.0, NaN payloads count."""
+    assert a.dtype == b.dtype
+    equal(*(np.ascontiguousarray(x).view(f"u{x.itemsize}") for x in (a, b)))
+
+
+def check(values, index=np.int32):
+    """``sort_rows`` on ``values`` (not written) gives NumPy's stable argsort and sorted rows;
+    ``gather_rows`` with that argsort gives the same sorted rows.
+    """
+    before = values.copy()
+    xs, order = np.empty(values.shape, values.dtype), np.empty(values.shape, index)
+    argsort(values, xs, order)
+    expected = np.argsort(values, axis=1, kind="stable")
+    equal(order, expected.astype(index))
+    sorted_rows = np.take_along_axis(values, expected, 1)
+    same_bits(xs, sorted_rows)
+    same_bits(values, before)
+    if values.flags.c_contiguous:
+        out = np.empty_like(xs)
+        take(out, values, order)
+        same_bits(out, xs)
+
+
+def rows_of(rng, n, dtype):
+    """Rows of length n: random, with many ties, of special values, constant, sorted and
+    reversed, in ``dtype``.
+    """
+    normal = rng.standard_normal((3, n))
+    yield normal.astype(dtype)
+    yield np.round(normal, 1).astype(dtype)  # ties
+    yield rng.choice(SPECIALS, size=(3, n)).astype(dtype)
+    span = 300 if dtype == np.float64 else 30  # magnitudes across the exponent range
+    yield (rng.standard_normal((2, n)) * 10.0 ** rng.integers(-span, span, (2, n))).astype(dtype)
+    yield np.full((2, n), 7.0, dtype)
+    yield np.sort(normal, axis=1).astype(dtype)
+    yield np.sort(normal, axis=1)[:, ::-1].astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("n", LENGTHS)
+def test_sort_rows_is_numpys_stable_argsort(rng, n, dtype):
+    for values in rows_of(rng, n, dtype):
+        check(values)
+
+
+def test_float32_widened_rows_sort_as_float32(rng):
+    """The handlers sort float32 input widened to float64 (exact): the low bytes of every key
+    are then equal, and the passes over them are skipped.
+    """
+    for n in (INSERTION_MAX + 1, 1000):
+        single = np.round(rng.standard_normal((4, n)), 2).astype(np.float32)
+        xs, order = np.empty((4, n)), np.empty((4, n), np.int32)
+        argsort(single.astype(np.float64), xs, order)
+        expected = np.argsort(single, axis=1, kind="stable")
+        equal(order, expected.astype(np.int32))
+        equal(xs, np.take_along_axis(single, expected, 1).astype(np.float64))
+
+
+def test_nan_payloads_and_signs_are_one_value(rng):
+    """Every NaN (either sign, any payload) sorts last, in its original order."""
+    bits = [0x7FF8000000000000, 0xFFF8000000000000, 0x7FF0000000000001, 0xFFFFFFFFFFFFFFFF]
+    nans = np.array(bits, np.uint64).view(np.float64)
+    for n in (8, 100):
+        values = rng.standard_normal((2, n))
+        values[:, ::3] = rng.choice(nans, size=values[:, ::3].shape)
+        check(values)
+
+
+def test_zero_rows_and_zero_length(rng):
+    check(np.empty((0, 5)))
+    check(np.empty((3, 0)))
+
+
+def test_strided_and_int64_orders(rng):
+    values = rng.standard_normal((6, 200))
+    check(values[::2, ::3])  # rows and elements strided
+    check(np.asfortranarray(values))
+    check(values, index=np.int64)
+
+
+def test_gather_rows_takes_an_int64_argsort_and_refuses_strided_arrays(rng):
+    values = rng.standard_normal((3, 50))
+    order = np.argsort(values, axis=1)
+    out = np.empty_like(values)
+    take(out, values, order)
+    equal(out, np.take_along_axis(values, order, 1))
+    with pytest.raises(numba.core.errors.TypingError):
+        take(out, values[:, ::2], order[:, :25])
