@@ -213,3 +213,36 @@ def test_loss_gradient_with_infinite_entries(rng):
         lambda y: so.permutation_cross_entropy(y, target, alpha), x, direction
     )
     np.testing.assert_allclose(x_bar @ direction, numeric, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("nan_row", [False, True])
+def test_repeated_ranks_refused_by_the_forward(rng, nan_row):
+    """The CPU forward checks the permutations as it places the values by rank: a repeated
+    rank raises the error that names its row from every entry point, a row with NaN (whose
+    ranks the kernel does not read) included; the kernel counts the rows that repeat.
+    """
+    n = 300
+    x = rng.normal(size=(3, n))
+    ranks = np.stack([rng.permutation(n) + 1 for _ in range(3)])
+    ranks[1, 7] = ranks[1, 8]
+    if nan_row:
+        x[1, 3] = np.nan
+    message = rf"target_ranks must be a permutation of 1\.\.{n} .*row \(1,\) repeats rank"
+    with pytest.raises(ValueError, match=message):
+        so.permutation_cross_entropy(x, ranks, 0.5)
+    with pytest.raises(ValueError, match=message):
+        so.vjp(so.permutation_cross_entropy, x, ranks, 0.5)
+    with pytest.raises(ValueError, match=message):
+        so.jvp(so.permutation_cross_entropy, (x, ranks, 0.5), (x, None, 0.0))
+    # the kernel computes every row all the same, and counts the one that repeats
+    xs = np.sort(x, axis=1)
+    order = np.argsort(x, axis=1)
+    out = np.empty(3)
+    anchor = np.empty((3, n - 1), np.int32)
+    offset = np.empty((3, n - 1))
+    work = np.empty((3, perm.LADDER_FORWARD_WORK, n))
+    alpha = np.full(3, 0.5)
+    repeated = perm.ladder_loss_forward(xs, order, alpha, ranks, out, anchor, offset, work)
+    assert repeated == (0 if nan_row else 1)
+    assert np.isfinite(out[0]) and np.isfinite(out[2])
+    assert np.isnan(out[1]) == nan_row

@@ -1027,11 +1027,24 @@ class PermutationCrossEntropyRule(LossRule):
     differentiable = ("x", "alpha")
     index_residuals = ("order", "anchor")  # the CPU forward keeps int32 anchors
 
+    @staticmethod
+    def _ladder(ctx: Context) -> bool:
+        """Whether the CPU's ladder kernels run (int32 anchors, 3 rows of scratch)."""
+        return ctx.kernels is core and ctx.rows.n < 2**31
+
     def prepare(self, x, target_ranks, alpha, reduction, descending, order=None):
         rows = Rows.from_input(x, -1, negate=check_flag(descending, "descending"), order=order)
         ctx = Context.of(rows, alpha)
         ctx.params["reduction"] = check_reduction(reduction)
-        ranks = check_target_ranks(target_ranks, rows.batch_shape, rows.n)
+        if self._ladder(ctx):
+            # the ladder forward finds repeated ranks as it places the values by rank, so
+            # whether each row is a permutation is checked there (check_target_ranks' pass
+            # cost about a sixth of np.argsort at n = 1e4); here only the ranks' range
+            ranks = check_labels(
+                target_ranks, rows.batch_shape, "target_ranks", 1, rows.n, (rows.n,)
+            )
+        else:
+            ranks = check_target_ranks(target_ranks, rows.batch_shape, rows.n)
         ctx.params["target"] = rows.backend.from_host(ranks)
         return ctx
 
@@ -1050,13 +1063,13 @@ class PermutationCrossEntropyRule(LossRule):
     def forward(self, ctx):
         rows = ctx.rows
         per_row = ctx.empty(rows.rows)
-        if ctx.kernels is core and rows.n < 2**31:
+        if self._ladder(ctx):
             # int32 anchors (4 bytes per element less while the gradients keep them) and 3
             # rows of scratch, the same losses and boundaries to the bit
             shape = (rows.rows, rows.n - 1)
             s = ctx.saved
             s["anchor"], s["offset"] = ctx.empty(shape, np.int32), ctx.empty(shape)
-            core.permutation.ladder_loss_forward(
+            repeated = core.permutation.ladder_loss_forward(
                 rows.xs,
                 rows.order,
                 ctx.alpha,
@@ -1066,6 +1079,10 @@ class PermutationCrossEntropyRule(LossRule):
                 s["offset"],
                 ctx.work(core.permutation.LADDER_FORWARD_WORK),
             )
+            if repeated or np.isnan(per_row).any():
+                # a row that repeats a rank, or one with NaN (its ranks were not read): the
+                # full check raises the error that names the row
+                check_target_ranks(ctx.params["target"], rows.batch_shape, rows.n)
             return self._reduce(ctx, per_row)
         anchor, offset = ctx.target_storage(rows.n - 1)
         ctx.kernels.permutation_loss_forward(

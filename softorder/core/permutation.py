@@ -741,9 +741,13 @@ def ladder_loss_forward(xs, order, alpha, target, out, anchor, offset, work):
     (rows, n - 1); ``work`` (rows, :data:`LADDER_FORWARD_WORK`, n). The same values to the
     bit as :func:`permutation_loss_forward`. Rows whose target ranks repeat (the API refuses
     them) run element by element in a kernel of their own, compiled when first needed.
+    Returns their count (rows with NaN are not counted: their ranks are not read), which
+    lets the API check the ranks' permutations here instead of in a pass of its own.
     """
-    if _ladder_forward_rows(xs, order, alpha, target, out, anchor, offset, work):
+    repeated = _ladder_forward_rows(xs, order, alpha, target, out, anchor, offset, work)
+    if repeated:
         _ladder_forward_repeated(xs, order, alpha, target, out, anchor, offset, work)
+    return repeated
 
 
 @helper
