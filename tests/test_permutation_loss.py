@@ -234,6 +234,9 @@ def test_repeated_ranks_refused_by_the_forward(rng, nan_row):
         so.vjp(so.permutation_cross_entropy, x, ranks, 0.5)
     with pytest.raises(ValueError, match=message):
         so.jvp(so.permutation_cross_entropy, (x, ranks, 0.5), (x, None, 0.0))
+    # in a batch, the row's index in the batch
+    with pytest.raises(ValueError, match=r"row \(0, 1\) repeats rank"):
+        so.permutation_cross_entropy(x.reshape(1, 3, n), ranks.reshape(1, 3, n), 0.5)
     # the kernel computes every row all the same, and counts the one that repeats
     xs = np.sort(x, axis=1)
     order = np.argsort(x, axis=1)

@@ -1082,7 +1082,8 @@ class PermutationCrossEntropyRule(LossRule):
             if repeated or np.isnan(per_row).any():
                 # a row that repeats a rank, or one with NaN (its ranks were not read): the
                 # full check raises the error that names the row
-                check_target_ranks(ctx.params["target"], rows.batch_shape, rows.n)
+                ranks = ctx.params["target"].reshape(rows.batch_shape + (rows.n,))
+                check_target_ranks(ranks, rows.batch_shape, rows.n)
             return self._reduce(ctx, per_row)
         anchor, offset = ctx.target_storage(rows.n - 1)
         ctx.kernels.permutation_loss_forward(
