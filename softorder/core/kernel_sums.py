@@ -164,3 +164,26 @@ def carry_injections(E, inj_up, inj_down, out, fresh_out):
             acc *= E[i]
         acc += inj_up[i]
         out[i] += acc
+
+
+@helper
+def carry_both_ways(E, inj_up, inj_down):
+    """Carry the injections ``inj_up`` up and ``inj_down`` down by the factors ``E``, each
+    in place: :func:`carry_injections`'s two passes, the same sums, whose total at a point
+    (``inj_down[i] + inj_up[i]``) is its value to the bit. Each carry is a chain of a product
+    and a sum per point, whose latency bound its pass: the two run side by side in one loop
+    (figures in CHANGELOG.md).
+    """
+    n = E.shape[0]
+    up = 0.0
+    down = 0.0
+    for i in range(n):
+        if i > 0:
+            up *= E[i]
+        up += inj_up[i]
+        inj_up[i] = up
+        j = n - 1 - i
+        if i > 0:
+            down *= E[j + 1]
+        down += inj_down[j]
+        inj_down[j] = down

@@ -17,7 +17,7 @@ import numpy as np
 from numba import prange, types
 
 from softorder.core._jit import NativeCalls, SymbolCalls, helper, inner_helper, kernel
-from softorder.core.kernel_sums import _first_at_or_above
+from softorder.core.kernel_sums import _first_at_or_above, carry_both_ways
 from softorder.core.laplace import (
     INF,
     LOG_HALF,
@@ -892,23 +892,12 @@ def _ladder_carry_and_scatter(r, order, target, E, inj_up, inj_down, xb):
     scatter), the same sums in the same order. The sums go in ``inj_up`` (each slot read
     just before), from where they are scattered once every direct term is read.
 
-    Each carry is a chain of a product and a sum per point (its latency bound the pass), so
-    the two run side by side in one loop (they write different rows); the totals then take
-    a pass of their own (their random reads inside the carries' loop slowed it at n = 1e6).
+    The two carries run side by side (:func:`~softorder.core.kernel_sums.carry_both_ways`);
+    the totals take a pass of their own (their random reads inside the carries' loop slowed
+    it at n = 1e6).
     """
     n = r.shape[0]
-    up = 0.0
-    down = 0.0
-    for i in range(n):
-        if i > 0:
-            up *= E[i]
-        up += inj_up[i]
-        inj_up[i] = up
-        j = n - 1 - i
-        if i > 0:
-            down *= E[j + 1]
-        down += inj_down[j]
-        inj_down[j] = down
+    carry_both_ways(E, inj_up, inj_down)
     for i in range(n):
         total = (xb[target[order[i]] - 1] + inj_down[i]) + inj_up[i]
         inj_up[i] = total if abs(r[i]) != INF else 0.0

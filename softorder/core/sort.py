@@ -18,7 +18,12 @@ from numba import prange, types
 
 from softorder.core import fast_exp, fast_log
 from softorder.core._jit import SymbolCalls, helper, inner_helper, kernel
-from softorder.core.kernel_sums import _first_at_or_above, carry_injections, inject_exact
+from softorder.core.kernel_sums import (
+    _first_at_or_above,
+    carry_both_ways,
+    carry_injections,
+    inject_exact,
+)
 from softorder.core.laplace import INF, exp_nonpositive, gap, offset_z
 from softorder.core.lapsum import (
     SMALL_E,
@@ -768,10 +773,11 @@ def ladder_vjp(xs, order, alpha, offset, u, x_bar, counts, alpha_bar, work, redo
     same dtype, never ``u``; ``counts``: ``x_bar``'s memory seen as integers of its width
     (the counts wait there until the gradient is scattered into it); ``work`` (rows,
     :data:`LADDER_WORK`, n): ``E``, ``B``, ``Bd`` (:func:`descending_counts`), then the
-    injections in the rows of ``B`` and ``Bd`` (:func:`_ladder_pullback`), then their carried
-    sums (:func:`_carry_both_ways`), whose totals are scattered into ``x_bar``. A row whose ties
-    throw an injection beyond the window gets ``redo[row] = 1`` and an unwritten ``x_bar``
-    row: the caller runs :func:`sort_vjp` on it (a kernel compiled only when a row needs it).
+    injections in the rows of ``B`` and ``Bd`` (:func:`_ladder_pullback`), then their
+    carried sums (:func:`~softorder.core.kernel_sums.carry_both_ways`), whose totals are
+    scattered into ``x_bar``. A row whose ties throw an injection beyond the window gets
+    ``redo[row] = 1`` and an unwritten ``x_bar`` row: the caller runs :func:`sort_vjp` on it
+    (a kernel compiled only when a row needs it).
 
     ``xs`` may be float32 (:func:`ladder_forward`): :func:`descending_counts` widens each
     value as it reads it.
@@ -938,33 +944,9 @@ def _inject_in_window(r, inv_alpha, ra, t, shift, c, start, F, B, Bd, win_up, wi
     return True
 
 
-@helper
-def _carry_both_ways(E, inj_up, inj_down):
-    """Carry the injections ``inj_up`` up and ``inj_down`` down by the factors ``E``, each
-    row's sums in place: :func:`~softorder.core.kernel_sums.carry_injections`'s two passes,
-    the same sums, whose total at a point (``inj_down[i] + inj_up[i]``) is its value to the
-    bit. Each carry is a chain of a product and a sum per point, whose latency bound its
-    pass: the two run side by side in one loop (1.2-2.1 ns per element less than one after
-    the other, and the total in the scatter's pass, CHANGELOG.md).
-    """
-    n = E.shape[0]
-    up = 0.0
-    down = 0.0
-    for i in range(n):
-        if i > 0:
-            up *= E[i]
-        up += inj_up[i]
-        inj_up[i] = up
-        j = n - 1 - i
-        if i > 0:
-            down *= E[j + 1]
-        down += inj_down[j]
-        inj_down[j] = down
-
-
 #: the per-row helpers of :func:`ladder_vjp` called by symbol
 _LADDER_VJP_CALLS = SymbolCalls(
     # E, injections up and down
-    carry_both_ways=(_carry_both_ways, (_F1, _F1, _F1)),
+    carry_both_ways=(carry_both_ways, (_F1, _F1, _F1)),
 )
 _call_carry_both_ways = _LADDER_VJP_CALLS.carry_both_ways
