@@ -329,39 +329,15 @@ def _vjp_several(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_b
                     ei = e[i]
                     acc = rbar[i]
                 zi = offset_z(ra, r[i], inv_alpha, t)
-                az = abs(zi)
-                if az == INF:
-                    rbar[i] = acc
-                    continue
-                G += ei
-                Z += zi * ei
-                if vi == 0.0:
-                    rbar[i] = acc
-                    continue  # (kappa may underflow where kappa_k does not: keep going)
-                if log:
-                    if zi <= 0.0:
-                        vk = vi * inv_alpha  # hazard 1
-                        v_common += vi
-                    else:
-                        h = 0.5 * (ei * decay if one_exp else math.exp(-zi))
-                        q = 1.0 / (1.0 - h)
-                        vk = vi * (h * q * inv_alpha)
-                        k_bar += vi * (ei * q)
-                else:
-                    ez = ei * decay if one_exp else math.exp(-az)
-                    vk = vi * (0.5 * ez * inv_alpha)
-                    k_bar += vi * ei
-                phi += vk
-                phi_z += vk * zi
-                rbar[i] = acc - vk
+                vk, G, Z, phi, phi_z, k_bar, v_common = _pullback_step(
+                    vi, zi, ei, decay, one_exp, inv_alpha, log, G, Z, phi, phi_z, k_bar, v_common
+                )
+                rbar[i] = acc - vk  # (acc itself where vk is 0)
             fresh = False
-            inv_g = 1.0 / G
-            pg = phi * inv_g
-            k_bar *= inv_g
-            if v_common != 0.0:
-                k_bar += v_common * (2.0 * math.exp(shift) * inv_g)
-            w_bar[row, j] = k_bar
-            abar += phi * (Z * inv_g) - phi_z
+            pg, w_bar[row, j], alpha_term = _target_factors(
+                G, Z, phi, phi_z, k_bar, v_common, shift
+            )
+            abar += alpha_term
         alpha_bar[row] = abar
         if fresh:
             x_bar[row, :] = 0.0
@@ -424,42 +400,57 @@ def _vjp_one(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
             ei = rbar[i]
             vs[i] = ei
             zi = offset_z(ra, r[i], inv_alpha, t)
-            az = abs(zi)
-            if az == INF:
-                rbar[i] = 0.0
-                continue
-            G += ei
-            Z += zi * ei
-            if vi == 0.0:
-                rbar[i] = 0.0
-                continue  # (kappa may underflow where kappa_k does not: keep going)
-            if log:
-                if zi <= 0.0:
-                    vk = vi * inv_alpha  # hazard 1
-                    v_common += vi
-                else:
-                    h = 0.5 * (ei * decay if one_exp else math.exp(-zi))
-                    q = 1.0 / (1.0 - h)
-                    vk = vi * (h * q * inv_alpha)
-                    k_bar += vi * (ei * q)
-            else:
-                ez = ei * decay if one_exp else math.exp(-az)
-                vk = vi * (0.5 * ez * inv_alpha)
-                k_bar += vi * ei
-            phi += vk
-            phi_z += vk * zi
-            rbar[i] = 0.0 - vk
-        inv_g = 1.0 / G
-        pg = phi * inv_g
-        k_bar *= inv_g
-        if v_common != 0.0:
-            k_bar += v_common * (2.0 * math.exp(shift) * inv_g)
-        w_bar[row, 0] = k_bar
-        alpha_bar[row] = 0.0 + (phi * (Z * inv_g) - phi_z)
+            vk, G, Z, phi, phi_z, k_bar, v_common = _pullback_step(
+                vi, zi, ei, decay, one_exp, inv_alpha, log, G, Z, phi, phi_z, k_bar, v_common
+            )
+            rbar[i] = 0.0 - vk  # (_vjp_several's acc - vk with acc = 0)
+        pg, w_bar[row, 0], alpha_term = _target_factors(G, Z, phi, phi_z, k_bar, v_common, shift)
+        alpha_bar[row] = 0.0 + alpha_term  # (_vjp_several's sum over one target)
         for i in range(n):
             vs[i] = rbar[i] + vs[i] * pg
         for i in range(n):
             rbar[o[i]] = 0.0 if abs(r[i]) == INF else vs[i]  # (no cotangent reaches +-inf)
+
+
+@inner_helper
+def _pullback_step(vi, zi, ei, decay, one_exp, inv_alpha, log, G, Z, phi, phi_z, k_bar, v_common):
+    """One element's step of the top-k VJP kernels' summing pass (cotangent ``vi``, distance
+    ``zi``, relative weight ``ei``): returns its ``v_i kappa_i`` (0 where it adds no term) and
+    the sums ``G, Z, phi, phi_z, k_bar, v_common`` with its terms added. The kernels' one copy
+    of the per-element arithmetic, inlined into each (the same operations in the same order).
+    """
+    if abs(zi) == INF:
+        return 0.0, G, Z, phi, phi_z, k_bar, v_common
+    G += ei
+    Z += zi * ei
+    if vi == 0.0:  # (kappa may underflow where kappa_k does not: keep going)
+        return 0.0, G, Z, phi, phi_z, k_bar, v_common
+    if log:
+        if zi <= 0.0:
+            vk = vi * inv_alpha  # hazard 1
+            v_common += vi
+        else:
+            h = 0.5 * (ei * decay if one_exp else math.exp(-zi))
+            q = 1.0 / (1.0 - h)
+            vk = vi * (h * q * inv_alpha)
+            k_bar += vi * (ei * q)
+    else:
+        ez = ei * decay if one_exp else math.exp(-abs(zi))
+        vk = vi * (0.5 * ez * inv_alpha)
+        k_bar += vi * ei
+    return vk, G, Z, phi + vk, phi_z + vk * zi, k_bar, v_common
+
+
+@inner_helper
+def _target_factors(G, Z, phi, phi_z, k_bar, v_common, shift):
+    """A target's factors from its sums (:func:`_pullback_step`): ``(phi / G, w_bar, its term
+    of alpha_bar)``; ``k_bar`` is summed times ``1 / G``, ``v_common`` (log) apart.
+    """
+    inv_g = 1.0 / G
+    k_bar *= inv_g
+    if v_common != 0.0:
+        k_bar += v_common * (2.0 * math.exp(shift) * inv_g)
+    return phi * inv_g, k_bar, phi * (Z * inv_g) - phi_z
 
 
 topk_vjp.serial, topk_vjp.parallel = _vjp_one.serial, _vjp_one.parallel
