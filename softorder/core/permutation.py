@@ -17,7 +17,7 @@ import numpy as np
 from numba import prange, types
 
 from softorder.core._jit import NativeCalls, SymbolCalls, helper, inner_helper, kernel
-from softorder.core.kernel_sums import _first_at_or_above, carry_both_ways
+from softorder.core.kernel_sums import _first_at_or_above, carry_both_ways_inline
 from softorder.core.laplace import (
     INF,
     LOG_HALF,
@@ -897,7 +897,7 @@ def _ladder_carry_and_scatter(r, order, target, E, inj_up, inj_down, xb):
     it at n = 1e6).
     """
     n = r.shape[0]
-    carry_both_ways(E, inj_up, inj_down)
+    carry_both_ways_inline(E, inj_up, inj_down)
     for i in range(n):
         total = (xb[target[order[i]] - 1] + inj_down[i]) + inj_up[i]
         inj_up[i] = total if abs(r[i]) != INF else 0.0
