@@ -1,12 +1,11 @@
 """``log`` as the C library computes it, inlined, so that a loop of logs vectorizes.
 
-libm's ``log`` costs about 2.5 ns a call, cannot be inlined, and keeps a loop that calls it
-scalar; inside the solve loops of soft sort and of the permutation boundaries
-(:func:`~softorder.core.lapsum.solve_ladder`, ``sort._ladder_values``), where its latency
-added to the square root's and the division's, it cost about 5 ns per target. Those solvers
-now leave each target's ratio and take the logs in a pass of their own
-(:data:`~softorder.core.lapsum.take_logs`), a loop of :func:`log_main` that LLVM vectorizes
-(about 1 ns per target).
+libm's ``log`` cannot be inlined and keeps a loop that calls it scalar; inside the solve
+loops of soft sort and of the permutation boundaries
+(:func:`~softorder.core.lapsum.solve_ladder`, ``sort._ladder_values``) its latency added to
+the square root's and the division's. Those solvers leave each target's ratio and take the
+logs in a pass of their own (:data:`take_logs`), a loop of :func:`log_main` that LLVM
+vectorizes (figures in CHANGELOG.md).
 
 :func:`log_main` is glibc's ``log`` (glibc >= 2.28, ``sysdeps/ieee754/dbl-64/e_log.c``, from
 ARM's optimized-routines; the variant glibc selects on x86-64 CPUs with FMA and AVX2),
@@ -230,10 +229,9 @@ if _jit_enabled():
     def log_main(typingctx, x):
         """The ``log(x)`` of glibc for positive normal ``x`` (:func:`in_range`); any double
         (no trap, no error) elsewhere, where callers take ``math.log``. Both paths and a
-        select, no branch, so that a loop of it vectorizes (about 1 ns per element against
-        2.5 for libm's). Emitted as LLVM IR in place (:func:`_emit_log`): the same operations
-        as an inlined Python helper cost numba 0.07 s more to compile per caller, on first
-        calls that have little room.
+        select, no branch, so that a loop of it vectorizes. Emitted as LLVM IR in place
+        (:func:`_emit_log`): the same operations as an inlined Python helper took numba
+        longer to compile in every caller, on first calls that have little room.
         """
         if x != types.float64:
             return None
@@ -246,8 +244,8 @@ if _jit_enabled():
     @intrinsic
     def _logs_where_marked(typingctx, marks, t):
         """:func:`take_logs` where :data:`FAST_LOG`: its loop emitted as LLVM IR, which LLVM
-        vectorizes (numba's own loop of the same operations cost +0.04 s of compilation in
-        each solver that inlined it).
+        vectorizes (numba's own loop of the same operations compiled again in each solver
+        that inlined it).
         """
         if not (
             isinstance(marks, types.Array)
@@ -411,8 +409,8 @@ def _logs_of_libm(marks, t):
 #: (:func:`~softorder.core.lapsum.solve_ladder`) leave each usual target's anchor and ratio,
 #: and the anchor ``-1 - anchor`` beside the final offset of the others, and take the logs
 #: here in a pass of their own. Where :data:`FAST_LOG`, :func:`log_main` for every slot and a
-#: select, a loop LLVM vectorizes (about 1 ns per target; libm's ``log`` inside the solve
-#: loop cost about 5, its latency added to the square root's and the division's): the
+#: select, a loop LLVM vectorizes (libm's ``log`` inside the solve loop added its latency
+#: to the square root's and the division's): the
 #: solvers mark a ratio outside :func:`in_range` and take its ``math.log`` themselves (never
 #: seen: ``A, B >= 1`` and ``E >= SMALL_E`` keep the ratios in ``[1e-160, 1e160]``). Else
 #: libm's loop.

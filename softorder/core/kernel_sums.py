@@ -190,6 +190,6 @@ def _carry_both_ways(E, inj_up, inj_down):
 
 #: :func:`_carry_both_ways` compiled on its own (soft sort's ladder VJP calls it by symbol)
 carry_both_ways = helper(_carry_both_ways)
-#: the same, inlined into its caller (the permutation loss's VJP helper, compiled once: a
-#: function of its own there cost about 0.04 s more of its first call)
+#: the same, inlined into its caller (the permutation loss's VJP helper: a function of its
+#: own there lengthened the loss's first call, which has little room)
 carry_both_ways_inline = inner_helper(_carry_both_ways)

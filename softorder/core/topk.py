@@ -218,10 +218,9 @@ def _exp_pass(r, ra, t, inv_alpha, shift, out):
 _F, _F1 = types.float64, types.Array(types.float64, 1, "C")
 _L1 = types.Array(types.int64, 1, "C")
 #: per-row and per-target helpers the kernels call by symbol: compiled once, not again inside
-#: each kernel (with its vectorized loop inlined, a first call's compilation of topk_forward
-#: and topk_vjp took about 0.25 s longer; figures in CHANGELOG.md). gather and scatter stay
-#: linked in: called by symbol, once per target, they made 256 x 100 rows with 3 targets
-#: 3-5% slower
+#: each kernel (inlined, they lengthened the first call's compilation; figures in
+#: CHANGELOG.md). gather and scatter stay linked in: called by symbol, once per target, they
+#: slowed short rows with several targets
 _TOPK_CALLS = SymbolCalls(
     # r, ra, t, inv_alpha, shift, out
     exp_pass=(_exp_pass, (_F1, _F, _F, _F, _F, _F1)),
