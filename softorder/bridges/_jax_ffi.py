@@ -44,7 +44,7 @@ from numba.extending import intrinsic
 from numba.np.arrayobj import np_cfarray
 
 from softorder.core import _jit, lapsum, rank, sort, topk
-from softorder.core._jit import SymbolCalls, _cache_classes, cache_dir
+from softorder.core._jit import SymbolCalls, cache_classes, cache_dir
 from softorder.core.lapsum import empty
 from softorder.core.sort_rows import gather_rows, sort_rows
 
@@ -384,7 +384,7 @@ def _compile(name: str):
     """The numba C function of handler ``name``, loaded from the disk cache or compiled."""
     for kernel in (f"{name}_forward", f"{name}_vjp", "sort_rows"):
         # linked first: numba runs no ``reload_init`` for a C function loaded from the cache
-        _jit._link_symbol(*KERNELS[kernel])
+        _jit.link_symbol(*KERNELS[kernel])
     fn = _HANDLERS[name]
     handler = CFunc(
         fn,
@@ -393,7 +393,7 @@ def _compile(name: str):
         options={"nogil": True, "error_model": "numpy", "fastmath": False},
     )
     if cache_dir() is not None:
-        handler._cache = _cache_classes()["serial"](fn)
+        handler._cache = cache_classes()["serial"](fn)
     context = handler._targetdescr.target_context
     if not _noted[0] and handler._cache.load_overload(handler._sig, context) is None:
         _noted[0] = True

@@ -174,7 +174,7 @@ def cache_dir() -> str | None:
 
 
 @functools.cache
-def _cache_classes():
+def cache_classes():
     """The per-function numba cache with softorder's locator (``variant``: a subdirectory, so
     that the serial and parallel variants of one function never share entries: numba's index
     key has the signature, not the ``parallel`` flag).
@@ -219,7 +219,7 @@ def _jit(fn, variant: str = "serial", **options):
     if not isinstance(dispatcher, numba.core.dispatcher.Dispatcher):
         return dispatcher  # NUMBA_DISABLE_JIT: the Python function itself
     if cache_dir() is not None:
-        dispatcher._cache = _cache_classes()[variant](fn)  # what cache=True does, relocated
+        dispatcher._cache = cache_classes()[variant](fn)  # what cache=True does, relocated
     _watch_compilation()
     return dispatcher
 
@@ -517,7 +517,7 @@ def _symbol(dispatcher, arg_types) -> str:
     return f"softorder_{fn.__module__.replace('.', '_')}_{fn.__name__}_{key}"
 
 
-def _link_symbol(dispatcher, arg_types) -> str:
+def link_symbol(dispatcher, arg_types) -> str:
     """Compile (or load) the helper and register its symbol, once per process."""
     symbol = _symbol(dispatcher, arg_types)
     if symbol not in _symbols:
@@ -533,7 +533,7 @@ def _relink(symbol: str) -> None:
     """Register ``symbol`` before a kernel that calls it is loaded from the disk cache."""
     if symbol not in _registry:
         raise RuntimeError(f"softorder: no helper is known for the symbol {symbol}")
-    _link_symbol(*_registry[symbol])
+    link_symbol(*_registry[symbol])
 
 
 def _accepted(given, wanted) -> bool:
@@ -570,7 +570,7 @@ def _symbol_caller(dispatcher, arg_types):
     def call(typingctx, *args):
         if len(args) != len(arg_types) or not all(map(_accepted, args, arg_types)):
             raise errors.TypingError(f"softorder: {name} is called with {arg_types}; got {args}")
-        symbol = _link_symbol(dispatcher, arg_types)
+        symbol = link_symbol(dispatcher, arg_types)
         restype = dispatcher.overloads[arg_types].signature.return_type
 
         def codegen(context, builder, signature, llargs):

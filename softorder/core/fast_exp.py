@@ -143,7 +143,7 @@ if _jit_enabled():
     from numba.extending import intrinsic
 
     @intrinsic
-    def _bits(typingctx, x):
+    def float_bits(typingctx, x):
         """The bits of a double as int64."""
 
         def codegen(context, builder, signature, args):
@@ -173,7 +173,8 @@ if _jit_enabled():
 
 else:  # pragma: no cover - NUMBA_DISABLE_JIT: FAST_EXP is off, these are never called
 
-    def _bits(x):
+    def float_bits(x):
+        """The bits of a double as int64."""
         return _i64(x)
 
     def _double(x):
@@ -189,7 +190,7 @@ def exp_main(x):
     trap, no error) elsewhere, where callers take ``math.exp``.
     """
     kd = _fma(x, INV_LN2_N, SHIFT)
-    ki = _bits(kd)
+    ki = float_bits(kd)
     kd = kd - SHIFT
     r = _fma(kd, NEG_LN2_LO_N, _fma(kd, NEG_LN2_HI_N, x))
     idx = 2 * (ki & 127)

@@ -19,7 +19,7 @@ import numpy as np
 
 from softorder.core import fast_exp
 from softorder.core._jit import helper
-from softorder.core.fast_exp import _bits as float_bits
+from softorder.core.fast_exp import float_bits
 from softorder.core.lapsum import empty
 
 #: Rows of at most this many elements take an insertion sort: fewer instructions than the
