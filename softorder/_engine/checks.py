@@ -349,7 +349,14 @@ FLAGS = ("largest", "descending", "split_top1")
 
 
 def positional(parameters) -> tuple:
-    """The names of an operation's positional ``parameters`` (its input and array arguments)."""
+    """The names of an operation's positional ``parameters`` (its input and array arguments).
+
+    Examples
+    --------
+    >>> import softorder
+    >>> positional(softorder.soft_topk.signature.parameters)
+    ('x', 'k', 'alpha')
+    """
     return tuple(p.name for p in parameters.values() if p.kind is not p.KEYWORD_ONLY)
 
 
@@ -418,13 +425,19 @@ def plain(value, name: str):
 
 def check_axis(axis, shape: tuple, name: str = "x", word: str = "axis") -> int:
     """``axis`` of an input ``name`` of ``shape`` as an int: anything :func:`operator.index`
-    takes but a bool, in range (``IndexError`` otherwise, in PyTorch's words), along a
-    non-empty dimension. ``word`` is what the caller calls the argument (PyTorch: ``dim``).
+    takes but a bool, in range, along a non-empty dimension (every API's one check of it).
+    ``word`` is what the caller calls the argument; ``"dim"`` (PyTorch) also gives PyTorch's
+    words and its ``IndexError`` for a dimension out of range, where NumPy's gives a
+    ``ValueError``.
 
     Examples
     --------
     >>> check_axis(np.int64(-1), (2, 3))
     -1
+    >>> check_axis(2, (2, 3))
+    Traceback (most recent call last):
+    ...
+    ValueError: axis 2 is out of range for x with 2 dimensions
     >>> check_axis(2, (2, 3), word="dim")
     Traceback (most recent call last):
     ...
@@ -436,16 +449,22 @@ def check_axis(axis, shape: tuple, name: str = "x", word: str = "axis") -> int:
         axis = operator.index(axis)
     except TypeError:
         raise TypeError(f"{word} must be an integer; got {axis!r}") from None
+    torch_words = word == "dim"
     ndim = len(shape)
     if ndim == 0:
-        raise ValueError(f"{name} must have at least one dimension; got shape ()")
+        what = "dimension" if torch_words else "axis"
+        raise ValueError(f"{name} must have at least one {what}; got a scalar")
     if not -ndim <= axis < ndim:
-        raise IndexError(
-            f"Dimension out of range (expected to be in range of [{-ndim}, {ndim - 1}], "
-            f"but got {axis})"
-        )
+        if torch_words:
+            raise IndexError(
+                f"Dimension out of range (expected to be in range of [{-ndim}, {ndim - 1}], "
+                f"but got {axis})"
+            )
+        raise ValueError(f"axis {axis} is out of range for {name} with {ndim} dimensions")
     if shape[axis] == 0:
-        raise ValueError(f"{word} {axis} of {name} is empty (shape {tuple(shape)}); need n >= 1")
+        raise ValueError(
+            f"{name} has an empty {word} {axis % ndim} (shape {tuple(shape)}); need n >= 1"
+        )
     return axis
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from softorder._engine.backend import NUMPY, backend_of
 from softorder._engine.backend import _lookups as _backend_lookups
 from softorder._engine.backends.protocol import Backend
-from softorder._engine.checks import check_targets, refuse_masked
+from softorder._engine.checks import check_axis, check_targets, refuse_masked
 
 _F64 = np.dtype(np.float64)
 _F32 = np.dtype(np.float32)
@@ -85,18 +85,9 @@ class Layout:
     @classmethod
     def _of(cls, shape: tuple, axis, name: str) -> Layout:
         shape = tuple(int(s) for s in shape)
-        ndim = len(shape)
-        if ndim == 0:
-            raise ValueError(f"{name} must have at least one axis; got a scalar")
-        if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
-            raise TypeError(f"axis must be an integer; got {axis!r}")
-        if not -ndim <= axis < ndim:
-            raise ValueError(f"axis {axis} is out of range for {name} with {ndim} dimensions")
-        axis = int(axis) % ndim
-        if shape[axis] == 0:
-            raise ValueError(f"{name} has an empty axis {axis} (shape {shape}); need n >= 1")
+        axis = check_axis(axis, shape, name) % len(shape)
         batch_shape = tuple(shape[:axis]) + tuple(shape[axis + 1 :])
-        return cls(batch_shape, axis, ndim, int(shape[axis]))
+        return cls(batch_shape, axis, len(shape), int(shape[axis]))
 
     def _positions(self, kind: str) -> tuple[list[int], int]:
         nb = len(self.batch_shape)
