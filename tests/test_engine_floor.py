@@ -329,3 +329,100 @@ def test_per_row_p_k_is_checked_like_any_p_k(dtype):
             check_p_k(wrong, (3,), 5)
     with pytest.raises(ValueError, match="top-k needs k < number of classes"):
         check_p_k(p_k, (3,), 2)
+
+
+def _bits(value) -> tuple:
+    """A gradient's type, dtype, shape and bytes (NaN payloads and signed zeros included)."""
+    arr = np.asarray(value)
+    return type(value), arr.dtype, arr.shape, arr.tobytes()
+
+
+def _alpha_bars(rows: int) -> dict:
+    """Per-row alpha gradients that a sum or a cast could round, overflow or turn to NaN."""
+    rng = np.random.default_rng(rows)
+    wide = rng.standard_normal(rows) * 10.0 ** rng.integers(-300, 300, rows)
+    cases = {
+        "normal": rng.standard_normal(rows),
+        "wide": wide,  # (the order of a pairwise sum shows in its bits)
+        "negative_zero": np.full(rows, -0.0),
+        "nan": np.where(np.arange(rows) == rows // 2, np.nan, 1.0),
+        "overflow": np.full(rows, 1.5e308),  # (a sum of more than one overflows)
+        "beyond_float32": np.full(rows, 3e38) * np.where(np.arange(rows) % 2, 1.0, 1.5),
+        "subnormal": np.full(rows, 5e-324),
+    }
+    if rows > 1:
+        cases["inf_minus_inf"] = np.where(np.arange(rows) == 0, np.inf, -np.inf)
+    return cases
+
+
+@pytest.mark.parametrize(
+    "batch", [(), (1,), (1, 1), (2,), (8,), (2, 4), (3, 5, 7), (16, 16), (256,)]
+)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])
+def test_scalar_alpha_gradient_is_the_general_paths_sum(batch, dtype):
+    """One alpha for every row of a host call: alpha_grad's sum of the per-row gradients gives
+    the general path's (unbroadcast's sum over the batch axes, then the cast) to the bit, with
+    the same type and the same warnings (an overflowing sum warns; inf - inf does not)."""
+    import warnings
+
+    from softorder._engine.layout import Rows
+    from softorder._engine.rules import Context
+
+    rows = Rows.from_input(np.zeros(batch + (3,), dtype))
+    ctx = Context.of(rows, 0.5)
+    assert ctx.alpha_shape == ()
+    for name, alpha_bar in _alpha_bars(math.prod(batch)).items():
+        results = []
+        for path in (ctx.alpha_grad, ctx._alpha_grad_general):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                grad = path(alpha_bar.copy())
+            results.append((_bits(grad), [str(w.message) for w in caught]))
+        assert results[0] == results[1], name
+
+
+@pytest.mark.parametrize(
+    "batch, alpha",
+    [((8,), np.full(8, 0.5)), ((8,), np.full(1, 0.5)), ((2, 4), np.full((2, 1), 0.5))],
+)
+def test_alpha_arrays_take_the_general_gradient_path(batch, alpha, monkeypatch):
+    """Only one alpha for every row (shape ()) takes alpha_grad's sum; an alpha array, per row
+    or broadcast, takes the general path (its sum over the broadcast axes only)."""
+    from softorder._engine.layout import Rows
+    from softorder._engine.rules import Context
+
+    calls = []
+    general = Context._alpha_grad_general
+
+    def counted(self, alpha_bar):
+        calls.append(alpha_bar.shape)
+        return general(self, alpha_bar)
+
+    monkeypatch.setattr(Context, "_alpha_grad_general", counted)
+    rows = Rows.from_input(np.zeros(batch + (3,)))
+    Context.of(rows, 0.5).alpha_grad(np.ones(math.prod(batch)))
+    assert calls == []
+    grad = Context.of(rows, alpha).alpha_grad(np.ones(math.prod(batch)))
+    assert calls == [(math.prod(batch),)] and grad.shape == alpha.shape
+
+
+@pytest.mark.parametrize("name", ["soft_rank", "soft_sort", "soft_topk", "soft_quantile"])
+def test_an_unwanted_alpha_gradient_is_none_and_the_others_keep_their_bits(name):
+    """A context whose alpha gradient nobody wants (a bridge's alpha given as a number) gives
+    None for it, and the other gradients to the bit."""
+    fn = getattr(softorder, name)
+    rule = fn.rule
+    extra = OPERATIONS[name]
+    x = np.random.default_rng(4).standard_normal((3, 9))
+    v = np.random.default_rng(5).standard_normal(fn(x, *extra).shape)
+    arguments = bind(fn.signature, (x, *extra, 0.5), {})
+    wanted, unwanted = rule.prepare(**arguments), rule.prepare(**arguments)
+    rule.forward(wanted)
+    rule.forward(unwanted)
+    unwanted.alpha_wanted = False
+    full, partial = rule.vjp(wanted, v), rule.vjp(unwanted, v)
+    position = rule.differentiable.index("alpha")
+    assert partial[position] is None and full[position] is not None
+    for i, (a, b) in enumerate(zip(full, partial, strict=True)):
+        if i != position:
+            assert _bits(a) == _bits(b)

@@ -216,6 +216,28 @@ def test_calls_with_nothing_to_differentiate_give_the_same_values_without_a_grap
         torch.testing.assert_close(out, with_graph.detach(), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("shape", [(7,), (1, 7), (8, 7), (2, 3, 7)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("name, extra", [("soft_rank", ()), ("soft_sort", ()), ("soft_topk", (2,))])
+def test_plain_backward_forms_no_alpha_gradient_and_keeps_the_input_gradients_bits(
+    name, extra, shape, dtype
+):
+    """An alpha given as a number: the plain backward asks the rule for no alpha gradient and
+    gives the NumPy pullback's input gradient to the bit."""
+    x = _randn(*shape, dtype=dtype)
+    v = _randn(*shape, dtype=dtype)
+    xg = x.clone().requires_grad_()
+    out = getattr(sot, name)(xg, *extra, 0.5)
+    assert type(out.grad_fn).__name__ == "_PlainOperationBackward"
+    context = out.grad_fn.call.ctx
+    assert context.alpha_wanted
+    (grad,) = torch.autograd.grad(out, xg, v)
+    assert not context.alpha_wanted
+    _, pullback = so.vjp(getattr(so, name), x.numpy(), *extra, 0.5)
+    expected = pullback(v.numpy())[0]
+    assert grad.dtype == dtype and grad.numpy().tobytes() == np.asarray(expected).tobytes()
+
+
 def test_backward_can_run_twice_with_retain_graph():
     x = X.clone().requires_grad_()
     out = sot.soft_rank(x, 0.5).sum(dim=0)[2]

@@ -52,6 +52,9 @@ class Context:
     alpha_shape: tuple  # the shape the caller gave alpha, for its gradient
     params: dict = field(default_factory=dict)
     saved: dict = field(default_factory=dict)
+    #: whether the rules' VJPs form alpha's gradient (a bridge that knows nobody asks for
+    #: it, e.g. for an alpha given as a number, sets this false; the VJPs then give None)
+    alpha_wanted: bool = True
 
     @classmethod
     def of(cls, rows: Rows, alpha) -> Context:
@@ -99,18 +102,37 @@ class Context:
         return self.backend.to_result(value, self.rows.dtype)
 
     def alpha_grad(self, alpha_bar: np.ndarray) -> np.ndarray:
-        """Per-row gradient of alpha -> gradient of the caller's alpha (its shape)."""
+        """Per-row gradient of alpha -> gradient of the caller's alpha (its shape); ``None``
+        when it is not wanted (:attr:`alpha_wanted`).
+        """
+        if not self.alpha_wanted:
+            return None
         dtype = self.rows.dtype
+        if not self.alpha_shape and self.backend is NUMPY:  # one alpha for every row
+            # the sum over the rows without unbroadcast's reshapes and the cast's error state
+            # (most of a small call's cost of this gradient): the sum of the (rows,) array
+            # is unbroadcast's (NumPy's sum over every axis of a C-ordered array runs as over
+            # its flat data); the sum of one row is 0.0 + its value (-0.0 becomes 0.0), and
+            # one row without batch axes is not summed. A sum within float32's range cannot
+            # overflow in the cast, and rounds as the cast rounds it.
+            if self.rows.rows == 1:
+                total = alpha_bar[0] + 0.0 if self.rows.batch_shape else alpha_bar[0]
+            else:
+                with np.errstate(invalid="ignore"):  # (unbroadcast's: inf - inf is NaN)
+                    total = alpha_bar.sum()
+            if dtype == _F64:
+                return total
+            if dtype == _F32 and abs(total) <= _F32_MAX:
+                return _F32.type(total)
+            return self.backend.to_result(total, dtype)
         if not self.alpha_shape and not self.rows.batch_shape:  # one row, one alpha
-            if self.backend is NUMPY:
-                # its scalar without the reshape and the cast's error state (most of a small
-                # call's cost of this gradient): a value within float32's range cannot
-                # overflow, and rounds as the cast rounds it
-                if dtype == _F64:
-                    return alpha_bar[0]
-                if dtype == _F32 and abs(alpha_bar[0]) <= _F32_MAX:
-                    return _F32.type(alpha_bar[0])
             return self.backend.to_result(alpha_bar.reshape(()), dtype)
+        return self._alpha_grad_general(alpha_bar)
+
+    def _alpha_grad_general(self, alpha_bar: np.ndarray) -> np.ndarray:
+        """:meth:`alpha_grad` for any alpha and backend: the per-row gradients summed over the
+        axes alpha was broadcast along, in the caller's dtype.
+        """
         shaped = alpha_bar.reshape(self.rows.batch_shape)
         reduced = self.backend.unbroadcast(shaped, self._alpha_aligned()).reshape(self.alpha_shape)
         return self.backend.to_result(reduced, self.rows.dtype)

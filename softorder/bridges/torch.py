@@ -499,6 +499,8 @@ class _PlainOperation(compat.FastApplyFunction):
         ):
             return _Operation.backward(ctx, cotangent)
         call = ctx.call  # (grad mode is off here: numpy() takes the cotangent as it is)
+        # the input is the only tensor: alpha is a number, whose gradient nobody asks for
+        call.ctx.alpha_wanted = False
         grad = call.rule.vjp(call.ctx, cotangent.numpy())[_INPUT_POSITIONS[call.name]]
         return None, _gradient(grad, tensors[0])
 
