@@ -207,6 +207,72 @@ def test_infinities_nan_and_a_middle_axis(case, dtype, rng, callbacks):
         assert np.isinf(ffi[0][0, :, 0]).sum() == 2 and np.isfinite(ffi[1][0, :, 0]).all()
 
 
+def bits(a):
+    a = np.asarray(a)
+    return a.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[a.itemsize])
+
+
+@pytest.mark.parametrize("case", ["sort", "sort descending", "rank descending", "topk"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_handler_copies_keep_signs_zeros_and_infinities(case, dtype, callbacks):
+    """The handlers copy float32 or float64 rows in and out, negated for ``descending`` and
+    ``largest``: -0.0 and +-inf in the input, the results and the cotangent come out as the
+    callbacks' NumPy negation gives them, to the bit; NaN where they have NaN (whose sign the
+    routes do not share: the FFI route negates a NaN row of a descending sort, the callbacks
+    fill it after negating).
+    """
+    bridge, _, extra, kwargs = CASES[case]
+    nan = np.array(np.nan, dtype)
+    x = np.array(
+        [
+            [1.5, -0.0, 0.0, np.inf, -np.inf, 2.5, -3.0, 0.25],
+            [1.0, nan, -2.0, 0.5, 3.0, -1.0, 2.0, 0.0],
+            [1.0, -nan, -2.0, 0.5, 3.0, -1.0, 2.0, -0.0],
+        ],
+        dtype,
+    )
+    w = np.array([[0.5, -0.0, 0.0, 1.0, -1.0, 2.0, -0.25, 3.0]] * 3, dtype)
+
+    def step():
+        def loss(x):
+            return jnp.sum(bridge(x, *extra, 0.5, **kwargs) * w)
+
+        return jax.jit(lambda x: bridge(x, *extra, 0.5, **kwargs))(x), jax.jit(jax.grad(loss))(x)
+
+    with jax.enable_x64(dtype == np.float64):
+        ffi, callback = callbacks(step)
+    for a, b in zip(ffi, callback, strict=True):
+        assert a.dtype == b.dtype == dtype
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
+        np.testing.assert_array_equal(bits(np.nan_to_num(a)), bits(np.nan_to_num(b)))
+    assert np.isnan(ffi[0][1:]).all() and not np.isnan(ffi[0][0]).any()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("negate", [False, True])
+def test_widen_and_narrow_flip_the_sign_bit_alone(dtype, negate):
+    """The handlers' copies (``widen`` into float64, ``narrow`` back) negate by flipping the
+    sign bit: every value, NaN of either sign and with a payload included, comes back as
+    NumPy's negation gives it.
+    """
+    import numba
+
+    @numba.njit
+    def roundtrip(source, code, negate, wide, target, address, target_address):
+        _jax_ffi.widen(wide, address, code, negate)
+        _jax_ffi.narrow(target_address, code, wide, negate)
+
+    nan = np.array(np.nan, dtype)
+    payload = (bits(nan) | 5).view(dtype)
+    source = np.array([1.5, -0.0, 0.0, np.inf, -np.inf, nan, -nan, payload, -payload], dtype)
+    wide, target = np.empty(source.size), np.empty_like(source)
+    code = _jax_ffi.F32 if dtype == np.float32 else 12
+    roundtrip(source, code, negate, wide, target, source.ctypes.data, target.ctypes.data)
+    expected = -source.astype(np.float64) if negate else source.astype(np.float64)
+    np.testing.assert_array_equal(bits(wide), bits(expected))
+    np.testing.assert_array_equal(bits(target), bits(source))  # negated twice, or never
+
+
 def test_handlers_answer_the_metadata_query_and_skip_other_stages():
     """XLA asks a handler for its API version through a metadata extension (here behind
     another extension) and calls it at stages before execution: it answers, or returns,

@@ -39,7 +39,6 @@ import numpy as np
 from numba import types
 from numba.core import cgutils
 from numba.core.ccallback import CFunc
-from numba.cpython.mathimpl import negate_real
 from numba.extending import intrinsic
 from numba.np.arrayobj import np_cfarray
 
@@ -113,24 +112,58 @@ def buffer(typingctx, frame, slot, i):
 
 def _copy(context, builder, array, address, code, negate, widen: bool):
     """Copy the float32 or float64 values (``code``: the XLA_FFI_DataType) at ``address`` into
-    the float64 C-contiguous ``array`` (``widen``), or back, negated on request.
+    the float64 C-contiguous ``array`` (``widen``), or back, negated on request: a call of one
+    function per direction in the handler's module (:func:`_copy_function`), not its loops
+    emitted again at each call: they were a third of a handler's compilation (CHANGELOG.md).
     """
-    count = array.nitems
+    function = _copy_function(builder.module, widen)
+    raw = builder.inttoptr(address, ir.IntType(8).as_pointer())
+    doubles = builder.bitcast(array.data, ir.IntType(8).as_pointer())
+    builder.call(function, (doubles, raw, array.nitems, code, negate))
+    return context.get_dummy_value()
+
+
+def _copy_function(module, widen: bool):
+    """``void copy(i8* noalias float64s, i8* noalias raw, i64 count, i64 code, i1 negate)``
+    in ``module`` (defined on first use, internal, never inlined): the loops of :func:`_copy`.
+    The two buffers never overlap (one is the handler's own array, the other XLA's buffer).
+    Negation flips the sign bit (what ``fneg`` is, NaN included), as an exclusive or with a
+    mask set once, so that the loop has no branch on ``negate`` to duplicate it.
+    """
+    word, byte = ir.IntType(64), ir.IntType(8).as_pointer()
+    kind = ir.FunctionType(ir.VoidType(), (byte, byte, word, word, ir.IntType(1)))
+    name = f"softorder_{'widen' if widen else 'narrow'}"
+    function = cgutils.get_or_insert_function(module, kind, name)
+    if not function.is_declaration:
+        return function
+    function.linkage = "internal"
+    function.attributes.add("noinline")
+    for argument in function.args[:2]:
+        argument.add_attribute("noalias")
+    builder = ir.IRBuilder(function.append_basic_block("entry"))
+    doubles, raw, count, code, negate = function.args
+    sign = builder.shl(builder.zext(negate, word), word(63))  # the sign bit, or 0
     is32 = builder.icmp_signed("==", code, ir.Constant(code.type, F32))
     with builder.if_else(is32) as (single, double):
-        for branch, dtype in ((single, types.float32), (double, types.float64)):
+        for branch, precision in ((single, ir.FloatType()), (double, None)):
             with branch:
-                raw = _pointer(context, builder, address, dtype)
-                source, target = (raw, array.data) if widen else (array.data, raw)
+                narrow = builder.bitcast(raw, (precision or ir.DoubleType()).as_pointer())
+                wide = builder.bitcast(doubles, word.as_pointer())
                 with cgutils.for_range(builder, count) as loop:
-                    value = builder.load(builder.gep(source, [loop.index]))
-                    if widen and dtype == types.float32:
-                        value = builder.fpext(value, ir.DoubleType())
-                    value = builder.select(negate, negate_real(builder, value), value)
-                    if not widen and dtype == types.float32:
-                        value = builder.fptrunc(value, ir.FloatType())
-                    builder.store(value, builder.gep(target, [loop.index]))
-    return context.get_dummy_value()
+                    if widen:
+                        value = builder.load(builder.gep(narrow, [loop.index]))
+                        if precision is not None:
+                            value = builder.fpext(value, ir.DoubleType())
+                        bits = builder.xor(builder.bitcast(value, word), sign)
+                        builder.store(bits, builder.gep(wide, [loop.index]))
+                    else:
+                        bits = builder.xor(builder.load(builder.gep(wide, [loop.index])), sign)
+                        value = builder.bitcast(bits, ir.DoubleType())
+                        if precision is not None:
+                            value = builder.fptrunc(value, precision)
+                        builder.store(value, builder.gep(narrow, [loop.index]))
+    builder.ret_void()
+    return function
 
 
 @intrinsic
