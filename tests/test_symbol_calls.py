@@ -17,7 +17,10 @@ import pytest
 import softorder
 from softorder.core import _jit, sort
 
-CALLS = [(sort.ladder_vjp, sort._LADDER_VJP_CALLS)]
+CALLS = [
+    (sort.ladder_vjp, sort._LADDER_VJP_CALLS),
+    (sort.ladder_forward, sort._LADDER_FORWARD_CALLS),
+]
 
 
 def _run_soft_sort():
@@ -29,7 +32,7 @@ def _run_soft_sort():
     return out, x_bar, alpha_bar
 
 
-@pytest.mark.parametrize("run, calls", CALLS, ids=["ladder_vjp"])
+@pytest.mark.parametrize("run, calls", CALLS, ids=["ladder_vjp", "ladder_forward"])
 def test_the_kernel_declares_its_helpers_instead_of_compiling_them(run, calls):
     if not hasattr(run.serial, "overloads"):
         pytest.skip("NUMBA_DISABLE_JIT: no compiled code")

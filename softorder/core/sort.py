@@ -16,7 +16,7 @@ import math
 import numpy as np
 from numba import prange, types
 
-from softorder.core import fast_exp, fast_log
+from softorder.core import fast_log
 from softorder.core._jit import SymbolCalls, helper, inner_helper, kernel
 from softorder.core.kernel_sums import (
     _first_at_or_above,
@@ -39,6 +39,7 @@ from softorder.core.lapsum import (
     target_position,
     target_weights,
 )
+from softorder.core.rank import _decays as _row_decays
 from softorder.core.rows import gather_finite, has_nan, scatter_finite
 
 #: rows of scratch: the tables and the gradient (the CPU kernel keeps the gradient in the row
@@ -555,50 +556,33 @@ def _count(counts, i, b, a, w0):
 
 
 @helper
-def _decay(hi, lo, inv_alpha):
-    """``exp(-gap(hi, lo) / alpha)`` by :func:`~softorder.core.fast_exp.exp` (libm's value):
-    one compiled copy of the inlined ``exp`` for the two passes that use it.
-    """
-    return fast_exp.exp(-gap(hi, lo) * inv_alpha)
-
-
-@helper
 def prefix_counts(r, inv_alpha, E, A, B, w0, counts):
     """:func:`~softorder.core.lapsum.prefix_tables_halves` (the same ``E``, ``A``, ``B`` to the
     bit) and the counts of the ladder's targets (:func:`_count`) in one pass: each point is
     counted in the second half, where one of its two sums comes from the recurrence running
     there and the other from the row the first half wrote (the middle point of an odd row
-    after the first half). The decays are :func:`~softorder.core.fast_exp.exp` (libm's
-    values, inlined where it allows: no call beside the recurrences). ``r`` float32 or
-    float64 (each value widened exactly).
+    after the first half). ``E`` holds the decays already (the caller's pass of
+    :func:`~softorder.core.rank._decays`: libm's values, the inlined ``exp`` vectorized; one
+    ``exp`` at a time beside the recurrences bound their loop). ``r`` float32 or float64
+    (each value widened exactly).
     """
     n = r.shape[0]
     counts[:] = 0
     if n == 0:
         return
     h = (n + 1) // 2
-    E[0] = 0.0
     A[0] = 1.0
     B[n - 1] = 1.0
     a = 1.0
     b = 1.0
     j = n - 2
-    lo = np.float64(r[0])
     for i in range(1, h):
-        hi = np.float64(r[i])
-        e = _decay(hi, lo, inv_alpha)
-        lo = hi
-        E[i] = e
-        a = 1.0 + e * a
+        a = 1.0 + E[i] * a
         A[i] = a
-        f = _decay(np.float64(r[j + 1]), np.float64(r[j]), inv_alpha)
-        E[j + 1] = f
-        b = 1.0 + f * b
+        b = 1.0 + E[j + 1] * b
         B[j] = b
         j -= 1
-    if n % 2 == 0:  # E[h], between the halves, is the one neither computed
-        E[h] = math.exp(-gap(np.float64(r[h]), np.float64(r[h - 1])) * inv_alpha)
-    else:  # the middle point, both of whose sums the first half computed
+    if n % 2 == 1:  # the middle point, both of whose sums the first half computed
         _count(counts, h - 1, b, a, w0)
     for i in range(h, n):
         a = 1.0 + E[i] * a
@@ -618,15 +602,14 @@ def descending_counts(r, inv_alpha, E, B, Bd, w0, counts):
     point counted where its second sum is computed. The same operations on the same values as
     ``descending_tables`` and the ladder's counts, so the same ``E``, ``B``, ``Bd`` and counts
     to the bit; ``A`` of the lower half waits in the slots of ``Bd`` until ``Bd``'s
-    recurrence reaches them. ``r`` float32 or float64 (each value widened exactly), never
-    ``E`` (the second half reads it again).
+    recurrence reaches them. ``E`` holds the decays already, as for :func:`prefix_counts`.
+    ``r`` float32 or float64 (each value widened exactly).
     """
     n = r.shape[0]
     counts[:] = 0
     if n == 0:
         return
     h = (n + 1) // 2
-    E[0] = 0.0
     Bd[0] = 1.0  # A[0]
     B[n - 1] = 1.0
     Bd[n - 1] = 0.0
@@ -634,25 +617,17 @@ def descending_counts(r, inv_alpha, E, B, Bd, w0, counts):
     b = 1.0
     bd = 0.0
     j = n - 2
-    lo = np.float64(r[0])
     for i in range(1, h):
-        hi = np.float64(r[i])
-        e = _decay(hi, lo, inv_alpha)
-        lo = hi
-        E[i] = e
-        a = 1.0 + e * a
+        a = 1.0 + E[i] * a
         Bd[i] = a  # A[i] (at the middle of an odd row, overwritten by Bd just below)
         d = gap(np.float64(r[j + 1]), np.float64(r[j]))
-        f = _decay(np.float64(r[j + 1]), np.float64(r[j]), inv_alpha)
-        E[j + 1] = f
+        f = E[j + 1]
         bd = f * (bd + d * inv_alpha * b) if f > 0.0 else 0.0
         b = 1.0 + f * b
         B[j] = b
         Bd[j] = bd
         j -= 1
-    if n % 2 == 0:  # E[h], between the halves, is the one neither computed
-        E[h] = math.exp(-gap(np.float64(r[h]), np.float64(r[h - 1])) * inv_alpha)
-    else:  # the middle point, both of whose sums the first half computed
+    if n % 2 == 1:  # the middle point, both of whose sums the first half computed
         _count(counts, h - 1, b, a, w0)
     for i in range(h, n):
         a = 1.0 + E[i] * a
@@ -761,6 +736,7 @@ def ladder_forward(xs, alpha, out, counts, offset, wide, work, values):
         B = work[row, 2]
         a = alpha[row]
         c = counts[row, :n]
+        _call_row_decays(rw, 1.0 / a, E)
         prefix_counts(rw, 1.0 / a, E, A, B, 0.5, c)
         _ladder_values(r, a, 1.0 / a, E, A, B, 0.5, c, offset[row], out[row], values)
 
@@ -797,6 +773,7 @@ def ladder_vjp(xs, order, alpha, offset, u, x_bar, counts, alpha_bar, work, redo
         B = w[1, :n]
         Bd = w[2, :n]
         c = counts[row, :n]
+        _row_decays(r, inv_alpha, E)
         descending_counts(r, inv_alpha, E, B, Bd, 0.5, c)
         ab, done = _ladder_pullback(r, a, inv_alpha, E, B, Bd, c, offset[row], u[row], 0.5)
         if not done:
@@ -950,3 +927,10 @@ _LADDER_VJP_CALLS = SymbolCalls(
     carry_both_ways=(carry_both_ways, (_F1, _F1, _F1)),
 )
 _call_carry_both_ways = _LADDER_VJP_CALLS.carry_both_ways
+#: the decays of :func:`ladder_forward`'s widened row, called by symbol (compiled once, not
+#: again inside the kernel); :func:`ladder_vjp` reads float32 rows too, so it links them in
+_LADDER_FORWARD_CALLS = SymbolCalls(
+    # r, inv_alpha, E
+    decays=(_row_decays, (_F1, _F, _F1)),
+)
+_call_row_decays = _LADDER_FORWARD_CALLS.decays
