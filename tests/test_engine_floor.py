@@ -426,3 +426,51 @@ def test_an_unwanted_alpha_gradient_is_none_and_the_others_keep_their_bits(name)
     for i, (a, b) in enumerate(zip(full, partial, strict=True)):
         if i != position:
             assert _bits(a) == _bits(b)
+
+
+@pytest.mark.parametrize("batch", [(), (1,), (1, 1), (8,), (2, 4), (16, 16)])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])
+@pytest.mark.parametrize("k", [2, np.array(2.0)])
+def test_one_target_gradient_is_the_general_paths_sum(batch, dtype, k):
+    """One k (or q) for every row of a host call: Targets.grad_to_user's sum of the per-row
+    gradients gives the general path's to the bit, as a 0-d array, with the same warnings."""
+    import warnings
+
+    from softorder._engine.layout import Rows, Targets
+
+    rows = Rows.from_input(np.zeros(batch + (5,), dtype))
+    targets = Targets.parse(k, rows, "k", 5.0, "n=5")
+    assert targets.shape == () and not targets.multi
+    for name, w_bar in _alpha_bars(rows.rows).items():
+        results = []
+        for path in (targets.grad_to_user, targets._grad_to_user_general):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                grad = path(w_bar.reshape(rows.rows, 1).copy(), rows, rows.dtype)
+            results.append((_bits(grad), [str(w.message) for w in caught]))
+        assert results[0] == results[1], name
+
+
+@pytest.mark.parametrize(
+    "k, shape", [(np.full(8, 2.0), (8,)), (np.full(1, 2.0), (1,)), (np.array([[1.0, 2.0]]), (1, 2))]
+)
+def test_target_arrays_take_the_general_gradient_path(k, shape, monkeypatch):
+    """Only one target for every row (shape ()) takes grad_to_user's sum; per-row, broadcast
+    or several targets per row take the general path."""
+    from softorder._engine.layout import Rows, Targets
+
+    calls = []
+    general = Targets._grad_to_user_general
+
+    def counted(self, w_bar, rows, dtype):
+        calls.append(w_bar.shape)
+        return general(self, w_bar, rows, dtype)
+
+    monkeypatch.setattr(Targets, "_grad_to_user_general", counted)
+    rows = Rows.from_input(np.zeros((8, 5)))
+    one = Targets.parse(2.0, rows, "k", 5.0, "n=5")
+    one.grad_to_user(np.ones((8, 1)), rows, rows.dtype)
+    assert calls == []
+    targets = Targets.parse(k, rows, "k", 5.0, "n=5")
+    grad = targets.grad_to_user(np.ones((8, targets.m)), rows, rows.dtype)
+    assert calls == [(8, targets.m)] and grad.shape == shape

@@ -20,6 +20,7 @@ from softorder._engine.checks import check_axis, check_targets, refuse_masked
 
 _F64 = np.dtype(np.float64)
 _F32 = np.dtype(np.float32)
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 def _refuse_extended(dtype: np.dtype, name: str) -> None:
@@ -300,8 +301,27 @@ class Targets:
 
     def grad_to_user(self, w_bar: np.ndarray, rows: Rows, dtype) -> np.ndarray:
         """Gradient per target ``(rows, m)`` -> gradient of the user's argument (its shape)."""
-        shaped = w_bar.reshape(rows.batch_shape + ((self.m,) if self.multi else ()))
         backend = rows.backend
+        if not self.shape and rows.batch_shape and backend is NUMPY:  # one target, every row
+            # the sum over the rows without unbroadcast's reshapes and the cast's error state:
+            # the sum of the (rows, 1) array is unbroadcast's (see Context.alpha_grad); one
+            # row's is 0.0 + its value. A sum within float32's range rounds as the cast does.
+            if rows.rows == 1:
+                total = w_bar[0, 0] + 0.0
+            else:
+                with np.errstate(invalid="ignore"):  # (unbroadcast's: inf - inf is NaN)
+                    total = w_bar.sum()
+            if dtype is _F64 or dtype is _F32 and abs(total) <= _F32_MAX:
+                return np.array(total, dtype)
+            return backend.cast(total, dtype).reshape(())
+        return self._grad_to_user_general(w_bar, rows, dtype)
+
+    def _grad_to_user_general(self, w_bar: np.ndarray, rows: Rows, dtype) -> np.ndarray:
+        """:meth:`grad_to_user` for any targets and backend: the per-row gradients summed over
+        the axes the argument was broadcast along, in ``dtype``.
+        """
+        backend = rows.backend
+        shaped = w_bar.reshape(rows.batch_shape + ((self.m,) if self.multi else ()))
         if tuple(shaped.shape) == self.shape:  # nothing was broadcast
             return backend.cast(shaped, dtype)
         return backend.cast(backend.unbroadcast(shaped, self.shape), dtype).reshape(self.shape)
