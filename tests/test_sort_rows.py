@@ -18,7 +18,7 @@ LENGTHS = (1, 2, 3, INSERTION_MAX - 1, INSERTION_MAX, INSERTION_MAX + 1, 300, 40
 
 
 @numba.njit
-def argsort(values, xs, order):  # the helper has no Python wrapper of its own
+def argsort(values, xs, order):  # an intrinsic: compiled code calls it
     sort_rows(values, xs, order)
 
 
@@ -105,11 +105,18 @@ def test_zero_rows_and_zero_length(rng):
     check(np.empty((3, 0)))
 
 
-def test_strided_and_int64_orders(rng):
+def test_int64_orders_float32_results_and_strided_arrays_refused(rng):
     values = rng.standard_normal((6, 200))
-    check(values[::2, ::3])  # rows and elements strided
-    check(np.asfortranarray(values))
     check(values, index=np.int64)
+    check(values[::2].copy())
+    xs, order = np.empty(values.shape, np.float32), np.empty(values.shape, np.int32)
+    argsort(values, xs, order)  # sorted rows rounded to float32
+    expected = np.argsort(values, axis=1, kind="stable")
+    equal(order, expected.astype(np.int32))
+    equal(xs, np.take_along_axis(values, expected, 1).astype(np.float32))
+    for strided in (values[::2, ::3], np.asfortranarray(values)):
+        with pytest.raises(numba.core.errors.TypingError):
+            argsort(strided, np.empty(strided.shape), np.empty(strided.shape, np.int32))
 
 
 def test_gather_rows_takes_an_int64_argsort_and_refuses_strided_arrays(rng):

@@ -276,12 +276,11 @@ KERNELS = {
     ),
     "sort_forward": (lapsum.sort_kernel.serial, (_F2, _F1, _F2, _L2, _F2, _F3)),
     "sort_vjp": (sort.sort_vjp.serial, (_F2, _I2, _F1, _L2, _F2, _F2, _F2, _F1, _F3)),
-    "sort_rows": (sort_rows, (_F2, _F2, _I2)),
 }
 _calls = SymbolCalls(**KERNELS)
 _rank_forward, _rank_vjp = _calls.rank_forward, _calls.rank_vjp
 _topk_forward, _topk_vjp = _calls.topk_forward, _calls.topk_vjp
-_sort_forward, _sort_vjp, _sort_rows = _calls.sort_forward, _calls.sort_vjp, _calls.sort_rows
+_sort_forward, _sort_vjp = _calls.sort_forward, _calls.sort_vjp
 
 
 def rank_handler(frame):
@@ -311,7 +310,7 @@ def rank_handler(frame):
         return 0
     order = array_at(buffer(frame, RESULTS, 1)[0], (rows, n), np.int32)
     xs = empty((rows, n), np.float64)
-    _sort_rows(values, xs, order)
+    sort_rows(values, xs, order)
     decay = array_at(buffer(frame, RESULTS, 2)[0], (rows, n), np.float64)
     out = empty((rows, n), np.float64)
     work = empty((rows, rank.FORWARD_WORK, n), np.float64)
@@ -351,7 +350,7 @@ def topk_handler(frame):
         return 0
     order = array_at(buffer(frame, RESULTS, 1)[0], (rows, n), np.int32)
     xs = empty((rows, n), np.float64)
-    _sort_rows(values, xs, order)
+    sort_rows(values, xs, order)
     w = empty((rows, 1), np.float64)
     widen(w, *buffer(frame, ARGS, 3), False)
     worder = empty((rows, 1), np.int64)
@@ -398,7 +397,7 @@ def sort_handler(frame):
         return 0
     order = array_at(buffer(frame, RESULTS, 1)[0], (rows, n), np.int32)
     xs = empty((rows, n), np.float64)
-    _sort_rows(values, xs, order)
+    sort_rows(values, xs, order)
     anchor = array_at(buffer(frame, RESULTS, 2)[0], (rows, n), np.int64)
     offset = array_at(buffer(frame, RESULTS, 3)[0], (rows, n), np.float64)
     out = empty((rows, n), np.float64)
@@ -415,7 +414,7 @@ _HANDLERS = {"rank": rank_handler, "topk": topk_handler, "sort": sort_handler}
 
 def _compile(name: str):
     """The numba C function of handler ``name``, loaded from the disk cache or compiled."""
-    for kernel in (f"{name}_forward", f"{name}_vjp", "sort_rows"):
+    for kernel in (f"{name}_forward", f"{name}_vjp"):
         # linked first: numba runs no ``reload_init`` for a C function loaded from the cache
         _jit.link_symbol(*KERNELS[kernel])
     fn = _HANDLERS[name]

@@ -18,120 +18,229 @@ from __future__ import annotations
 import numpy as np
 
 from softorder.core import fast_exp
-from softorder.core._jit import helper
-from softorder.core.fast_exp import float_bits
-from softorder.core.lapsum import empty
 
 #: Rows of at most this many elements take an insertion sort: fewer instructions than the
 #: radix sort's eight counting passes.
 INSERTION_MAX = 32
 
 
-@helper
-def sort_rows(values, xs, order):
-    """Sort each row of ``values`` into ``xs``, stably, NaN last and ``-0.0 == 0.0``, and write
-    its argsort into ``order``: NumPy's ``np.argsort(values, axis=1, kind="stable")``.
-
-    An LSD radix sort on the bytes of integer keys: a float's bits as a signed integer (after
-    ``-0.0 -> 0.0``), with the magnitude bits of negative values flipped and every NaN above
-    ``+inf``. The eight byte counts are taken in one pass; a byte pass where every key has the
-    same byte is skipped (the low bytes of float32 data widened to float64). Rows of at most
-    :data:`INSERTION_MAX` elements take an insertion sort on the same keys. Scratch: four
-    int64 rows of n, allocated once per call.
-
-    A compiled helper: kernels and C functions call it (the JAX handlers by symbol), Python
-    cannot (no wrapper is compiled for it, which would lengthen a first call).
-
-    Parameters
-    ----------
-    values : float64 or float32 array of shape (rows, n)
-        The rows to sort; not written.
-    xs : float array of shape (rows, n)
-        Receives each row of ``values`` in ascending order.
-    order : int32 or int64 array of shape (rows, n)
-        Receives each row's argsort: ``xs[r, i] == values[r, order[r, i]]``.
-
-    Examples
-    --------
-    >>> import numba, numpy as np
-    >>> from softorder.core.sort_rows import sort_rows
-    >>> @numba.njit
-    ... def argsort(values, xs, order):
-    ...     sort_rows(values, xs, order)
-    >>> values = np.array([[2.0, np.nan, -0.0, 1.0, 0.0, -np.inf]])
-    >>> xs, order = np.empty_like(values), np.empty(values.shape, np.int32)
-    >>> argsort(values, xs, order)
-    >>> order
-    array([[5, 2, 4, 3, 0, 1]], dtype=int32)
-    >>> xs
-    array([[-inf,  -0.,   0.,   1.,   2.,  nan]])
-    >>> bool((order == np.argsort(values, axis=1, kind="stable")).all())
-    True
-    """
-    rows, n = values.shape
-    scratch = empty((4, n), np.int64)  # one allocation
-    o, keys, keys2, order2 = scratch[0], scratch[1], scratch[2], scratch[3]
-    counts = empty((8, 256), np.int64)
-    for r in range(rows):
-        row = values[r]
-        for i in range(n):
-            v = row[i]
-            k = float_bits(0.0 if v == 0.0 else v)  # as int64
-            if v != v:
-                k = 0x7FFFFFFFFFFFFFFF  # above +inf (0x7FF0000000000000)
-            elif k < 0:
-                k ^= 0x7FFFFFFFFFFFFFFF
-            keys[i] = k
-            o[i] = i
-        src_o = o  # the argsort, once sorted
-        if n <= INSERTION_MAX:
-            for i in range(1, n):
-                k, oi = keys[i], o[i]
-                j = i - 1
-                while j >= 0 and keys[j] > k:
-                    keys[j + 1] = keys[j]
-                    o[j + 1] = o[j]
-                    j -= 1
-                keys[j + 1] = k
-                o[j + 1] = oi
-        else:
-            for b in range(8):
-                for d in range(256):
-                    counts[b, d] = 0
-            for i in range(n):
-                k = keys[i]
-                for b in range(7):
-                    counts[b, (k >> (8 * b)) & 0xFF] += 1
-                counts[7, ((k >> 56) & 0xFF) ^ 0x80] += 1
-            src_k, dst_k, dst_o = keys, keys2, order2
-            for b in range(8):
-                shift = 8 * b
-                flip = 0x80 if b == 7 else 0
-                if counts[b, ((src_k[0] >> shift) & 0xFF) ^ flip] == n:
-                    continue  # one value of this byte: the pass would move nothing
-                total = 0
-                for d in range(256):
-                    c = counts[b, d]
-                    counts[b, d] = total
-                    total += c
-                for i in range(n):
-                    k = src_k[i]
-                    d = ((k >> shift) & 0xFF) ^ flip
-                    j = counts[b, d]
-                    counts[b, d] = j + 1
-                    dst_k[j] = k
-                    dst_o[j] = src_o[i]
-                src_k, src_o, dst_k, dst_o = dst_k, dst_o, src_k, src_o
-        for i in range(n):
-            j = src_o[i]
-            order[r, i] = j
-            xs[r, i] = row[j]
-
-
 if fast_exp._jit_enabled():
+    from llvmlite import ir
     from numba import types
     from numba.core import cgutils
     from numba.extending import intrinsic
+
+    def _c_arrays(arrays, kinds) -> bool:
+        return all(
+            isinstance(a, types.Array) and a.ndim == 2 and a.layout == "C" and a.dtype in kind
+            for a, kind in zip(arrays, kinds, strict=True)
+        )
+
+    _FLOATS, _INDICES = (types.float32, types.float64), (types.int32, types.int64)
+
+    @intrinsic
+    def sort_rows(typingctx, values, xs, order):
+        """Sort each row of ``values`` into ``xs``, stably, NaN last and ``-0.0 == 0.0``, and
+        write its argsort into ``order``: NumPy's ``np.argsort(values, axis=1, kind="stable")``.
+
+        An LSD radix sort on the bytes of integer keys: a float's bits as a signed integer (after
+        ``-0.0 -> 0.0``), with the magnitude bits of negative values flipped and every NaN above
+        ``+inf``. The eight byte counts are taken in one pass; a byte pass where every key has the
+        same byte is skipped (the low bytes of float32 data widened to float64). Rows of at most
+        :data:`INSERTION_MAX` elements take an insertion sort on the same keys. Scratch: four
+        int64 rows of n, allocated once per call, and the counts on the stack.
+
+        Emitted in place (an intrinsic, its loops written in LLVM IR, one function per module and
+        dtypes): compiled code that calls it compiles no numba function for it, which took a
+        third of a second of the JAX bridge's first call (CHANGELOG.md). Python cannot call it.
+
+        Parameters
+        ----------
+        values : float64 or float32 C-contiguous array of shape (rows, n)
+            The rows to sort; not written.
+        xs : float64 or float32 C-contiguous array of shape (rows, n)
+            Receives each row of ``values`` in ascending order.
+        order : int32 or int64 C-contiguous array of shape (rows, n)
+            Receives each row's argsort: ``xs[r, i] == values[r, order[r, i]]``.
+
+        Examples
+        --------
+        >>> import numba, numpy as np
+        >>> from softorder.core.sort_rows import sort_rows
+        >>> @numba.njit
+        ... def argsort(values, xs, order):
+        ...     sort_rows(values, xs, order)
+        >>> values = np.array([[2.0, np.nan, -0.0, 1.0, 0.0, -np.inf]])
+        >>> xs, order = np.empty_like(values), np.empty(values.shape, np.int32)
+        >>> argsort(values, xs, order)
+        >>> order
+        array([[5, 2, 4, 3, 0, 1]], dtype=int32)
+        >>> xs
+        array([[-inf,  -0.,   0.,   1.,   2.,  nan]])
+        >>> bool((order == np.argsort(values, axis=1, kind="stable")).all())
+        True
+        """
+        if not _c_arrays((values, xs, order), (_FLOATS, _FLOATS, _INDICES)):
+            return None  # numba then reports that no signature matches
+
+        def codegen(context, builder, signature, args):
+            arrays = [
+                context.make_array(t)(context, builder, a)
+                for t, a in zip(signature.args, args, strict=True)
+            ]
+            rows, n = cgutils.unpack_tuple(builder, arrays[0].shape)
+            word = ir.IntType(64)
+            size = builder.mul(builder.add(builder.mul(n, word(4)), word(1)), word(8))
+            scratch = context.nrt.allocate(builder, size)  # MemoryError when it fails
+            types_ = [context.get_data_type(t.dtype) for t in signature.args]
+            function = _radix_function(builder.module, *types_)
+            pointers = [a.data for a in arrays]
+            builder.call(
+                function, (*pointers, builder.bitcast(scratch, word.as_pointer()), rows, n)
+            )
+            context.nrt.free(builder, scratch)
+            return context.get_dummy_value()
+
+        return types.none(values, xs, order), codegen
+
+    def _radix_function(module, value, x, index):
+        """``void sort(value* values, x* xs, index* order, i64* scratch, i64 rows, i64 n)``
+        in ``module`` (internal, defined on first use): :func:`sort_rows`'s loops.
+        """
+        word = ir.IntType(64)
+        name = f"softorder_sort_rows_{value}_{x}_{index}"
+        kind = ir.FunctionType(
+            ir.VoidType(),
+            (value.as_pointer(), x.as_pointer(), index.as_pointer(), word.as_pointer(), word, word),
+        )
+        function = cgutils.get_or_insert_function(module, kind, name)
+        if not function.is_declaration:
+            return function
+        function.linkage = "internal"
+        function.attributes.add("noinline")
+        for argument in function.args[:4]:
+            argument.add_attribute("noalias")
+        b = ir.IRBuilder(function.append_basic_block("entry"))
+        values, xs, order, scratch, rows, n = function.args
+        counts = b.bitcast(b.alloca(ir.ArrayType(word, 8 * 256)), word.as_pointer())
+        keys = (scratch, b.gep(scratch, [n]))  # the keys and their positions, two of each
+        places = (b.gep(scratch, [b.mul(n, word(2))]), b.gep(scratch, [b.mul(n, word(3))]))
+        source_keys, source_places, target_keys, target_places = (
+            cgutils.alloca_once(b, word.as_pointer()) for _ in range(4)
+        )
+        top = word(0x7FFFFFFFFFFFFFFF)
+
+        def at(pointer, i):
+            return b.gep(pointer, [i])
+
+        with cgutils.for_range(b, rows) as row:
+            start = b.mul(row.index, n)
+            row_values, row_xs, row_order = (at(p, start) for p in (values, xs, order))
+            with cgutils.for_range(b, n) as loop:
+                v = b.load(at(row_values, loop.index))
+                if value != ir.DoubleType():
+                    v = b.fpext(v, ir.DoubleType())
+                zero = ir.Constant(ir.DoubleType(), 0.0)
+                k = b.bitcast(b.select(b.fcmp_ordered("==", v, zero), zero, v), word)
+                k = b.select(b.icmp_signed("<", k, word(0)), b.xor(k, top), k)
+                k = b.select(b.fcmp_unordered("uno", v, v), top, k)  # NaN above +inf
+                b.store(k, at(keys[0], loop.index))
+                b.store(loop.index, at(places[0], loop.index))
+            b.store(keys[0], source_keys)
+            b.store(places[0], source_places)
+            with b.if_else(b.icmp_signed("<=", n, word(INSERTION_MAX))) as (short, long):
+                with short:
+                    _insertion_sort(b, keys[0], places[0], n)
+                with long:
+                    b.store(keys[1], target_keys)
+                    b.store(places[1], target_places)
+                    _radix_passes(
+                        b, counts, n, source_keys, source_places, target_keys, target_places
+                    )
+            sorted_places = b.load(source_places)
+            with cgutils.for_range(b, n) as loop:
+                j = b.load(at(sorted_places, loop.index))
+                b.store(b.trunc(j, index) if index != word else j, at(row_order, loop.index))
+                v = b.load(at(row_values, j))
+                if value != x:
+                    v = b.fpext(v, x) if x == ir.DoubleType() else b.fptrunc(v, x)
+                b.store(v, at(row_xs, loop.index))
+        b.ret_void()
+        return function
+
+    def _insertion_sort(b, keys, places, n):
+        """Stable insertion sort of ``keys[:n]``, moving ``places`` with them."""
+        word = ir.IntType(64)
+        j = cgutils.alloca_once(b, word)
+        with cgutils.for_range(b, b.sub(n, word(1))) as loop:
+            i = b.add(loop.index, word(1))
+            k, place = b.load(b.gep(keys, [i])), b.load(b.gep(places, [i]))
+            b.store(b.sub(i, word(1)), j)
+            head, check, body, done = (
+                b.append_basic_block(f"insert.{name}") for name in ("head", "check", "body", "done")
+            )
+            b.branch(head)
+            b.position_at_end(head)
+            b.cbranch(b.icmp_signed(">=", b.load(j), word(0)), check, done)
+            b.position_at_end(check)
+            current = b.load(j)
+            b.cbranch(b.icmp_signed(">", b.load(b.gep(keys, [current])), k), body, done)
+            b.position_at_end(body)
+            current = b.load(j)
+            following = b.add(current, word(1))
+            b.store(b.load(b.gep(keys, [current])), b.gep(keys, [following]))
+            b.store(b.load(b.gep(places, [current])), b.gep(places, [following]))
+            b.store(b.sub(current, word(1)), j)
+            b.branch(head)
+            b.position_at_end(done)
+            following = b.add(b.load(j), word(1))
+            b.store(k, b.gep(keys, [following]))
+            b.store(place, b.gep(places, [following]))
+
+    def _radix_passes(b, counts, n, source_keys, source_places, target_keys, target_places):
+        """The byte counts of the keys in ``*source_keys``, then up to eight stable passes,
+        each from the source arrays into the target arrays, which then swap.
+        """
+        word = ir.IntType(64)
+        byte = word(0xFF)
+        cgutils.memset(b, counts, word(8 * 256 * 8), 0)
+        keys = b.load(source_keys)
+        with cgutils.for_range(b, n) as loop:
+            k = b.load(b.gep(keys, [loop.index]))
+            for digit in range(8):
+                d = b.and_(b.lshr(k, word(8 * digit)), byte)
+                if digit == 7:
+                    d = b.xor(d, word(0x80))  # the sign byte: negative keys first
+                slot = b.gep(counts, [b.add(d, word(256 * digit))])
+                b.store(b.add(b.load(slot), word(1)), slot)
+        total = cgutils.alloca_once(b, word)
+        with cgutils.for_range(b, word(8)) as digit:
+            shift = b.mul(digit.index, word(8))
+            flip = b.select(b.icmp_signed("==", digit.index, word(7)), word(0x80), word(0))
+            table = b.gep(counts, [b.mul(digit.index, word(256))])
+            keys, places = b.load(source_keys), b.load(source_places)
+            first = b.xor(b.and_(b.lshr(b.load(keys), shift), byte), flip)
+            moves = b.icmp_signed("!=", b.load(b.gep(table, [first])), n)
+            with b.if_then(moves):  # else one value of this byte: nothing would move
+                b.store(word(0), total)
+                with cgutils.for_range(b, word(256)) as d:
+                    slot = b.gep(table, [d.index])
+                    c = b.load(slot)
+                    b.store(b.load(total), slot)
+                    b.store(b.add(b.load(total), c), total)
+                new_keys, new_places = b.load(target_keys), b.load(target_places)
+                with cgutils.for_range(b, n) as loop:
+                    k = b.load(b.gep(keys, [loop.index]))
+                    d = b.xor(b.and_(b.lshr(k, shift), byte), flip)
+                    slot = b.gep(table, [d])
+                    j = b.load(slot)
+                    b.store(b.add(j, word(1)), slot)
+                    b.store(k, b.gep(new_keys, [j]))
+                    b.store(b.load(b.gep(places, [loop.index])), b.gep(new_places, [j]))
+                b.store(new_keys, source_keys)
+                b.store(new_places, source_places)
+                b.store(keys, target_keys)
+                b.store(places, target_places)
 
     @intrinsic
     def gather_rows(typingctx, out, values, order):
@@ -176,7 +285,12 @@ if fast_exp._jit_enabled():
 
         return types.none(out, values, order), codegen
 
-else:  # pragma: no cover - NUMBA_DISABLE_JIT: a Python function
+else:  # pragma: no cover - NUMBA_DISABLE_JIT: Python functions
+
+    def sort_rows(values, xs, order):
+        """NumPy's stable argsort and sorted rows (NUMBA_DISABLE_JIT)."""
+        order[...] = np.argsort(values, axis=1, kind="stable")
+        xs[...] = np.take_along_axis(values, order, 1)
 
     def gather_rows(out, values, order):
         """``out[r, i] = values[r, order[r, i]]`` (NUMBA_DISABLE_JIT)."""
