@@ -54,3 +54,91 @@ def test_cotangents_the_short_path_does_not_take(rng):
         pullback(np.ones(8))
     with pytest.raises(ValueError, match="cotangent"):
         pullback(np.ones((1, 9)))
+
+
+def _bits(value) -> tuple:
+    """A gradient's type, dtype, shape and bytes (signed zeros included)."""
+    arr = np.asarray(value)
+    return type(value), arr.dtype, arr.shape, arr.tobytes()
+
+
+def _one_row_gradients(fn, shape, v, largest=True):
+    """The gradients of one row of x (9 values) laid out as ``shape``: along its last axis,
+    or, for (9, 1), along axis 0 (no plain row: the general conversions)."""
+    x = np.linspace(0.1, 0.9, 9)
+    axis = 0 if shape == (9, 1) else -1
+    _, pullback = softorder.vjp(fn, x.reshape(shape), 3, 0.5, axis=axis, largest=largest)
+    return pullback(v.reshape(shape))
+
+
+@pytest.mark.parametrize("largest", [True, False])
+def test_one_row_signed_zeros_follow_the_batch_axes(largest):
+    """The k gradient of one row: as the kernel gives it without batch axes (-0.0 here: a
+    subnormal cotangent times 1 / G rounds to it), summed over the batch axes with them (0.0 +
+    -0.0 is 0.0), as the general path and Context.alpha_grad give it; soft_rank's alpha
+    gradient follows the same rule."""
+    v = np.zeros(9)
+    v[4] = -5e-324
+    one = _one_row_gradients(softorder.soft_topk, (9,), v, largest)
+    assert one[1] == 0.0 and np.signbit(one[1])  # the case this test is about
+    general = _one_row_gradients(softorder.soft_topk, (9, 1), v, largest)
+    assert not np.signbit(general[1])
+    for shape in [(1, 9), (1, 1, 9)]:
+        batched = _one_row_gradients(softorder.soft_topk, shape, v, largest)
+        np.testing.assert_array_equal(batched[0].reshape(9), one[0].reshape(9))
+        for a, b in zip(batched[1:], general[1:], strict=True):
+            assert _bits(a) == _bits(b), shape
+    _, pullback = softorder.vjp(softorder.soft_rank, np.linspace(0.1, 0.9, 9), 0.5)
+    assert np.signbit(pullback(v)[1])
+    _, pullback = softorder.vjp(softorder.soft_rank, np.linspace(0.1, 0.9, 9)[None], 0.5)
+    assert not np.signbit(pullback(v[None])[1])
+
+
+@pytest.mark.parametrize("fn", [softorder.soft_topk, softorder.log_soft_topk])
+def test_one_row_conversions_of_negative_zero_gradients(fn, monkeypatch):
+    """Per-row k and alpha gradients of -0.0 (written over the kernel's): one row without
+    batch axes returns them as they are, with batch axes as the general path sums them
+    (+0.0); the input gradient is untouched."""
+    from softorder import core
+
+    kernel = core.topk_vjp
+
+    def negative_zeros(*args):
+        kernel(*args)
+        w_bar, alpha_bar = args[8], args[9]
+        w_bar[...] = -0.0
+        alpha_bar[...] = -0.0
+
+    monkeypatch.setattr(core, "topk_vjp", negative_zeros)
+    v = np.random.default_rng(3).standard_normal(9)
+    one = _one_row_gradients(fn, (9,), v)
+    assert _bits(one[1]) == _bits(np.array(-0.0)) and _bits(one[2]) == _bits(np.float64(-0.0))
+    general = _one_row_gradients(fn, (9, 1), v)
+    assert _bits(general[1]) == _bits(np.array(0.0))
+    assert _bits(general[2]) == _bits(np.float64(0.0))
+    for shape in [(1, 9), (1, 1, 9)]:
+        batched = _one_row_gradients(fn, shape, v)
+        assert batched[0].shape == shape
+        np.testing.assert_array_equal(batched[0].reshape(9), one[0])
+        for a, b in zip(batched[1:], general[1:], strict=True):
+            assert _bits(a) == _bits(b), shape
+
+
+@pytest.mark.parametrize("shape", [(9,), (1, 9)])
+def test_one_row_unwanted_alpha_gradient_is_none(shape):
+    """A context whose alpha gradient nobody wants (the torch bridge's plain backward) gets
+    None for it from the one-row return too, and the same x and k gradients."""
+    from softorder._engine.autodiff import bind
+
+    fn = softorder.soft_topk
+    x = np.random.default_rng(4).standard_normal(shape)
+    v = np.random.default_rng(5).standard_normal(shape)
+    arguments = bind(fn.signature, (x, 3, 0.5), {})
+    wanted, unwanted = fn.rule.prepare(**arguments), fn.rule.prepare(**arguments)
+    fn.rule.forward(wanted)
+    fn.rule.forward(unwanted)
+    unwanted.alpha_wanted = False
+    full, partial = fn.rule.vjp(wanted, v), fn.rule.vjp(unwanted, v)
+    assert partial[2] is None and full[2] is not None
+    for a, b in zip(full[:2], partial[:2], strict=True):
+        assert _bits(a) == _bits(b)

@@ -799,11 +799,16 @@ class TopKRule(OrderRule):
         )
         if plain and not targets.shape and not ctx.alpha_shape and rows.rows == 1:
             # one row, scalar k and alpha: what grad_to_user and alpha_grad return (a 0-d
-            # array for k, a scalar for alpha), directly
+            # array for k, a scalar for alpha), directly. With batch axes they sum over them:
+            # the sum of one row is 0.0 + its value (-0.0 becomes 0.0); without, the value
             if rows.sign < 0:
                 np.negative(x_bar, x_bar)  # the kernel's own output
-            x_bar = x_bar.reshape(rows.layout.batch_shape + (rows.n,))
-            return x_bar, w_bar.reshape(()), alpha_bar[0]
+            x_bar = x_bar.reshape(rows.batch_shape + (rows.n,))
+            alpha_wanted = ctx.alpha_wanted
+            if rows.batch_shape:
+                a_bar = alpha_bar[0] + 0.0 if alpha_wanted else None
+                return x_bar, np.array(w_bar[0, 0] + 0.0), a_bar
+            return x_bar, w_bar.reshape(()), alpha_bar[0] if alpha_wanted else None
         k_bar = targets.grad_to_user(w_bar, rows, rows.dtype)
         return rows.grad_to_user(x_bar), k_bar, ctx.alpha_grad(alpha_bar)
 
