@@ -16,9 +16,10 @@ Every figure of issue 14's table, each measured as users meet it:
 * **import**: ``import softorder`` in a fresh interpreter, and what ``import
   softorder.bridges.torch`` / ``softorder.bridges.jax`` add after ``import torch`` /
   ``import jax`` (best of 3 interpreters).
-* **per-call floor**: forward + backward at one row of n = 1e2 and 1e3 through each API on one
+* **per-call floor**: forward + backward at one row of n = 1e2 and 1e3, and at batches of rows
+  of 1e2 (1 x 100 and 256 x 100: a training step's class scores) through each API on one
   thread, best of R interleaved repeats (``softorder._timing.best_times``), with
-  ``np.argsort`` of the same row as the yardstick.
+  ``np.argsort`` of the same data (along the last axis) as the yardstick.
 
 ``--cold-repeats R`` repeats each first-call pair R times and prints the least of each figure
 (on a busy machine other processes only ever add to them); ``--cold-repeats 0`` skips them.
@@ -152,17 +153,25 @@ def import_times(apis) -> dict:
     return out
 
 
+#: Shapes of the per-call floors and their labels: one row of 1e2 and 1e3, and batches of rows
+#: of 1e2 (one row with a batch axis, and 256 rows: class scores in a training step).
+FLOOR_SHAPES = {"n=100": (100,), "1x100": (1, 100), "256x100": (256, 100), "n=1000": (1000,)}
+
+
 def floors(apis, repeats: int) -> dict:
-    """Forward + backward at one row of 1e2 and 1e3 (float64, one thread), microseconds."""
+    """Forward + backward at each of :data:`FLOOR_SHAPES` (float64, one thread), microseconds;
+    the ratio is to ``np.argsort`` of the same data (along the last axis).
+    """
     import softorder
     from softorder._timing import best_times
 
     calls, labels = [], []
-    for n in (100, 1000):
-        x = np.random.default_rng(0).standard_normal(n)
-        v = np.ones(n)
-        calls.append(lambda x=x: np.argsort(x))
-        labels.append(f"np.argsort n={n}")
+    for tag, shape in FLOOR_SHAPES.items():
+        n = shape[-1]
+        x = np.random.default_rng(0).standard_normal(shape)
+        v = np.ones(shape)
+        calls.append(lambda x=x: np.argsort(x, axis=-1))
+        labels.append(f"np.argsort {tag}")
         for op, extra in (("soft_rank", ()), ("soft_topk", (n // 10,))):
             fn = getattr(softorder, op)
 
@@ -171,7 +180,7 @@ def floors(apis, repeats: int) -> dict:
                 return pullback(v)
 
             calls.append(numpy_call)
-            labels.append(f"numpy {op} n={n}")
+            labels.append(f"numpy {op} {tag}")
             if "torch" in apis:
                 import torch
 
@@ -186,7 +195,7 @@ def floors(apis, repeats: int) -> dict:
                     return torch.autograd.grad(top(xg, *extra, 0.5), xg, vt)
 
                 calls.append(torch_call)
-                labels.append(f"torch {op} n={n}")
+                labels.append(f"torch {op} {tag}")
             if "jax" in apis:
                 import jax
 
@@ -202,7 +211,7 @@ def floors(apis, repeats: int) -> dict:
                     return jax.block_until_ready(grad(xj))
 
                 calls.append(jax_call)
-                labels.append(f"jax   {op} n={n}")
+                labels.append(f"jax   {op} {tag}")
     previous = softorder.core.set_parallel(False)
     try:
         times = best_times(calls, repeats)
@@ -211,8 +220,8 @@ def floors(apis, repeats: int) -> dict:
     out = {}
     for label, t in zip(labels, times, strict=True):
         out[label] = t * 1e6
-        n = label.rsplit("=", 1)[1]
-        ratio = t / times[labels.index(f"np.argsort n={n}")]
+        tag = label.rsplit(" ", 1)[1]
+        ratio = t / times[labels.index(f"np.argsort {tag}")]
         print(f"floor       {label:40s} {t * 1e6:8.1f} us  ({ratio:5.1f}x np.argsort)")
     return out
 

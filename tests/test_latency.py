@@ -58,7 +58,15 @@ def test_bench_latency_quick():
     out = done.stdout
     assert "first call  numpy soft_rank" in out and "empty cache" in out and "warm cache" in out
     assert "import      softorder " in out
-    for row in ("np.argsort n=100", "numpy soft_rank n=100", "numpy soft_topk n=1000"):
+    rows = (
+        "np.argsort n=100",
+        "numpy soft_rank n=100",
+        "numpy soft_topk n=1000",
+        "np.argsort 256x100",
+        "numpy soft_rank 1x100",
+        "numpy soft_topk 256x100",
+    )
+    for row in rows:
         assert f"floor       {row}" in out, out
 
 
