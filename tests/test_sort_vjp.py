@@ -424,3 +424,63 @@ def test_ladder_vjp_counts_the_forward_passes_anchors(rng, kind):
         first = np.ceil(np.arange(n) + 0.5 + 0.5 * (B - A) - 0.5).astype(np.int64)
         want = np.bincount(np.maximum(first[first < n], 0), minlength=n)
         np.testing.assert_array_equal(forward_counts[row], want)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_ladder_target_weights_are_target_weights_to_the_bit(rng, dtype):
+    # the ladder pullbacks' copy (an inlined exp for the usual target) must give
+    # target_weights' own outputs: signed zeros, infinities, equal values and infinite
+    # 1 / alpha included, the anchor at either point
+    import numba
+
+    from softorder.core.lapsum import ladder_target_weights, target_weights
+
+    @numba.njit
+    def compare(r, inv_alpha, an, t, tables, got, want):
+        n = r.shape[0]
+        for k in range(an.shape[0]):
+            ra = np.float64(r[an[k]])
+            # the ladder's left point, or (odd k) either point beside the anchor
+            L = an[k] - 1 if (t[k] <= 0.0 if k % 2 == 0 else k % 4 == 1) else an[k]
+            R = L + 1
+            a = tables[k, 0] if L >= 0 else 0.0
+            ad = tables[k, 1] if L >= 0 else 0.0
+            b = tables[k, 2] if R < n else 0.0
+            bd = tables[k, 3] if R < n else 0.0
+            h1, g1, z1, l1, r1, s1 = ladder_target_weights(
+                r, inv_alpha[k], ra, t[k], L, R, a, ad, b, bd
+            )
+            h2, g2, z2, l2, r2, s2 = target_weights(r, inv_alpha[k], ra, t[k], L, R, a, ad, b, bd)
+            got[k, 0], got[k, 1], got[k, 2], got[k, 3], got[k, 4], got[k, 5] = (
+                h1,
+                g1,
+                z1,
+                l1,
+                r1,
+                s1,
+            )
+            want[k, 0], want[k, 1], want[k, 2], want[k, 3], want[k, 4], want[k, 5] = (
+                h2,
+                g2,
+                z2,
+                l2,
+                r2,
+                s2,
+            )
+
+    pool = np.array([0.0, -0.0, 1.0, -1.0, 1e-300, -1e-300, 5e-324, 3.0, np.inf, -np.inf])
+    for _ in range(20):
+        n = int(rng.integers(1, 40))
+        r = np.where(rng.random(n) < 0.5, rng.choice(pool, n), rng.normal(size=n))
+        r = np.sort(r.astype(dtype))
+        m = 2000
+        an = rng.integers(0, n, m)
+        t = rng.choice(np.array([0.0, -0.0, 1e-12, -1e-12, 0.5, -0.5, 3.0, -3.0, 800.0, -800.0]), m)
+        t = np.where(rng.random(m) < 0.5, t, rng.normal(size=m) * 10.0 ** rng.uniform(-6, 3, m))
+        inv_alpha = 10.0 ** rng.uniform(-8, 8, m)
+        inv_alpha[rng.random(m) < 0.05] = np.inf
+        tables = np.abs(rng.normal(size=(m, 4))) + np.array([1.0, 0.0, 1.0, 0.0])
+        got = np.empty((m, 6))
+        want = np.empty((m, 6))
+        compare(r, inv_alpha, an, t, tables, got, want)
+        np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
