@@ -6,15 +6,17 @@ import numba
 import numpy as np
 import pytest
 
-from softorder.core.sort_rows import INSERTION_MAX, gather_rows, sort_rows
+from softorder.core.sort_rows import MERGE_MAX, RUN, gather_rows, sort_rows
 
 pytestmark = pytest.mark.skipif(
     numba.config.DISABLE_JIT, reason="NUMBA_DISABLE_JIT: the helpers need compiled callers"
 )
 
 SPECIALS = [0.0, -0.0, np.nan, -np.nan, np.inf, -np.inf, 1.0, -1.0, 5e-324, -5e-324]
-#: row lengths around the insertion sort's limit, and longer ones (the radix sort)
-LENGTHS = (1, 2, 3, INSERTION_MAX - 1, INSERTION_MAX, INSERTION_MAX + 1, 300, 4099)
+#: row lengths of the merge sort (one run of insertion, runs and a short last run, around its
+#: limit) and of the radix sort (beyond it)
+LENGTHS = (1, 2, 3, RUN - 1, RUN, RUN + 1, 2 * RUN + 5, 100)
+LENGTHS += (MERGE_MAX - 1, MERGE_MAX, MERGE_MAX + 1, 300, 4099)
 
 
 @numba.njit
@@ -77,11 +79,20 @@ def test_sort_rows_is_numpys_stable_argsort(rng, n, dtype):
         check(values)
 
 
+def test_every_merge_sort_length(rng):
+    """Every row length up to past the merge sort's limit: whole and partial runs, merges of
+    unequal runs, with ties, signed zeros, NaN and infinities in every run.
+    """
+    for n in range(1, MERGE_MAX + 3):
+        check(rng.choice(SPECIALS + [2.0, 2.0, -3.0], size=(2, n)))
+        check(np.round(rng.standard_normal((2, n)), 1).astype(np.float32))
+
+
 def test_float32_widened_rows_sort_as_float32(rng):
     """The handlers sort float32 input widened to float64 (exact): the low bytes of every key
     are then equal, and the passes over them are skipped.
     """
-    for n in (INSERTION_MAX + 1, 1000):
+    for n in (MERGE_MAX, MERGE_MAX + 1, 1000):
         single = np.round(rng.standard_normal((4, n)), 2).astype(np.float32)
         xs, order = np.empty((4, n)), np.empty((4, n), np.int32)
         argsort(single.astype(np.float64), xs, order)
@@ -94,7 +105,7 @@ def test_nan_payloads_and_signs_are_one_value(rng):
     """Every NaN (either sign, any payload) sorts last, in its original order."""
     bits = [0x7FF8000000000000, 0xFFF8000000000000, 0x7FF0000000000001, 0xFFFFFFFFFFFFFFFF]
     nans = np.array(bits, np.uint64).view(np.float64)
-    for n in (8, 100):
+    for n in (8, 100, 300):
         values = rng.standard_normal((2, n))
         values[:, ::3] = rng.choice(nans, size=values[:, ::3].shape)
         check(values)

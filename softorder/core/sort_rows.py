@@ -5,9 +5,9 @@ as C functions with no Python to call ``np.argsort`` from.
 The NumPy API sorts outside the kernels (NumPy's SIMD sort is faster than a comparison sort in
 ``njit``). A handler has to sort its rows itself, and an XLA sort in the traced graph cost more
 than :func:`sort_rows` does (figures in CHANGELOG.md). :func:`sort_rows` is an LSD radix sort
-on the float's bits; :func:`gather_rows` puts rows back in the sorted order of a saved argsort
-(a backward pass), without sorting again. :mod:`softorder.core.cuda.sort_rows` is the device's
-counterpart, with the same arguments.
+on the float's bits, or for short rows a merge sort of the same keys; :func:`gather_rows` puts
+rows back in the sorted order of a saved argsort (a backward pass), without sorting again.
+:mod:`softorder.core.cuda.sort_rows` is the device's counterpart, with the same arguments.
 
 Both give the order of ``np.argsort(values, axis=1, kind="stable")``: ascending, NaN last (all
 NaN equal, whatever their sign or payload), ``-0.0 == 0.0``, ties in their original order.
@@ -19,9 +19,15 @@ import numpy as np
 
 from softorder.core import fast_exp
 
-#: Rows of at most this many elements take an insertion sort: fewer instructions than the
-#: radix sort's eight counting passes.
-INSERTION_MAX = 32
+#: Rows of at most this many elements take a merge sort (runs of :data:`RUN` sorted by
+#: insertion, then merged): the radix sort's fixed cost per row (its counts of 8 x 256 buckets
+#: and a prefix sum of 256 per pass) dominates short rows. Measured per row of float64 or
+#: float32 values (CHANGELOG.md): merge 0.77 us at n = 100, 2.1 at 192, 3.1 at 256; radix 1.4-1.8,
+#: 2.3-2.7 and 2.9-3.3.
+MERGE_MAX = 192
+#: The merge sort's runs sorted by insertion before the merges (4: the fewest cycles per row
+#: of 100 among 2, 4, 8, 16 and 32).
+RUN = 4
 
 
 if fast_exp._jit_enabled():
@@ -47,8 +53,9 @@ if fast_exp._jit_enabled():
         ``-0.0 -> 0.0``), with the magnitude bits of negative values flipped and every NaN above
         ``+inf``. The eight byte counts are taken in one pass; a byte pass where every key has the
         same byte is skipped (the low bytes of float32 data widened to float64). Rows of at most
-        :data:`INSERTION_MAX` elements take an insertion sort on the same keys. Scratch: four
-        int64 rows of n, allocated once per call, and the counts on the stack.
+        :data:`MERGE_MAX` elements take a stable merge sort of the same keys instead, whose cost
+        per row has no fixed part. Scratch: four int64 rows of n, allocated once per call, and
+        the counts on the stack.
 
         Emitted in place (an intrinsic, its loops written in LLVM IR, one function per module and
         dtypes): compiled code that calls it compiles no numba function for it, which took a
@@ -148,12 +155,12 @@ if fast_exp._jit_enabled():
                 b.store(loop.index, at(places[0], loop.index))
             b.store(keys[0], source_keys)
             b.store(places[0], source_places)
-            with b.if_else(b.icmp_signed("<=", n, word(INSERTION_MAX))) as (short, long):
+            b.store(keys[1], target_keys)
+            b.store(places[1], target_places)
+            with b.if_else(b.icmp_signed("<=", n, word(MERGE_MAX))) as (short, long):
                 with short:
-                    _insertion_sort(b, keys[0], places[0], n)
+                    _merge_sort(b, n, source_keys, source_places, target_keys, target_places)
                 with long:
-                    b.store(keys[1], target_keys)
-                    b.store(places[1], target_places)
                     _radix_passes(
                         b, counts, n, source_keys, source_places, target_keys, target_places
                     )
@@ -196,6 +203,118 @@ if fast_exp._jit_enabled():
             following = b.add(b.load(j), word(1))
             b.store(k, b.gep(keys, [following]))
             b.store(place, b.gep(places, [following]))
+
+    def _merge_sort(b, n, source_keys, source_places, target_keys, target_places):
+        """Stable bottom-up merge sort of the ``n`` keys in ``*source_keys``, moving the places
+        with them: insertion sorts of runs of :data:`RUN`, then merges of neighbouring runs
+        (:func:`_merge`) from the source arrays into the target arrays, which then swap.
+        """
+        word = ir.IntType(64)
+        keys, places = b.load(source_keys), b.load(source_places)
+        with cgutils.for_range_slice(b, word(0), n, word(RUN)) as (start, _):
+            length = b.sub(n, start)
+            length = b.select(b.icmp_signed("<", length, word(RUN)), length, word(RUN))
+            _insertion_sort(b, b.gep(keys, [start]), b.gep(places, [start]), length)
+        width = cgutils.alloca_once_value(b, word(RUN))
+        cursors = [cgutils.alloca_once(b, word) for _ in range(6)]
+        head, body, done = (
+            b.append_basic_block(f"merge.{name}") for name in ("head", "body", "done")
+        )
+        b.branch(head)
+        b.position_at_end(head)
+        w = b.load(width)
+        b.cbranch(b.icmp_signed("<", w, n), body, done)
+        b.position_at_end(body)
+        keys, places = b.load(source_keys), b.load(source_places)
+        new_keys, new_places = b.load(target_keys), b.load(target_places)
+
+        def least(a, c):
+            return b.select(b.icmp_signed("<", a, c), a, c)
+
+        with cgutils.for_range_slice(b, word(0), n, b.add(w, w)) as (start, _):
+            middle = least(b.add(start, w), n)
+            end = least(b.add(middle, w), n)
+            arrays = (keys, places, new_keys, new_places)
+            _merge(b, arrays, cursors, start, middle, end)
+        b.store(new_keys, source_keys)
+        b.store(new_places, source_places)
+        b.store(keys, target_keys)
+        b.store(places, target_places)
+        b.store(b.add(w, w), width)
+        b.branch(head)
+        b.position_at_end(done)
+
+    def _merge(b, arrays, cursors, start, middle, end):
+        """Merge the sorted runs ``[start, middle)`` and ``[middle, end)`` of ``keys`` (with
+        their ``places``) into ``[start, end)`` of ``new_keys`` and ``new_places``, stably: on
+        a tie the left run's key comes first.
+
+        First from both ends at once, as many steps as the shorter run has keys: a step takes
+        the least of the two heads and the greatest of the two tails (two independent chains
+        of loads). After ``k`` such steps each end has taken ``k`` keys, at most ``k`` of a run,
+        so neither end reads past a run, and the two ends have not met. What is left (the
+        longer run's excess, with the rest of the shorter one) is merged from the front with
+        bounds checks. ``cursors``: six int64 slots (allocas) for the positions.
+        """
+        word = ir.IntType(64)
+        keys, places, new_keys, new_places = arrays
+        i, j, ie, je, out, oe = cursors
+        one = word(1)
+        for pointer, value in zip(
+            cursors,
+            (start, middle, b.sub(middle, one), b.sub(end, one), start, b.sub(end, one)),
+            strict=True,
+        ):
+            b.store(value, pointer)
+        short = b.sub(middle, start)
+        short = b.select(b.icmp_signed("<", b.sub(end, middle), short), b.sub(end, middle), short)
+
+        def take(left, right, from_right, at):
+            b.store(b.select(from_right, right[1], left[1]), b.gep(new_keys, [at]))
+            place = b.select(from_right, right[0], left[0])
+            b.store(b.load(b.gep(places, [place])), b.gep(new_places, [at]))
+
+        def front_step():
+            left, right, o = b.load(i), b.load(j), b.load(out)
+            heads = [(k, b.load(b.gep(keys, [k]))) for k in (left, right)]
+            from_right = b.icmp_signed("<", heads[1][1], heads[0][1])  # ties: the left run
+            take(*heads, from_right, o)
+            step = b.zext(from_right, word)
+            b.store(b.add(left, b.sub(one, step)), i)
+            b.store(b.add(right, step), j)
+            b.store(b.add(o, one), out)
+
+        with cgutils.for_range(b, short):
+            front_step()
+            left, right, o = b.load(ie), b.load(je), b.load(oe)
+            tails = [(k, b.load(b.gep(keys, [k]))) for k in (left, right)]
+            from_left = b.icmp_signed(">", tails[0][1], tails[1][1])  # ties: the right run
+            take(*tails, b.not_(from_left), o)
+            step = b.zext(from_left, word)
+            b.store(b.sub(left, step), ie)
+            b.store(b.sub(right, b.sub(one, step)), je)
+            b.store(b.sub(o, one), oe)
+        left_end, right_end = b.add(b.load(ie), one), b.add(b.load(je), one)
+        test, step_block, tail = (
+            b.append_basic_block(f"merge.{name}") for name in ("test", "step", "tail")
+        )
+        b.branch(test)
+        b.position_at_end(test)
+        both = b.and_(
+            b.icmp_signed("<", b.load(i), left_end), b.icmp_signed("<", b.load(j), right_end)
+        )
+        b.cbranch(both, step_block, tail)
+        b.position_at_end(step_block)
+        front_step()
+        b.branch(test)
+        b.position_at_end(tail)
+        for rest, stop in ((i, left_end), (j, right_end)):  # one of them is empty
+            rest, o = b.load(rest), b.load(out)
+            with cgutils.for_range(b, b.sub(stop, rest)) as loop:
+                at, to = b.add(rest, loop.index), b.add(o, loop.index)
+                b.store(b.load(b.gep(keys, [at])), b.gep(new_keys, [to]))
+                b.store(b.load(b.gep(places, [at])), b.gep(new_places, [to]))
+            b.store(b.add(o, b.sub(stop, rest)), out)
 
     def _radix_passes(b, counts, n, source_keys, source_places, target_keys, target_places):
         """The byte counts of the keys in ``*source_keys``, then up to eight stable passes,
