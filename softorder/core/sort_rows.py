@@ -21,10 +21,10 @@ from softorder.core import fast_exp
 
 #: Rows of at most this many elements take a merge sort (runs of :data:`RUN` sorted by
 #: insertion, then merged): the radix sort's fixed cost per row (its counts of 8 x 256 buckets
-#: and a prefix sum of 256 per pass) dominates short rows. Measured per row of float64 or
-#: float32 values (CHANGELOG.md): merge 0.77 us at n = 100, 2.1 at 192, 3.1 at 256; radix 1.4-1.8,
-#: 2.3-2.7 and 2.9-3.3.
-MERGE_MAX = 192
+#: and a prefix sum of 256 per pass) dominates short rows. Where they cross (CHANGELOG.md):
+#: at n = 160 the merge sort takes 2.0 us a row, the radix sort 2.0 (float64) to 2.4 (float32
+#: widened); at 192 2.4 against 2.3 to 2.7.
+MERGE_MAX = 160
 #: The merge sort's runs sorted by insertion before the merges (4: the fewest cycles per row
 #: of 100 among 2, 4, 8, 16 and 32).
 RUN = 4
@@ -254,7 +254,8 @@ if fast_exp._jit_enabled():
         of loads). After ``k`` such steps each end has taken ``k`` keys, at most ``k`` of a run,
         so neither end reads past a run, and the two ends have not met. What is left (the
         longer run's excess, with the rest of the shorter one) is merged from the front with
-        bounds checks. ``cursors``: six int64 slots (allocas) for the positions.
+        bounds checks, in the same loop as a run's tail copy (less code to compile).
+        ``cursors``: six int64 slots (allocas) for the positions.
         """
         word = ir.IntType(64)
         keys, places, new_keys, new_places = arrays
@@ -274,10 +275,16 @@ if fast_exp._jit_enabled():
             place = b.select(from_right, right[0], left[0])
             b.store(b.load(b.gep(places, [place])), b.gep(new_places, [at]))
 
-        def front_step():
+        def front_step(ends=None):
             left, right, o = b.load(i), b.load(j), b.load(out)
+            # a key at a run's end is read (inside the scratch: index <= n) and not taken
             heads = [(k, b.load(b.gep(keys, [k]))) for k in (left, right)]
             from_right = b.icmp_signed("<", heads[1][1], heads[0][1])  # ties: the left run
+            if ends is not None:
+                from_right = b.or_(
+                    b.icmp_signed(">=", left, ends[0]),
+                    b.and_(b.icmp_signed("<", right, ends[1]), from_right),
+                )
             take(*heads, from_right, o)
             step = b.zext(from_right, word)
             b.store(b.add(left, b.sub(one, step)), i)
@@ -295,26 +302,8 @@ if fast_exp._jit_enabled():
             b.store(b.sub(right, b.sub(one, step)), je)
             b.store(b.sub(o, one), oe)
         left_end, right_end = b.add(b.load(ie), one), b.add(b.load(je), one)
-        test, step_block, tail = (
-            b.append_basic_block(f"merge.{name}") for name in ("test", "step", "tail")
-        )
-        b.branch(test)
-        b.position_at_end(test)
-        both = b.and_(
-            b.icmp_signed("<", b.load(i), left_end), b.icmp_signed("<", b.load(j), right_end)
-        )
-        b.cbranch(both, step_block, tail)
-        b.position_at_end(step_block)
-        front_step()
-        b.branch(test)
-        b.position_at_end(tail)
-        for rest, stop in ((i, left_end), (j, right_end)):  # one of them is empty
-            rest, o = b.load(rest), b.load(out)
-            with cgutils.for_range(b, b.sub(stop, rest)) as loop:
-                at, to = b.add(rest, loop.index), b.add(o, loop.index)
-                b.store(b.load(b.gep(keys, [at])), b.gep(new_keys, [to]))
-                b.store(b.load(b.gep(places, [at])), b.gep(new_places, [to]))
-            b.store(b.add(o, b.sub(stop, rest)), out)
+        with cgutils.for_range(b, b.sub(b.add(b.load(oe), one), b.load(out))):
+            front_step((left_end, right_end))
 
     def _radix_passes(b, counts, n, source_keys, source_places, target_keys, target_places):
         """The byte counts of the keys in ``*source_keys``, then up to eight stable passes,
