@@ -758,15 +758,16 @@ def ladder_target_weights(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR):
     pass; ``target_weights`` itself keeps ``math.exp`` so that the operations built on
     :func:`inverse_pullback` compile no inlined ``exp`` into their first call (CHANGELOG.md).
 
-    For a target whose value ``ra + alpha t`` is finite (the pullbacks skip the others) and
-    whose anchor is ``L`` or ``R``, the usual target's distances are ``(ra - r_i) / alpha +
-    t`` without :func:`~softorder.core.laplace.offset_z`'s branches: ``ra - r_i`` is its gap
-    to the bit (``-(r_i - ra)`` rounds to ``ra - r_i``) but for ``-0`` at a point equal to
-    ``ra``, where ``z`` is then a zero of the other sign or ``t``; ``offset_z`` mends only
-    ``inf - inf``, which a finite ``ra`` and ``t`` never meet, and a ``NaN`` (an infinite
-    ``1 / alpha`` times a zero gap) fails both tests. So the same targets are usual, with
-    the same outputs: a zero ``zl`` is not usual, and a zero ``zr`` of the other sign
-    needs ``t = +-0`` with the anchor at ``L``, whose ``zl`` is then a zero
+    The usual target's distances are ``(ra - r_i) / alpha + t``, without
+    :func:`~softorder.core.laplace.offset_z`'s branches, for targets with a finite ``ra`` and
+    ``t`` (the pullbacks skip the others: their value is infinite; a NaN-free row's forward
+    gives no NaN offset) anchored at ``L`` or ``R``: ``ra - r_i`` is offset_z's gap to the
+    bit (``-(r_i - ra)`` rounds to ``ra - r_i``) but for ``-0`` at a point equal to ``ra``,
+    where ``z`` is then a zero of the other sign or ``t``; offset_z mends only a NaN ``z``,
+    which finite ``ra`` and ``t`` meet only as an infinite ``1 / alpha`` times a zero gap,
+    NaN in both, and a NaN fails both tests. So the same targets are usual, with the same
+    outputs: a zero ``zl`` is not usual, and a zero ``zr`` of the other sign needs
+    ``t = +-0`` with the anchor at ``L``, whose ``zl`` is then a zero
     (``tests/test_sort_vjp.py``).
     """
     n = r.shape[0]
