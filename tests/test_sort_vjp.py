@@ -386,8 +386,8 @@ def test_ladder_vjp_counts_the_forward_passes_anchors(rng, kind):
         Ev, Bv, Bdv = np.empty(n), np.empty(n), np.empty(n)
         for row in range(rows):
             # the kernels' decays (one pass before the fused ones)
-            core.rank._decays(xs[row], 1.0 / alpha[row], E)
-            core.rank._decays(xs[row], 1.0 / alpha[row], Ev)
+            core.rank.decays(xs[row], 1.0 / alpha[row], E)
+            core.rank.decays(xs[row], 1.0 / alpha[row], Ev)
             core.sort.prefix_counts(xs[row], 1.0 / alpha[row], E, A, B, 0.5, forward_counts[row])
             core.sort.descending_counts(
                 xs[row], 1.0 / alpha[row], Ev, Bv, Bdv, 0.5, vjp_counts[row]

@@ -31,7 +31,7 @@ NARROW_VJP_WORK = 1
 
 
 @helper
-def _decays(r, inv_alpha, E):
+def decays(r, inv_alpha, E):
     """``E[i] = exp(-gap(r[i], r[i - 1]) / alpha)`` (``E[0] = 0``), ``math.exp``'s values to
     the bit: where :data:`~softorder.core.fast_exp.FAST_EXP`,
     :func:`~softorder.core.fast_exp.exp_main` in a loop LLVM vectorizes (at 0 too, where it
@@ -60,7 +60,7 @@ def _decays(r, inv_alpha, E):
 @helper
 def _ranks_halves(E, ranks):
     """The ranks of one sorted row in sorted order (``ranks``) from its decays ``E``
-    (:func:`_decays`).
+    (:func:`decays`).
 
     The recurrences of :func:`~softorder.core.lapsum.prefix_sums` with the same operations
     (the same ranks to the bit), in another order: ``A``'s runs up the lower half while
@@ -114,7 +114,7 @@ def rank_forward(xs, order, alpha, out, decay, work):
         # recurrences, with one row of scratch for A, B and the ranks (the second row of
         # ``work`` is the GPU twin's and stays untouched here)
         E = decay[row]
-        _decays(r, 1.0 / alpha[row], E)
+        decays(r, 1.0 / alpha[row], E)
         ranks = work[row, 0]
         _ranks_halves(E, ranks)
         # scattered, with equal values given equal ranks (equal in exact arithmetic; made so

@@ -39,7 +39,7 @@ from softorder.core.lapsum import (
     target_position,
     target_weights,
 )
-from softorder.core.rank import _decays as _row_decays
+from softorder.core.rank import decays as _row_decays
 from softorder.core.rows import gather_finite, has_nan, scatter_finite
 
 #: rows of scratch: the tables and the gradient (the CPU kernel keeps the gradient in the row
@@ -562,7 +562,7 @@ def prefix_counts(r, inv_alpha, E, A, B, w0, counts):
     counted in the second half, where one of its two sums comes from the recurrence running
     there and the other from the row the first half wrote (the middle point of an odd row
     after the first half). ``E`` holds the decays already (the caller's pass of
-    :func:`~softorder.core.rank._decays`: libm's values, the inlined ``exp`` vectorized; one
+    :func:`~softorder.core.rank.decays`: libm's values, the inlined ``exp`` vectorized; one
     ``exp`` at a time beside the recurrences bound their loop). ``r`` float32 or float64
     (each value widened exactly).
     """

@@ -21,12 +21,11 @@ from softorder.core import fast_exp
 
 #: Rows of at most this many elements take a merge sort (runs of :data:`RUN` sorted by
 #: insertion, then merged): the radix sort's fixed cost per row (its counts of 8 x 256 buckets
-#: and a prefix sum of 256 per pass) dominates short rows. Where they cross (CHANGELOG.md):
-#: at n = 160 the merge sort takes 2.0 us a row, the radix sort 2.0 (float64) to 2.4 (float32
-#: widened); at 192 2.4 against 2.3 to 2.7.
+#: and a prefix sum of 256 per pass) dominates short rows. 160 is about where the two cross
+#: for float64 rows (the measurements are in CHANGELOG.md).
 MERGE_MAX = 160
-#: The merge sort's runs sorted by insertion before the merges (4: the fewest cycles per row
-#: of 100 among 2, 4, 8, 16 and 32).
+#: The merge sort's runs sorted by insertion before the merges (the fastest length for rows
+#: of about 100: CHANGELOG.md).
 RUN = 4
 
 
@@ -58,8 +57,8 @@ if fast_exp._jit_enabled():
         the counts on the stack.
 
         Emitted in place (an intrinsic, its loops written in LLVM IR, one function per module and
-        dtypes): compiled code that calls it compiles no numba function for it, which took a
-        third of a second of the JAX bridge's first call (CHANGELOG.md). Python cannot call it.
+        dtypes): compiled code that calls it compiles no numba function for it, which
+        lengthened the JAX bridge's first call (CHANGELOG.md). Python cannot call it.
 
         Parameters
         ----------
