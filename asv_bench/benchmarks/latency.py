@@ -17,6 +17,38 @@ def _extra(op: str, n: int) -> tuple:
     return (n // 10,) if op == "soft_topk" else ()
 
 
+def _numpy_callables(op: str, x, extra: tuple) -> tuple:
+    """Forward and forward + backward (``softorder.vjp`` and its pullback) of ``op`` on ``x``."""
+    softorder = require("softorder")
+    fn = getattr(softorder, op)
+    v = cotangent_like(fn(x, *extra, ALPHA))
+
+    def forward_backward():
+        _, pullback = softorder.vjp(fn, x, *extra, ALPHA)
+        return pullback(v)
+
+    return lambda: fn(x, *extra, ALPHA), forward_backward
+
+
+def _torch_callables(op: str, x, extra: tuple) -> tuple:
+    """Forward (no grad) and forward + ``torch.autograd.grad`` of the torch bridge's ``op`` on
+    ``x``, PyTorch set to one thread; the thread count to restore comes first.
+    """
+    torch_ = torch()
+    fn = getattr(require("softorder.bridges.torch"), op)
+    threads = torch_.get_num_threads()
+    torch_.set_num_threads(1)
+    xt = torch_.from_numpy(x)
+    xg = xt.clone().requires_grad_(True)
+    v = torch_.from_numpy(cotangent_like(fn(xt, *extra, ALPHA).numpy()))
+
+    def forward():
+        with torch_.no_grad():
+            return fn(xt, *extra, ALPHA)
+
+    return threads, forward, lambda: torch_.autograd.grad(fn(xg, *extra, ALPHA), xg, v)
+
+
 class PerCallFloor(_Base):
     """Forward + backward of one row (float64; JAX in its default float32), with PyTorch on
     one thread (one row always runs numba's kernels on the calling thread).
@@ -26,37 +58,15 @@ class PerCallFloor(_Base):
     param_names = ("op", "api", "n")
 
     def setup(self, op, api, n):
-        softorder = require("softorder")
         self._threads = None
         extra = _extra(op, n)
         if api == "numpy":
-            fn = getattr(softorder, op)
-            x = make_input("random", (n,))
-            v = cotangent_like(fn(x, *extra, ALPHA))
-
-            def forward_backward():
-                _, pullback = softorder.vjp(fn, x, *extra, ALPHA)
-                return pullback(v)
-
-            self.prepare(lambda: fn(x, *extra, ALPHA), forward_backward)
+            self.prepare(*_numpy_callables(op, make_input("random", (n,)), extra))
         elif api == "torch":
-            torch_ = torch()
-            sot = require("softorder.bridges.torch")
-            self._threads = torch_.get_num_threads()
-            torch_.set_num_threads(1)
-            fn = getattr(sot, op)
-            xt = torch_.from_numpy(make_input("random", (n,)))
-            xg = xt.clone().requires_grad_(True)
-            v = torch_.from_numpy(cotangent_like(fn(xt, *extra, ALPHA).numpy()))
-
-            def forward():
-                with torch_.no_grad():
-                    return fn(xt, *extra, ALPHA)
-
-            self.prepare(forward, lambda: torch_.autograd.grad(fn(xg, *extra, ALPHA), xg, v))
+            self._threads, *callables = _torch_callables(op, make_input("random", (n,)), extra)
+            self.prepare(*callables)
         else:
-            soj = require("softorder.bridges.jax")
-            fn = getattr(soj, op)
+            fn = getattr(require("softorder.bridges.jax"), op)
             x = make_input("random", (n,), "float32")
             self.prepare(*_jax_callables(lambda a: fn(a, *extra, ALPHA), x))
 
@@ -89,33 +99,15 @@ class BatchedPerCallFloor(_Base):
         softorder = require("softorder")
         self._threads = None
         if api == "torch":  # (a skip before any setting changes: asv then skips teardown)
-            torch_, sot = torch(), require("softorder.bridges.torch")
+            torch(), require("softorder.bridges.torch")
         self._parallel = softorder.core.set_parallel(False)
         dims = tuple(int(s) for s in shape.split("x"))
-        extra = _extra(op, dims[-1])
-        x = make_input("random", dims)
+        x, extra = make_input("random", dims), _extra(op, dims[-1])
         if api == "numpy":
-            fn = getattr(softorder, op)
-            v = cotangent_like(fn(x, *extra, ALPHA))
-
-            def forward_backward():
-                _, pullback = softorder.vjp(fn, x, *extra, ALPHA)
-                return pullback(v)
-
-            self.prepare(lambda: fn(x, *extra, ALPHA), forward_backward)
+            self.prepare(*_numpy_callables(op, x, extra))
         else:
-            self._threads = torch_.get_num_threads()
-            torch_.set_num_threads(1)
-            fn = getattr(sot, op)
-            xt = torch_.from_numpy(x)
-            xg = xt.clone().requires_grad_(True)
-            v = torch_.from_numpy(cotangent_like(fn(xt, *extra, ALPHA).numpy()))
-
-            def forward():
-                with torch_.no_grad():
-                    return fn(xt, *extra, ALPHA)
-
-            self.prepare(forward, lambda: torch_.autograd.grad(fn(xg, *extra, ALPHA), xg, v))
+            self._threads, *callables = _torch_callables(op, x, extra)
+            self.prepare(*callables)
 
     def teardown(self, op, api, shape):
         if self._threads is not None:
