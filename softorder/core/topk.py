@@ -305,13 +305,7 @@ def _vjp_several(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_b
             if not fresh:
                 for i in range(n):
                     rbar[i] = rbar[i] + e[i] * pg
-            weights = rbar if fresh else e
-            if FAST_EXP and finite_row(r, inv_alpha) and abs(t) != INF:
-                _call_exp_pass(r, ra, t, inv_alpha, shift, weights)
-            else:
-                for i in range(n):
-                    az = abs(offset_z(ra, r[i], inv_alpha, t))
-                    weights[i] = 0.0 if az == INF else 1.0 if az == shift else math.exp(shift - az)
+            _relative_weights(r, ra, t, inv_alpha, shift, rbar if fresh else e)
             G = 0.0
             Z = 0.0
             phi = 0.0
@@ -382,12 +376,7 @@ def _vjp_one(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
         gather(o, v[row, 0], vs)
         # the relative weights wait in the row of x_bar (v itself may be that row: gathered)
         rbar = x_bar[row]
-        if FAST_EXP and finite_row(r, inv_alpha) and abs(t) != INF:
-            _call_exp_pass(r, ra, t, inv_alpha, shift, rbar)
-        else:
-            for i in range(n):
-                az = abs(offset_z(ra, r[i], inv_alpha, t))
-                rbar[i] = 0.0 if az == INF else 1.0 if az == shift else math.exp(shift - az)
+        _relative_weights(r, ra, t, inv_alpha, shift, rbar)
         G = 0.0
         Z = 0.0
         phi = 0.0
@@ -409,6 +398,21 @@ def _vjp_one(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
             vs[i] = rbar[i] + vs[i] * pg
         for i in range(n):
             rbar[o[i]] = 0.0 if abs(r[i]) == INF else vs[i]  # (no cotangent reaches +-inf)
+
+
+@inner_helper
+def _relative_weights(r, ra, t, inv_alpha, shift, weights):
+    """A target's relative weights ``exp(shift - |z_i|)`` at every point of the sorted row
+    ``r`` (0 at an infinite distance, 1 exactly where ``|z_i|`` is the shift) into ``weights``:
+    the top-k VJP kernels' one copy of this pass, the vectorized ``exp`` where the row and the
+    target are finite. Called once per target, so passing the arrays costs nothing that counts.
+    """
+    if FAST_EXP and finite_row(r, inv_alpha) and abs(t) != INF:
+        _call_exp_pass(r, ra, t, inv_alpha, shift, weights)
+    else:
+        for i in range(r.shape[0]):
+            az = abs(offset_z(ra, r[i], inv_alpha, t))
+            weights[i] = 0.0 if az == INF else 1.0 if az == shift else math.exp(shift - az)
 
 
 @inner_helper
