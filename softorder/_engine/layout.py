@@ -15,6 +15,7 @@ import numpy as np
 
 from softorder._engine.backend import NUMPY, backend_of
 from softorder._engine.backend import _lookups as _backend_lookups
+from softorder._engine.backends.numpy_host import sum_over_rows
 from softorder._engine.backends.protocol import Backend
 from softorder._engine.checks import check_axis, check_targets, refuse_masked
 
@@ -303,14 +304,9 @@ class Targets:
         """Gradient per target ``(rows, m)`` -> gradient of the user's argument (its shape)."""
         backend = rows.backend
         if not self.shape and rows.batch_shape and backend is NUMPY:  # one target, every row
-            # the sum over the rows without unbroadcast's reshapes and the cast's error state:
-            # the sum of the (rows, 1) array is unbroadcast's (see Context.alpha_grad); one
-            # row's is 0.0 + its value. A sum within float32's range rounds as the cast does.
-            if rows.rows == 1:
-                total = w_bar[0, 0] + 0.0
-            else:
-                with np.errstate(invalid="ignore"):  # (unbroadcast's: inf - inf is NaN)
-                    total = w_bar.sum()
+            # (sum_over_rows: unbroadcast's sum without its reshapes; the cast's error state
+            # only outside float32's range, within which the sum rounds as the cast does)
+            total = sum_over_rows(w_bar, True)
             if dtype is _F64 or dtype is _F32 and abs(total) <= _F32_MAX:
                 return np.array(total, dtype)
             return backend.cast(total, dtype).reshape(())

@@ -14,6 +14,7 @@ from softorder import core
 from softorder._engine import scratch
 from softorder._engine.autodiff import Rule
 from softorder._engine.backend import NUMPY
+from softorder._engine.backends.numpy_host import sum_over_rows
 from softorder._engine.backends.protocol import Backend
 from softorder._engine.checks import (
     alpha_batch_shape,
@@ -109,17 +110,10 @@ class Context:
             return None
         dtype = self.rows.dtype
         if not self.alpha_shape and self.backend is NUMPY:  # one alpha for every row
-            # the sum over the rows without unbroadcast's reshapes and the cast's error state
-            # (most of a small call's cost of this gradient): the sum of the (rows,) array
-            # is unbroadcast's (NumPy's sum over every axis of a C-ordered array runs as over
-            # its flat data); the sum of one row is 0.0 + its value (-0.0 becomes 0.0), and
-            # one row without batch axes is not summed. A sum within float32's range cannot
-            # overflow in the cast, and rounds as the cast rounds it.
-            if self.rows.rows == 1:
-                total = alpha_bar[0] + 0.0 if self.rows.batch_shape else alpha_bar[0]
-            else:
-                with np.errstate(invalid="ignore"):  # (unbroadcast's: inf - inf is NaN)
-                    total = alpha_bar.sum()
+            # (sum_over_rows: unbroadcast's sum without its reshapes, most of a small call's
+            # cost of this gradient; a sum within float32's range cannot overflow in the cast,
+            # and rounds as the cast rounds it: no error state)
+            total = sum_over_rows(alpha_bar, bool(self.rows.batch_shape))
             if dtype == _F64:
                 return total
             if dtype == _F32 and abs(total) <= _F32_MAX:
@@ -799,15 +793,15 @@ class TopKRule(OrderRule):
         )
         if plain and not targets.shape and not ctx.alpha_shape and rows.rows == 1:
             # one row, scalar k and alpha: what grad_to_user and alpha_grad return (a 0-d
-            # array for k, a scalar for alpha), directly. With batch axes they sum over them:
-            # the sum of one row is 0.0 + its value (-0.0 becomes 0.0); without, the value
+            # array for k, a scalar for alpha), directly; with batch axes summed over them
+            # (sum_over_rows), without them the values as they are
             if rows.sign < 0:
                 np.negative(x_bar, x_bar)  # the kernel's own output
             x_bar = x_bar.reshape(rows.batch_shape + (rows.n,))
             alpha_wanted = ctx.alpha_wanted
             if rows.batch_shape:
-                a_bar = alpha_bar[0] + 0.0 if alpha_wanted else None
-                return x_bar, np.array(w_bar[0, 0] + 0.0), a_bar
+                a_bar = sum_over_rows(alpha_bar, True) if alpha_wanted else None
+                return x_bar, np.array(sum_over_rows(w_bar, True)), a_bar
             return x_bar, w_bar.reshape(()), alpha_bar[0] if alpha_wanted else None
         k_bar = targets.grad_to_user(w_bar, rows, rows.dtype)
         return rows.grad_to_user(x_bar), k_bar, ctx.alpha_grad(alpha_bar)

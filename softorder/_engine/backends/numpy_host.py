@@ -60,6 +60,25 @@ def unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:
         return grad.sum(axis=axes, keepdims=True) if axes else grad
 
 
+def sum_over_rows(per_row: np.ndarray, batched: bool):
+    """The sum of one argument's per-row gradients (``(rows,)`` or ``(rows, 1)``, C-ordered)
+    over every row, with :func:`unbroadcast`'s bits and without its reshapes: NumPy's sum of
+    the array (which runs over its flat data, as over the batch axes), ``inf - inf`` giving NaN
+    without a warning. One row is ``0.0 +`` its value when it was summed over batch axes
+    (``-0.0`` becomes ``0.0``), its value as it is when there were none.
+
+    >>> sum_over_rows(np.array([1.0, 2.0, 3.0]), True)
+    np.float64(6.0)
+    >>> sum_over_rows(np.array([[-0.0]]), True), sum_over_rows(np.array([-0.0]), False)
+    (np.float64(0.0), np.float64(-0.0))
+    """
+    if per_row.shape[0] == 1:
+        value = per_row[(0,) * per_row.ndim]
+        return value + 0.0 if batched else value
+    with np.errstate(invalid="ignore"):
+        return per_row.sum()
+
+
 class NumpyBackend:
     """Host arrays and the CPU kernels: the NumPy API, the JAX bridge and CPU tensors."""
 
