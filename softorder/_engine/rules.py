@@ -6,8 +6,6 @@ Everything here is routing: the mathematics is in :mod:`softorder.core`, the sha
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
 from softorder import core
@@ -17,6 +15,8 @@ from softorder._engine.backend import NUMPY
 from softorder._engine.backends.numpy_host import sum_over_rows
 from softorder._engine.backends.protocol import Backend
 from softorder._engine.checks import (
+    _LARGEST_FLOAT,
+    _SMALLEST_ALPHA,
     alpha_batch_shape,
     alpha_rows,
     check_alpha,
@@ -41,39 +41,61 @@ _U8 = np.dtype(np.uint8)
 _F32_MAX = float(np.finfo(np.float32).max)
 
 
-@dataclass
 class Context:
     """The validated arguments of one call (``params``) and what its forward pass saved
     (``saved``: arrays of shape ``(rows, width)``, the residuals a bridge keeps for the
     gradients).
+
+    ``backend``, ``kernels`` (the kernels that run on this call's arrays: ``softorder.core``
+    or its GPU twin) and ``empty`` (``empty(shape, dtype=float64)``: an uninitialised array
+    of the backend) are the backend's, looked up once: a small call reads them a dozen times.
     """
 
-    rows: Rows
-    alpha: np.ndarray  # (rows,): alpha of each row
-    alpha_shape: tuple  # the shape the caller gave alpha, for its gradient
-    params: dict = field(default_factory=dict)
-    saved: dict = field(default_factory=dict)
-    #: whether the rules' VJPs form alpha's gradient (a bridge that knows nobody asks for
-    #: it, e.g. for an alpha given as a number, sets this false; the VJPs then give None)
-    alpha_wanted: bool = True
+    __slots__ = (
+        "rows",
+        "alpha",
+        "alpha_shape",
+        "params",
+        "saved",
+        "alpha_wanted",
+        "backend",
+        "kernels",
+        "empty",
+    )
+
+    def __init__(
+        self,
+        rows: Rows,
+        alpha: np.ndarray,  # (rows,): alpha of each row
+        alpha_shape: tuple,  # the shape the caller gave alpha, for its gradient
+        params: dict | None = None,
+        saved: dict | None = None,
+        alpha_wanted: bool = True,
+    ) -> None:
+        self.rows, self.alpha, self.alpha_shape = rows, alpha, alpha_shape
+        self.params = {} if params is None else params
+        self.saved = {} if saved is None else saved
+        #: whether the rules' VJPs form alpha's gradient (a bridge that knows nobody asks for
+        #: it, e.g. for an alpha given as a number, sets this false; the VJPs then give None)
+        self.alpha_wanted = alpha_wanted
+        backend = rows.backend
+        self.backend: Backend = backend
+        self.kernels = backend.kernels
+        # (np.empty itself on the host: the backend's method only calls it)
+        self.empty = np.empty if backend is NUMPY else backend.empty
 
     @classmethod
     def of(cls, rows: Rows, alpha) -> Context:
-        per_row, alpha_shape = check_alpha(alpha, rows.batch_shape, rows.layout.axis)
+        if type(alpha) is float and _SMALLEST_ALPHA <= alpha <= _LARGEST_FLOAT and rows.rows:
+            # check_alpha's first case (one valid number; NaN fails both comparisons) without
+            # its call: a row count of rows.rows is math.prod of the batch shape
+            per_row = np.empty(rows.rows)
+            per_row.fill(alpha)
+            alpha_shape = ()
+        else:
+            per_row, alpha_shape = check_alpha(alpha, rows.batch_shape, rows.layout.axis)
         backend = rows.backend
         return cls(rows, per_row if backend is NUMPY else backend.from_host(per_row), alpha_shape)
-
-    @property
-    def backend(self) -> Backend:
-        return self.rows.backend
-
-    @property
-    def kernels(self):
-        """The kernels that run on this call's arrays (``softorder.core`` or its GPU twin)."""
-        return self.rows.backend.kernels
-
-    def empty(self, shape, dtype=np.float64):
-        return self.rows.backend.empty(shape, dtype)
 
     def zeros(self, shape):
         return self.rows.backend.zeros(shape)
@@ -85,10 +107,16 @@ class Context:
         which then allocate afresh).
         """
         rows = self.rows
-        length = max(rows.n if length is None else length, 1)
-        if rows.backend is NUMPY and 8 * rows.rows * width * length >= scratch.MIN_BYTES:
-            return scratch.take((rows.rows, width, length))
-        return rows.backend.empty((rows.rows, width, length))
+        if length is None:
+            length = rows.n
+        if length < 1:
+            length = 1
+        shape = (rows.rows, width, length)
+        if self.backend is NUMPY:
+            if 8 * rows.rows * width * length >= scratch.MIN_BYTES:
+                return scratch.take(shape)
+            return np.empty(shape)
+        return self.backend.empty(shape)
 
     def target_storage(self, m: int) -> tuple[np.ndarray, np.ndarray]:
         """Arrays (rows, m) that the forward kernels fill with each target's ``(anchor,
