@@ -82,6 +82,46 @@ def test_a_bad_call_raises_signature_binds_error(call):
         assert str(got.value) == str(expected.value)
 
 
+def test_a_type_error_of_the_rule_is_not_taken_for_a_bad_call():
+    """The operations bind and prepare in one generated function (``start``): a TypeError
+    raised inside the rule (an argument's own check) comes out as the rule raised it, once,
+    and is not answered with ``Signature.bind``'s (which would bind these calls fine).
+    """
+    x = np.arange(4.0)
+    masked = np.ma.array(x)
+    for attempt, message in (
+        (lambda: softorder.soft_rank(x, descending="no"), "descending must be a bool"),
+        (lambda: softorder.vjp(softorder.soft_topk, x, 2, largest=1), "largest must be a bool"),
+        (lambda: softorder.soft_sort(masked), "x is a numpy.ma.MaskedArray"),
+        (lambda: softorder.vjp(softorder.soft_rank, x, alpha="a"), "alpha must be a positive"),
+    ):
+        with pytest.raises(TypeError, match=message) as got:
+            attempt()
+        assert got.value.__context__ is None  # not raised while handling another error
+
+
+@pytest.mark.parametrize("name", sorted(OPERATIONS))
+def test_start_prepares_what_bind_prepares(name):
+    fn = getattr(softorder, name)
+    rule = fn.rule
+    x = np.random.default_rng(3).standard_normal((5, 6))
+    for args, kwargs in (
+        ((x, *OPERATIONS[name]), {}),
+        ((x, *OPERATIONS[name], 0.5), {"axis": 0}),
+        (
+            (),
+            {
+                "x": x,
+                "alpha": 2.0,
+                **dict(zip(list(fn.signature.parameters)[1:2], OPERATIONS[name], strict=False)),
+            },
+        ),
+    ):
+        expected = rule.forward(rule.prepare(**bind(fn.signature, args, kwargs)))
+        assert rule.forward(fn.start(*args, **kwargs)).tobytes() == expected.tobytes()
+        assert fn(*args, **kwargs).tobytes() == expected.tobytes()
+
+
 def test_bind_of_any_signature():
     def f(a, /, b, *c, d=1, **e): ...
 

@@ -118,18 +118,22 @@ def operation(rule: Rule) -> Callable:
         RULES[fn.__name__] = rule
         binder = _binder(signature)
         prepare, forward = rule.prepare, rule.forward
+        start = _starter(signature, prepare)
 
         @functools.wraps(fn)
         def run(*args, **kwargs):
             try:
-                arguments = binder(*args, **kwargs)
-            except TypeError:
-                arguments = _bind_slowly(signature, args, kwargs)
-            return forward(prepare(**arguments))
+                ctx = start(*args, **kwargs)
+            except TypeError as error:
+                if error.__traceback__.tb_next is not None:
+                    raise  # raised inside the rule (an argument's own check), not by the binding
+                ctx = prepare(**_bind_slowly(signature, args, kwargs))
+            return forward(ctx)
 
         run.rule = rule
         run.signature = signature
         run.binder = binder  # (the arguments by name; TypeError where a call would raise)
+        run.start = start  # (the rule's context of a call, see _starter)
         return run
 
     return decorate
@@ -184,6 +188,34 @@ def _binder(signature: inspect.Signature) -> Callable[..., dict]:
     return namespace["bound"]
 
 
+def _starter(signature: inspect.Signature, prepare: Callable) -> Callable:
+    """A function with the parameters of ``signature`` that returns ``prepare`` of its
+    arguments by name: :func:`_binder`'s binding, without the dict it builds and ``prepare``
+    unpacks again (a tenth of a small call's Python). A call that does not bind raises
+    ``TypeError`` before the function's frame exists, so a caller tells it apart from a
+    ``TypeError`` of ``prepare`` by its traceback (no entry after the caller's own).
+    """
+    params = list(signature.parameters.values())
+    if any(p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params):
+
+        def slow(*args, **kwargs):
+            return prepare(**_bind_slowly(signature, args, kwargs))
+
+        return slow
+    text, keyword_only = [], False
+    for i, p in enumerate(params):
+        if p.kind is p.KEYWORD_ONLY and not keyword_only:
+            text.append("*")
+            keyword_only = True
+        text.append(p.name if p.default is p.empty else f"{p.name}=_default{i}")
+    body = ", ".join(f"{p.name}={p.name}" for p in params)
+    source = f"def start({', '.join(text)}):\n    return _prepare({body})\n"
+    namespace = {f"_default{i}": p.default for i, p in enumerate(params)}
+    namespace["_prepare"] = prepare
+    exec(source, namespace)  # the names and kinds come from a signature: identifiers only
+    return namespace["start"]
+
+
 _BINDERS: dict = {}
 
 
@@ -226,16 +258,17 @@ def vjp(fn: Callable, *args, **kwargs) -> tuple[np.ndarray, Callable]:
     ((3,), True)
     """
     rule = getattr(fn, "rule", None)
-    binder = getattr(fn, "binder", None)
-    if binder is None or not isinstance(rule, Rule):  # (rule_of's check, inline)
+    start = getattr(fn, "start", None)
+    if start is None or not isinstance(rule, Rule):  # (rule_of's check, inline)
         rule = rule_of(fn)
-        arguments = bind(fn.signature, args, kwargs)
+        ctx = rule.prepare(**bind(fn.signature, args, kwargs))
     else:
         try:
-            arguments = binder(*args, **kwargs)
-        except TypeError:
-            arguments = _bind_slowly(fn.signature, args, kwargs)
-    ctx = rule.prepare(**arguments)
+            ctx = start(*args, **kwargs)
+        except TypeError as error:
+            if error.__traceback__.tb_next is not None:
+                raise  # raised inside the rule (an argument's own check), not by the binding
+            ctx = rule.prepare(**_bind_slowly(fn.signature, args, kwargs))
     out = rule.forward(ctx)
 
     def pullback(cotangent):
