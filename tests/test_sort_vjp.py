@@ -322,10 +322,12 @@ def test_ladder_vjp_hands_back_a_row_with_an_injection_beyond_its_window(rng):
     assert list(redo) == [1, 0]
 
 
-def test_soft_sort_runs_handed_back_rows_on_sort_vjp(rng, monkeypatch):
-    # the rule reruns the rows ladder_vjp hands back on sort_vjp: the same gradients
-    x = rng.normal(size=(3, 60))
-    x[1, 10:30] = x[1, 10]  # ties
+@pytest.mark.parametrize("shape, row", [((3, 60), 1), ((1, 60), 0), ((60,), 0)])
+def test_soft_sort_runs_handed_back_rows_on_sort_vjp(rng, monkeypatch, shape, row):
+    # the rule reruns the rows ladder_vjp hands back on sort_vjp: the same gradients (one
+    # row's flag is read on its own)
+    x = rng.normal(size=shape)
+    x.reshape(-1, 60)[row, 10:30] = x.reshape(-1, 60)[row, 10]  # ties
     u = rng.normal(size=x.shape)
     for dtype in (np.float64, np.float32):
         xd, ud = x.astype(dtype), u.astype(dtype)
@@ -334,11 +336,18 @@ def test_soft_sort_runs_handed_back_rows_on_sort_vjp(rng, monkeypatch):
 
         def handing_back(*args, kernel=kernel):
             kernel(*args)
-            args[-1][1] = 1  # redo: row 1
+            args[-1][row] = 1  # redo: that row
 
         monkeypatch.setattr(core.sort, "ladder_vjp", handing_back)
+        rerun = core.sort.sort_vjp
+        calls = []
+        monkeypatch.setattr(
+            core.sort, "sort_vjp", lambda *a, c=calls, f=rerun: c.append(1) or f(*a)
+        )
         got = softorder.vjp(softorder.soft_sort, xd, alpha=0.3)[1](ud)
         monkeypatch.setattr(core.sort, "ladder_vjp", kernel)
+        monkeypatch.setattr(core.sort, "sort_vjp", rerun)
+        assert calls == [1]
         for g, w in zip(got, want, strict=True):
             assert np.asarray(g).dtype == dtype
             np.testing.assert_array_equal(np.asarray(g), np.asarray(w))

@@ -156,6 +156,14 @@ class Rows:
             layout = _LAYOUTS.get((x.shape, axis, name)) if type(axis) is int else None
             if layout is None:
                 layout = Layout.of(x.shape, axis, name)
+            if (
+                dtype is _F64
+                and not negate
+                and layout.axis == layout.ndim - 1
+                and x.flags.c_contiguous
+            ):  # already the rows the kernels read: the branch below, in fewer steps
+                xs, order = NUMPY.sort_rows(x.reshape(-1, layout.n), order)
+                return cls(xs, order, layout, dtype, 1.0, NUMPY)
         else:
             refuse_masked(x, name)
             backend = backend_of(x)
@@ -192,7 +200,7 @@ class Rows:
         if kind == "row" and layout.axis == nb:  # the common case: the axis is already last
             if type(arr) is np.ndarray:
                 # (one row: its first row is the view the reshape gives, for less)
-                shaped = arr[0] if nb == 0 else arr.reshape(layout.batch_shape + arr.shape[1:])
+                shaped = arr[0] if nb == 0 else arr.reshape(self.batch_shape + arr.shape[1:])
                 if (shaped.dtype is dtype or shaped.dtype == dtype) and shaped.flags.c_contiguous:
                     return shaped  # what the cast returns (the kernels write C-ordered rows)
                 return self.backend.cast(shaped, dtype)
@@ -258,6 +266,12 @@ class Rows:
         """Gradient in the sorted-row variable ``r = sign * x`` -> gradient in ``x``."""
         if self.sign < 0:
             self.backend.negate_(rbar)  # rbar is the kernels' own output
+        layout = self.layout
+        if layout.ndim == 1 and type(rbar) is np.ndarray:  # one row: to_user's first case
+            shaped = rbar[0]
+            dtype = self.dtype
+            if (shaped.dtype is dtype or shaped.dtype == dtype) and shaped.flags.c_contiguous:
+                return shaped
         return self.to_user(rbar, "row")
 
     def tangent_to_core(self, x_dot, name: str = "x tangent") -> np.ndarray:

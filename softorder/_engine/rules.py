@@ -123,9 +123,10 @@ class Context:
         offset)``; saved in the context for the gradients.
         """
         shape = (self.rows.rows, m)
-        self.saved["anchor"] = self.empty(shape, np.int64)
-        self.saved["offset"] = self.empty(shape)
-        return self.saved["anchor"], self.saved["offset"]
+        saved = self.saved
+        saved["anchor"] = anchor = self.empty(shape, _I64)
+        saved["offset"] = offset = self.empty(shape)
+        return anchor, offset
 
     def scalar(self, value) -> np.floating:
         return self.backend.to_result(value, self.rows.dtype)
@@ -227,7 +228,10 @@ def _descending_context(x, alpha, axis, descending, order) -> Context:
     ascending operation on ``-x`` (the rank of -x; -(the sort of -x); P of -x sorts x
     descending), so descending rows are negated on the way in.
     """
-    negate = check_flag(descending, "descending")
+    # (a bool as it is: check_flag's answer for one, without its call)
+    negate = descending
+    if descending is not False and descending is not True:
+        negate = check_flag(descending, "descending")
     return Context.of(Rows.from_input(x, axis, negate=negate, order=order), alpha)
 
 
@@ -291,7 +295,7 @@ class RankRule(OrderRule):
     def prepare(self, x, alpha, axis, descending, order=None):
         ctx = _descending_context(x, alpha, axis, descending, order)
         rows = ctx.rows
-        if rows.dtype == np.float32 and ctx.kernels is core:
+        if rows.dtype == _F32 and ctx.kernels is core:
             # a float32 input's sorted values are float32 numbers: the CPU kernels read them
             # in float32 and widen each one exactly (the same arithmetic, 4 bytes per element
             # less from the forward pass to the last VJP)
@@ -308,16 +312,12 @@ class RankRule(OrderRule):
         rows = ctx.rows
         # the CPU kernel writes a float32 input's ranks in float32 (rounded once, as the cast
         # rounded them): no float64 row of results beside the decays
-        narrow = rows.dtype == np.float32 and ctx.kernels is core
-        out = ctx.empty(rows.xs.shape, np.float32 if narrow else np.float64)
-        ctx.saved["decay"] = ctx.empty(rows.xs.shape)
+        narrow = rows.dtype == _F32 and ctx.kernels is core
+        shape = rows.xs.shape
+        out = ctx.empty(shape, _F32 if narrow else _F64)
+        ctx.saved["decay"] = decay = ctx.empty(shape)
         ctx.kernels.rank_forward(
-            rows.xs,
-            rows.order,
-            ctx.alpha,
-            out,
-            ctx.saved["decay"],
-            ctx.work(core.rank.FORWARD_WORK),
+            rows.xs, rows.order, ctx.alpha, out, decay, ctx.work(core.rank.FORWARD_WORK)
         )
         return rows.to_user(out, "row")
 
@@ -326,15 +326,19 @@ class RankRule(OrderRule):
         cpu = ctx.kernels is core
         # a float32 cotangent of a float32 input: the CPU kernel reads it as it is and
         # writes the gradient in float32 (the float64 one rounded once, as the cast gave it)
-        v = _float32_cotangent(ctx, cotangent, "row", (rows.n,)) if cpu else None
+        v = (
+            _float32_cotangent(ctx, cotangent, "row", (rows.n,))
+            if cpu and rows.dtype == _F32
+            else None
+        )
         if v is not None:
-            x_bar = ctx.empty(rows.xs.shape, np.float32)
+            x_bar = ctx.empty(rows.xs.shape, _F32)
         else:
             v, owned = rows.to_core_owned(cotangent, "row", (rows.n,), "cotangent")
             # rank_vjp gathers each row of v before it writes that row of x_bar
             x_bar = v if owned and cpu else ctx.empty(rows.xs.shape)
         alpha_bar = ctx.empty(rows.rows)
-        narrow = x_bar.dtype == np.float32
+        narrow = x_bar.dtype == _F32
         (core.rank_vjp_narrow if narrow else ctx.kernels.rank_vjp)(
             rows.xs,
             rows.order,
@@ -550,7 +554,11 @@ class SortRule(InverseRule):
     def vjp(self, ctx, cotangent):
         rows = ctx.rows
         cpu = rows.backend is NUMPY  # (the backend whose kernels are softorder.core)
-        v = _float32_cotangent(ctx, cotangent, "row", (rows.n,)) if cpu else None
+        v = (
+            _float32_cotangent(ctx, cotangent, "row", (rows.n,))
+            if cpu and rows.dtype == _F32
+            else None
+        )
         if v is None:
             u, owned = rows.to_core_owned(cotangent, "row", (rows.n,), "cotangent")
             if rows.sign < 0:
@@ -584,8 +592,9 @@ class SortRule(InverseRule):
             )
             del work
             # rows whose ties threw an injection beyond the window: sort_vjp's rows
-            # (count_nonzero costs a fifth of redo.any() on a small call)
-            if np.count_nonzero(redo):
+            # (count_nonzero costs a fifth of redo.any() on a small call; one row's flag, a
+            # tenth)
+            if redo[0] if rows.rows == 1 else np.count_nonzero(redo):
                 at = np.flatnonzero(redo)
                 xs, alpha, anchor, offset = self._solved_targets(ctx, at)
                 xs = xs.astype(np.float64)  # (sort_vjp reads float64 rows)
@@ -725,10 +734,14 @@ class TopKRule(OrderRule):
 
     def prepare(self, x, k, alpha, axis, largest, order=None):
         # The kernels select the k smallest; the k largest of x are the k smallest of -x.
-        negate = check_flag(largest, "largest")
-        ctx = Context.of(Rows.from_input(x, axis, negate=negate, order=order), alpha)
-        n = ctx.rows.n
-        ctx.params["targets"] = Targets.parse(k, ctx.rows, "k", float(n), f"n={n}")
+        # (a bool as it is: check_flag's answer for one, without its call)
+        negate = largest
+        if largest is not False and largest is not True:
+            negate = check_flag(largest, "largest")
+        rows = Rows.from_input(x, axis, negate=negate, order=order)
+        ctx = Context.of(rows, alpha)
+        n = rows.n
+        ctx.params["targets"] = Targets.parse(k, rows, "k", float(n), f"n={n}")
         return ctx
 
     def restore(self, arguments, residuals):
