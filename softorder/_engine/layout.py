@@ -21,6 +21,7 @@ from softorder._engine.checks import check_axis, check_targets, refuse_masked
 
 _F64 = np.dtype(np.float64)
 _F32 = np.dtype(np.float32)
+_I64 = np.dtype(np.int64)
 _F32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -156,14 +157,12 @@ class Rows:
             layout = _LAYOUTS.get((x.shape, axis, name)) if type(axis) is int else None
             if layout is None:
                 layout = Layout.of(x.shape, axis, name)
-            if (
-                dtype is _F64
-                and not negate
-                and layout.axis == layout.ndim - 1
-                and x.flags.c_contiguous
-            ):  # already the rows the kernels read: the branch below, in fewer steps
-                xs, order = NUMPY.sort_rows(x.reshape(-1, layout.n), order)
-                return cls(xs, order, layout, dtype, 1.0, NUMPY)
+            if dtype is _F64 and layout.axis == layout.ndim - 1 and x.flags.c_contiguous:
+                # already the rows the kernels read, or their negation (contiguous_f64's
+                # array): the branch below, in fewer steps
+                rows2d = (np.negative(x) if negate else x).reshape(-1, layout.n)
+                xs, order = NUMPY.sort_rows(rows2d, order)
+                return cls(xs, order, layout, dtype, -1.0 if negate else 1.0, NUMPY)
         else:
             refuse_masked(x, name)
             backend = backend_of(x)
@@ -299,7 +298,7 @@ class Targets:
         if type(value) in (int, float) and 0 < value < high:  # one valid scalar: the fast path
             values = np.empty((rows.rows, 1))  # (np.full's Python wrapper costs twice as much)
             values.fill(float(value))
-            order = np.zeros((rows.rows, 1), np.int64)
+            order = np.zeros((rows.rows, 1), _I64)
             backend = rows.backend
             if backend is not NUMPY:
                 values, order = backend.from_host(values), backend.from_host(order)

@@ -68,13 +68,11 @@ class Context:
         rows: Rows,
         alpha: np.ndarray,  # (rows,): alpha of each row
         alpha_shape: tuple,  # the shape the caller gave alpha, for its gradient
-        params: dict | None = None,
-        saved: dict | None = None,
         alpha_wanted: bool = True,
     ) -> None:
         self.rows, self.alpha, self.alpha_shape = rows, alpha, alpha_shape
-        self.params = {} if params is None else params
-        self.saved = {} if saved is None else saved
+        self.params: dict = {}
+        self.saved: dict = {}
         #: whether the rules' VJPs form alpha's gradient (a bridge that knows nobody asks for
         #: it, e.g. for an alpha given as a number, sets this false; the VJPs then give None)
         self.alpha_wanted = alpha_wanted
@@ -707,9 +705,7 @@ def _plain_row(rows: Rows) -> bool:
     results, the axis last (what :meth:`Rows.to_user` of a ``row`` returns then is a reshape).
     """
     return (
-        rows.backend is NUMPY
-        and rows.dtype == np.float64
-        and rows.layout.axis == len(rows.layout.batch_shape)
+        rows.backend is NUMPY and rows.dtype == _F64 and rows.layout.axis == len(rows.batch_shape)
     )
 
 
@@ -720,9 +716,9 @@ def _plain_cotangent(cotangent, rows: Rows) -> bool:
     """
     return (
         type(cotangent) is np.ndarray
-        and cotangent.dtype == np.float64
+        and cotangent.dtype == _F64
         and cotangent.flags.c_contiguous
-        and cotangent.shape == rows.layout.batch_shape + (rows.n,)
+        and cotangent.shape == rows.batch_shape + (rows.n,)
     )
 
 
