@@ -142,3 +142,30 @@ def test_one_row_unwanted_alpha_gradient_is_none(shape):
     assert partial[2] is None and full[2] is not None
     for a, b in zip(full[:2], partial[:2], strict=True):
         assert _bits(a) == _bits(b)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_narrow_memberships_and_k_gradient_are_the_casts_without_warnings(rng, dtype, axis):
+    """A float32 (or float16) input's memberships are cast before they are laid out (they
+    cannot overflow), and one row's k gradient is cast as a value: the bits of the float64
+    computation's cast, with no warning, also for a NaN row."""
+    import warnings
+
+    x = rng.normal(size=(6, 4)).astype(dtype)
+    x[2, 1] = np.nan  # a NaN row (axis -1) or column (axis 0)
+    for x_in, v in ((x, rng.normal(size=(6, 4))), (x[0], rng.normal(size=4))):
+        ax = axis if x_in.ndim == 2 else -1
+        v = v.astype(dtype)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            out, pullback = softorder.vjp(softorder.soft_topk, x_in, 2, 0.5, axis=ax)
+            _, k_bar, _ = pullback(v)
+        wide = x_in.astype(np.float64)
+        out64, pullback64 = softorder.vjp(softorder.soft_topk, wide, 2, 0.5, axis=ax)
+        assert out.dtype == dtype and out.flags.c_contiguous
+        assert out.tobytes() == out64.astype(dtype).tobytes()
+        if x_in.ndim == 1 and dtype == np.float32:  # one row: the k gradient's own path
+            assert type(k_bar) is np.ndarray and k_bar.shape == () and k_bar.dtype == dtype
+            want = np.asarray(pullback64(v.astype(np.float64))[1]).astype(dtype)
+            assert k_bar.tobytes() == want.tobytes()

@@ -323,6 +323,12 @@ class Targets:
             if dtype is _F64 or dtype is _F32 and abs(total) <= _F32_MAX:
                 return np.array(total, dtype)
             return backend.cast(total, dtype).reshape(())
+        if not self.shape and dtype is _F32 and backend is NUMPY and w_bar.shape == (1, 1):
+            # one row, one target, float32: the general path's cast of the value as a 0-d
+            # array, without the cast's error state within float32's range
+            value = w_bar[0, 0]
+            if abs(value) <= _F32_MAX:
+                return np.array(value, _F32)
         return self._grad_to_user_general(w_bar, rows, dtype)
 
     def _grad_to_user_general(self, w_bar: np.ndarray, rows: Rows, dtype) -> np.ndarray:

@@ -779,6 +779,10 @@ class TopKRule(OrderRule):
         )
         if not targets.multi and _plain_row(rows):  # what _targets_to_user returns, directly
             return out.reshape(rows.layout.batch_shape + (rows.n,))
+        if not self.log and rows.dtype != _F64 and rows.backend is NUMPY:
+            # memberships lie in [0, 1] (or are NaN): their cast to a narrower float never
+            # overflows, and needs no error state (to_user's cast sets one: 2 us a call)
+            out = out.astype(rows.dtype)
         return _targets_to_user(ctx, out, self._kind(ctx))
 
     def vjp(self, ctx, cotangent):
