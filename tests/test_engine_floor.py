@@ -514,3 +514,66 @@ def test_target_arrays_take_the_general_gradient_path(k, shape, monkeypatch):
     targets = Targets.parse(k, rows, "k", 5.0, "n=5")
     grad = targets.grad_to_user(np.ones((8, targets.m)), rows, rows.dtype)
     assert calls == [(8, targets.m)] and grad.shape == shape
+
+
+ALPHAS = [
+    0.5,
+    3,
+    2**53,
+    np.float64(0.25),
+    np.float32(0.1),
+    np.float16(0.1),
+    np.float32(1e-45),
+    np.int64(7),
+    np.uint8(2),
+    np.array(0.5, np.float32),
+]
+
+
+@pytest.mark.parametrize("alpha", ALPHAS, ids=repr)
+def test_check_alpha_scalars_as_the_general_path_converts_them(alpha):
+    """Scalars taken without the general path give its float64 value, and no warning (a
+    float16 compared with 2**53 would overflow)."""
+    import warnings
+
+    from softorder._engine.checks import check_alpha
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        per_row, shape = check_alpha(alpha, (2, 3), 1)
+    want = np.broadcast_to(np.asarray(alpha, dtype=np.float64), (2, 3)).reshape(-1)
+    assert shape == () and per_row.dtype == np.float64 and per_row.flags.writeable
+    assert per_row.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize(
+    "alpha, message",
+    [
+        (0, "positive and finite"),
+        (-2, "positive and finite"),
+        (np.int64(0), "positive and finite"),
+        (np.float32(-1.0), "positive and finite"),
+        (np.float16(np.nan), "positive and finite"),
+        (np.array([[0.5], [-1.0]]), "positive and finite"),
+        (np.array([[0.5], [np.nan]]), "positive and finite"),
+        (np.array([[0.5, 0.1]]), "does not broadcast"),
+    ],
+    ids=repr,
+)
+def test_check_alpha_refuses_what_the_fast_cases_pass_on(alpha, message):
+    from softorder._engine.checks import check_alpha
+
+    with pytest.raises(ValueError, match=message):
+        check_alpha(alpha, (2,), 1)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])
+def test_keepdims_alpha_per_row_is_the_general_paths(dtype):
+    from softorder._engine.checks import alpha_rows, check_alpha
+
+    alpha = np.random.default_rng(2).uniform(0.1, 2.0, (3, 1, 4)).astype(dtype)
+    per_row, shape = check_alpha(alpha, (3, 4), 1)
+    assert shape == (3, 1, 4) and per_row.flags.writeable and per_row.dtype == np.float64
+    want, want_shape = alpha_rows(alpha, (3, 4), 1)  # (the general conversion, unchecked)
+    assert want_shape == shape and per_row.tobytes() == want.tobytes()
+    assert not np.may_share_memory(per_row, alpha)

@@ -27,6 +27,11 @@ REDUCTIONS = ("mean", "sum", "none")
 _SMALLEST_ALPHA = float(np.finfo(np.float64).tiny)
 #: the largest finite float64: a per-row alpha above it is inf (refused by the general path)
 _LARGEST_FLOAT = float(np.finfo(np.float64).max)
+#: NumPy's scalar types that check_alpha converts without the general path: any value of a
+#: narrower float, a positive integer up to _EXACT_INTEGER (float() is exact for those)
+_NARROW_FLOATS = (np.float32, np.float16)
+_NUMPY_INTEGERS = (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32)
+_EXACT_INTEGER = 2**53
 
 
 def refuse_masked(value, name: str) -> None:
@@ -70,10 +75,17 @@ def check_alpha(
     number of axes with length 1 along ``axis`` (NumPy's ``keepdims`` shape). Anything else
     raises ``TypeError`` or ``ValueError`` naming alpha and the offending value.
     """
-    # the common case first, fast: one valid scalar (np.ndarray exactly: not a masked array)
+    # the common cases first, fast: one valid scalar (np.ndarray exactly: not a masked array)
+    # as the general path converts it (np.asarray(alpha, float64): a float, a narrower float
+    # widened exactly, an integer up to 2**53 exactly)
     value = math.nan
     if isinstance(alpha, float):
         value = alpha
+    elif type(alpha) in _NARROW_FLOATS:  # (before any comparison with a Python int: 2**53
+        value = float(alpha)  # would overflow a float16, with a warning)
+    elif type(alpha) is int or type(alpha) in _NUMPY_INTEGERS:
+        if 0 < alpha <= _EXACT_INTEGER:
+            value = float(alpha)
     elif type(alpha) is np.ndarray and alpha.shape == () and alpha.dtype.kind in "iuf":
         value = float(alpha)
     rows = math.prod(batch_shape)
@@ -81,15 +93,23 @@ def check_alpha(
         per_row = np.empty(rows)  # (np.full's Python wrapper costs twice as much)
         per_row.fill(value)
         return per_row, ()
-    if (
-        type(alpha) is np.ndarray
-        and alpha.shape == batch_shape
-        and alpha.dtype.kind == "f"
-        and rows
-    ):  # one alpha per row already (a bridge's call, or x.std(axis)): checked in two passes
-        per_row = alpha.reshape(-1).astype(np.float64)  # (a copy: writable, never aliased)
-        if per_row.min() >= _SMALLEST_ALPHA and per_row.max() <= _LARGEST_FLOAT:
-            return per_row, alpha.shape
+    if type(alpha) is np.ndarray and alpha.dtype.kind == "f" and rows:
+        # one alpha per row already (a bridge's call, or x.std(axis)), or in the keepdims
+        # shape (x.std(axis, keepdims=True): its C order is the batch's), checked in two
+        # passes (the ufuncs' reductions: ndarray.min's Python wrapper costs as much)
+        shape = alpha.shape
+        if shape == batch_shape or (
+            axis is not None
+            and len(shape) == len(batch_shape) + 1
+            and shape[axis] == 1
+            and shape[:axis] + shape[axis + 1 :] == batch_shape
+        ):
+            per_row = alpha.reshape(-1).astype(np.float64)  # (a copy: writable, never aliased)
+            if (
+                np.minimum.reduce(per_row) >= _SMALLEST_ALPHA
+                and np.maximum.reduce(per_row) <= _LARGEST_FLOAT
+            ):
+                return per_row, shape
     refuse_masked(alpha, "alpha")
     if isinstance(alpha, bool) or (
         not isinstance(alpha, numbers.Real) and np.asarray(alpha).dtype.kind not in "iuf"
