@@ -577,3 +577,32 @@ def test_keepdims_alpha_per_row_is_the_general_paths(dtype):
     want, want_shape = alpha_rows(alpha, (3, 4), 1)  # (the general conversion, unchecked)
     assert want_shape == shape and per_row.tobytes() == want.tobytes()
     assert not np.may_share_memory(per_row, alpha)
+
+
+@pytest.mark.parametrize(
+    "k",
+    [3, 2.5, np.int64(3), np.uint8(2), np.float64(2.5), np.array(4), np.array(4.5)],
+    ids=repr,
+)
+def test_targets_parse_takes_numpy_scalars_as_check_targets_does(k):
+    """A NumPy number (or 0-d array) k is taken on the scalar fast path: check_targets's
+    float64 values and argsort, for every row; the same results as through the general path.
+    """
+    from softorder._engine.checks import check_targets
+    from softorder._engine.layout import Rows, Targets
+
+    x = np.random.default_rng(4).standard_normal((3, 8))
+    rows = Rows.from_input(x, -1)
+    targets = Targets.parse(k, rows, "k", 8.0, "n=8")
+    values, multi, shape = check_targets(k, (3,), "k", 8.0, "n=8")
+    assert targets.values.tobytes() == values.tobytes() and targets.values.dtype == values.dtype
+    assert targets.order.tobytes() == np.argsort(values, axis=1).tobytes()
+    assert (targets.multi, targets.shape, targets.m) == (multi, shape, 1)
+    out, pullback = softorder.vjp(softorder.soft_topk, x, k, 0.5)
+    want, want_pullback = softorder.vjp(softorder.soft_topk, x, np.array([float(k)] * 3), 0.5)
+    assert out.tobytes() == want.tobytes()
+    v = np.ones((3, 8))
+    x_bar, k_bar, _ = pullback(v)
+    want_x_bar, want_k_bar, _ = want_pullback(v)
+    assert x_bar.tobytes() == want_x_bar.tobytes() and k_bar.shape == ()
+    assert k_bar == want_k_bar.sum()

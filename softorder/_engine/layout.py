@@ -278,6 +278,16 @@ class Rows:
         return self.backend.scale(self.to_core(x_dot, "row", (self.n,), name), self.sign)
 
 
+#: the NumPy scalar types of a target (``k``, ``q``) and the dtypes of 0-d arrays that
+#: :meth:`Targets.parse` takes as a Python float: check_targets's float64 value (and its
+#: comparisons with ``high``, which convert them to float64; a narrower float would be
+#: compared in its own dtype)
+_NUMPY_TARGETS = frozenset(
+    (np.float64, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64)
+)
+_NUMPY_DTYPES = frozenset(np.dtype(t) for t in _NUMPY_TARGETS)
+
+
 class Targets:
     """Per-row targets of an inversion (``k`` of top-k, ``q`` of quantile) as ``(rows, m)``.
 
@@ -295,9 +305,14 @@ class Targets:
 
     @classmethod
     def parse(cls, value, rows: Rows, name: str, high: float, high_text: str) -> Targets:
-        if type(value) in (int, float) and 0 < value < high:  # one valid scalar: the fast path
+        scalar = value
+        if type(value) in _NUMPY_TARGETS or (
+            type(value) is np.ndarray and value.shape == () and value.dtype in _NUMPY_DTYPES
+        ):  # one NumPy number: check_targets's float64 value, compared with high as it does
+            scalar = float(value)
+        if type(scalar) in (int, float) and 0 < scalar < high:  # one valid scalar: fast
             values = np.empty((rows.rows, 1))  # (np.full's Python wrapper costs twice as much)
-            values.fill(float(value))
+            values.fill(float(scalar))
             order = np.zeros((rows.rows, 1), _I64)
             backend = rows.backend
             if backend is not NUMPY:
