@@ -606,3 +606,27 @@ def test_targets_parse_takes_numpy_scalars_as_check_targets_does(k):
     want_x_bar, want_k_bar, _ = want_pullback(v)
     assert x_bar.tobytes() == want_x_bar.tobytes() and k_bar.shape == ()
     assert k_bar == want_k_bar.sum()
+
+
+@pytest.mark.parametrize(
+    "shape, source, destination",
+    [
+        ((2, 3, 4), 0, -1),
+        ((2, 3, 4), 1, -1),
+        ((2, 3, 4), [2], [0]),
+        ((2, 3, 4, 5), [2, 3], [0, 1]),
+        ((2, 3, 4, 5), [1, 2], [3, 0]),
+        ((5,), 0, -1),
+    ],
+)
+def test_host_moveaxis_is_numpys(shape, source, destination):
+    from softorder._engine.backend import NUMPY
+
+    a = np.arange(math.prod(shape), dtype=np.float64).reshape(shape)
+    for _ in range(2):  # computed, then reused
+        got = NUMPY.moveaxis(a, source, destination)
+        want = np.moveaxis(a, source, destination)
+        assert got.shape == want.shape and got.strides == want.strides
+        assert np.shares_memory(got, a) and np.array_equal(got, want)
+    with pytest.raises(ValueError):  # (numpy.exceptions.AxisError)
+        NUMPY.moveaxis(a, len(shape), 0)

@@ -211,7 +211,7 @@ def _float32_cotangent(ctx: Context, cotangent, kind: str, core_shape: tuple):
         return None
     dst, ncore = layout._positions(kind)
     source = list(range(nb, nb + ncore))
-    moved = cotangent if source == dst else np.moveaxis(cotangent, dst, source)
+    moved = cotangent if source == dst else NUMPY.moveaxis(cotangent, dst, source)
     return np.ascontiguousarray(moved).reshape((rows.rows,) + core_shape)
 
 

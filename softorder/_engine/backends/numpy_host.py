@@ -41,8 +41,10 @@ def cast(value, dtype) -> np.ndarray:
     """``value`` as a C-ordered array of ``dtype``; values beyond a narrow dtype's range become
     +-inf there (as the true result would), without a warning.
     """
-    if type(value) is np.ndarray and value.dtype == dtype and value.flags.c_contiguous:
-        return value  # what np.asarray returns, without errstate's 1 us
+    if type(value) is np.ndarray and value.dtype == dtype:
+        if value.flags.c_contiguous:
+            return value  # what np.asarray returns, without errstate's 1 us
+        return np.asarray(value, order="C")  # a copy, not a cast: no error state to set
     with np.errstate(over="ignore"):
         return np.asarray(value, dtype=dtype, order="C")
 
@@ -79,6 +81,11 @@ def sum_over_rows(per_row: np.ndarray, batched: bool):
         return per_row.sum()
 
 
+#: the axes' orders of recent moves, by (ndim, source, destination) (NumpyBackend.moveaxis)
+_MOVES: dict = {}
+_MAX_MOVES = 256
+
+
 class NumpyBackend:
     """Host arrays and the CPU kernels: the NumPy API, the JAX bridge and CPU tensors."""
 
@@ -91,7 +98,27 @@ class NumpyBackend:
         return float_array(x, name)
 
     def moveaxis(self, a, source, destination):
-        return np.moveaxis(a, source, destination)
+        """``np.moveaxis(a, source, destination)``: the same view, by ``a.transpose`` of the
+        axes' order, which np.moveaxis computes (its Python, 3 us, once per key).
+        """
+        if type(a) is not np.ndarray or not (
+            (type(source) is int or type(source) is list)
+            and (type(destination) is int or type(destination) is list)
+        ):
+            return np.moveaxis(a, source, destination)
+        key = (
+            a.ndim,
+            source if type(source) is int else tuple(source),
+            destination if type(destination) is int else tuple(destination),
+        )
+        order = _MOVES.get(key)
+        if order is None:
+            # (the shape of an empty array whose axis i has length i, moved: the order)
+            order = np.moveaxis(np.empty(tuple(range(a.ndim))), source, destination).shape
+            if len(_MOVES) >= _MAX_MOVES:
+                _MOVES.clear()
+            _MOVES[key] = order
+        return a.transpose(order)
 
     def contiguous_f64(self, a, negate: bool = False):
         """An array or view (any shape) as a C-contiguous float64 array, negated on request;
