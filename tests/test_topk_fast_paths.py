@@ -169,3 +169,25 @@ def test_narrow_memberships_and_k_gradient_are_the_casts_without_warnings(rng, d
             assert type(k_bar) is np.ndarray and k_bar.shape == () and k_bar.dtype == dtype
             want = np.asarray(pullback64(v.astype(np.float64))[1]).astype(dtype)
             assert k_bar.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("fn", [softorder.soft_topk, softorder.log_soft_topk])
+@pytest.mark.parametrize("largest", [True, False])
+def test_several_rows_match_the_general_path(rng, fn, largest):
+    """Several plain float64 rows with one k and one alpha: k's and alpha's gradients are the
+    sums of the per-row ones (summed as sum_over_rows sums them), x's the same bits."""
+    x = rng.normal(size=(2, 5, 9))
+    x[1, 2, 4] = np.nan  # a NaN row
+    v = rng.normal(size=x.shape)
+    out, pullback = softorder.vjp(fn, x, 3, 0.5, largest=largest)
+    x_bar, k_bar, alpha_bar = pullback(v)
+    ones = np.ones(x.shape[:-1])
+    out2, pullback2 = softorder.vjp(fn, x, 3.0 * ones, 0.5 * ones, largest=largest)
+    x_bar2, k_bar2, alpha_bar2 = pullback2(v)
+    assert out.tobytes() == out2.tobytes() and x_bar.tobytes() == x_bar2.tobytes()
+    assert type(k_bar) is np.ndarray and k_bar.shape == () and k_bar.dtype == np.float64
+    assert type(alpha_bar) is np.float64
+    with np.errstate(invalid="ignore"):
+        want_k, want_alpha = k_bar2.reshape(-1, 1).sum(), alpha_bar2.reshape(-1).sum()
+    assert k_bar.tobytes() == np.array(want_k).tobytes()
+    assert np.array(alpha_bar).tobytes() == np.array(want_alpha).tobytes()

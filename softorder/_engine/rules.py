@@ -832,14 +832,19 @@ class TopKRule(OrderRule):
                 else core.topk.VJP_WORK
             ),
         )
-        if plain and not targets.shape and not ctx.alpha_shape and rows.rows == 1:
-            # one row, scalar k and alpha: what grad_to_user and alpha_grad return (a 0-d
-            # array for k, a scalar for alpha), directly; with batch axes summed over them
-            # (sum_over_rows), without them the values as they are
+        if plain and not targets.shape and not ctx.alpha_shape:
+            # scalar k and alpha: what grad_to_user and alpha_grad return (a 0-d array for k,
+            # a scalar for alpha), directly; with batch axes summed over them (sum_over_rows),
+            # without them the values as they are
             if rows.sign < 0:
                 np.negative(x_bar, x_bar)  # the kernel's own output
             x_bar = x_bar.reshape(rows.batch_shape + (rows.n,))
             alpha_wanted = ctx.alpha_wanted
+            if rows.rows > 1:  # sum_over_rows's sums, both under one error state (2 us each)
+                with np.errstate(invalid="ignore"):
+                    k_total = w_bar.sum()
+                    a_bar = alpha_bar.sum() if alpha_wanted else None
+                return x_bar, np.array(k_total), a_bar
             if rows.batch_shape:
                 a_bar = sum_over_rows(alpha_bar, True) if alpha_wanted else None
                 return x_bar, np.array(sum_over_rows(w_bar, True)), a_bar
