@@ -167,25 +167,11 @@ def _binder(signature: inspect.Signature) -> Callable[..., dict]:
     its arguments as a dict in signature order; it raises ``TypeError`` where a call of
     ``signature`` would.
     """
-    params = list(signature.parameters.values())
-    if any(p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params):
-
-        def slow(*args, **kwargs):
-            return _bind_slowly(signature, args, kwargs)
-
-        return slow
-    defaults = {f"_default{i}": p.default for i, p in enumerate(params)}
-    text, keyword_only = [], False
-    for i, p in enumerate(params):
-        if p.kind is p.KEYWORD_ONLY and not keyword_only:
-            text.append("*")
-            keyword_only = True
-        text.append(p.name if p.default is p.empty else f"{p.name}=_default{i}")
+    params = signature.parameters.values()
     body = ", ".join(f"{p.name!r}: {p.name}" for p in params)
-    source = f"def bound({', '.join(text)}):\n    return {{{body}}}\n"
-    namespace = dict(defaults)
-    exec(source, namespace)  # the names and kinds come from a signature: identifiers only
-    return namespace["bound"]
+    return _generated(signature, f"{{{body}}}", {}) or (
+        lambda *args, **kwargs: _bind_slowly(signature, args, kwargs)
+    )
 
 
 def _starter(signature: inspect.Signature, prepare: Callable) -> Callable:
@@ -195,25 +181,29 @@ def _starter(signature: inspect.Signature, prepare: Callable) -> Callable:
     ``TypeError`` before the function's frame exists, so a caller tells it apart from a
     ``TypeError`` of ``prepare`` by its traceback (no entry after the caller's own).
     """
+    body = ", ".join(f"{p.name}={p.name}" for p in signature.parameters.values())
+    return _generated(signature, f"_prepare({body})", {"_prepare": prepare}) or (
+        lambda *args, **kwargs: prepare(**_bind_slowly(signature, args, kwargs))
+    )
+
+
+def _generated(signature: inspect.Signature, returns: str, names: dict) -> Callable | None:
+    """A function with the parameters of ``signature`` (names, kinds, defaults) that returns
+    the expression ``returns`` of them and of ``names``; ``None`` for a signature with
+    positional-only or variadic parameters.
+    """
     params = list(signature.parameters.values())
     if any(p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params):
-
-        def slow(*args, **kwargs):
-            return prepare(**_bind_slowly(signature, args, kwargs))
-
-        return slow
+        return None
     text, keyword_only = [], False
     for i, p in enumerate(params):
         if p.kind is p.KEYWORD_ONLY and not keyword_only:
             text.append("*")
             keyword_only = True
         text.append(p.name if p.default is p.empty else f"{p.name}=_default{i}")
-    body = ", ".join(f"{p.name}={p.name}" for p in params)
-    source = f"def start({', '.join(text)}):\n    return _prepare({body})\n"
-    namespace = {f"_default{i}": p.default for i, p in enumerate(params)}
-    namespace["_prepare"] = prepare
-    exec(source, namespace)  # the names and kinds come from a signature: identifiers only
-    return namespace["start"]
+    namespace = {f"_default{i}": p.default for i, p in enumerate(params)} | names
+    exec(f"def generated({', '.join(text)}):\n    return {returns}\n", namespace)
+    return namespace["generated"]  # (the names and kinds come from a signature: identifiers)
 
 
 _BINDERS: dict = {}
