@@ -24,9 +24,10 @@ if TYPE_CHECKING:
 #: the reductions of the losses
 REDUCTIONS = ("mean", "sum", "none")
 
-_SMALLEST_ALPHA = float(np.finfo(np.float64).tiny)
+#: the smallest alpha taken: 1/alpha must be finite
+SMALLEST_ALPHA = float(np.finfo(np.float64).tiny)
 #: the largest finite float64: a per-row alpha above it is inf (refused by the general path)
-_LARGEST_FLOAT = float(np.finfo(np.float64).max)
+LARGEST_FLOAT = float(np.finfo(np.float64).max)
 #: NumPy's scalar types that check_alpha converts without the general path: any value of a
 #: narrower float, a positive integer up to _EXACT_INTEGER (float() is exact for those)
 _NARROW_FLOATS = (np.float32, np.float16)
@@ -89,7 +90,7 @@ def check_alpha(
     elif type(alpha) is np.ndarray and alpha.shape == () and alpha.dtype.kind in "iuf":
         value = float(alpha)
     rows = math.prod(batch_shape)
-    if math.isfinite(value) and value >= _SMALLEST_ALPHA and rows:
+    if math.isfinite(value) and value >= SMALLEST_ALPHA and rows:
         per_row = np.empty(rows)  # (np.full's Python wrapper costs twice as much)
         per_row.fill(value)
         return per_row, ()
@@ -106,8 +107,8 @@ def check_alpha(
         ):
             per_row = alpha.reshape(-1).astype(np.float64)  # (a copy: writable, never aliased)
             if (
-                np.minimum.reduce(per_row) >= _SMALLEST_ALPHA
-                and np.maximum.reduce(per_row) <= _LARGEST_FLOAT
+                np.minimum.reduce(per_row) >= SMALLEST_ALPHA
+                and np.maximum.reduce(per_row) <= LARGEST_FLOAT
             ):
                 return per_row, shape
     refuse_masked(alpha, "alpha")
@@ -135,10 +136,10 @@ def check_alpha(
         raise ValueError(
             f"alpha must be positive and finite; got alpha={arr[bad].flat[0].item()!r}"
         )
-    if (arr < _SMALLEST_ALPHA).any():
+    if (arr < SMALLEST_ALPHA).any():
         raise ValueError(
-            f"alpha must be at least {_SMALLEST_ALPHA:.3g} (1/alpha must be finite); "
-            f"got alpha={arr[arr < _SMALLEST_ALPHA].flat[0].item()!r}"
+            f"alpha must be at least {SMALLEST_ALPHA:.3g} (1/alpha must be finite); "
+            f"got alpha={arr[arr < SMALLEST_ALPHA].flat[0].item()!r}"
         )
     return _writable(np.ascontiguousarray(full).reshape(-1)), arr.shape
 

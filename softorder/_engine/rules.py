@@ -15,8 +15,8 @@ from softorder._engine.backend import NUMPY
 from softorder._engine.backends.numpy_host import sum_over_rows
 from softorder._engine.backends.protocol import Backend
 from softorder._engine.checks import (
-    _LARGEST_FLOAT,
-    _SMALLEST_ALPHA,
+    LARGEST_FLOAT,
+    SMALLEST_ALPHA,
     alpha_batch_shape,
     alpha_rows,
     check_alpha,
@@ -84,7 +84,7 @@ class Context:
 
     @classmethod
     def of(cls, rows: Rows, alpha) -> Context:
-        if type(alpha) is float and _SMALLEST_ALPHA <= alpha <= _LARGEST_FLOAT and rows.rows:
+        if type(alpha) is float and SMALLEST_ALPHA <= alpha <= LARGEST_FLOAT and rows.rows:
             # check_alpha's first case (one valid number; NaN fails both comparisons) without
             # its call: a row count of rows.rows is math.prod of the batch shape
             per_row = np.empty(rows.rows)
