@@ -50,7 +50,9 @@ def check_flag(value, name: str) -> bool:
     """``value`` as a bool, or ``TypeError`` naming ``name``: only ``True``/``False`` (or NumPy
     bools) are flags; a string such as ``"False"`` would otherwise count as true.
     """
-    if isinstance(value, (bool, np.bool_)):
+    if value is True or value is False:  # (the common case, before isinstance's call)
+        return value
+    if isinstance(value, np.bool_):
         return bool(value)
     raise TypeError(f"{name} must be a bool (True or False); got {value!r}")
 

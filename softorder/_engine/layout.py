@@ -157,12 +157,6 @@ class Rows:
             layout = _LAYOUTS.get((x.shape, axis, name)) if type(axis) is int else None
             if layout is None:
                 layout = Layout.of(x.shape, axis, name)
-            if dtype is _F64 and layout.axis == layout.ndim - 1 and x.flags.c_contiguous:
-                # already the rows the kernels read, or their negation (contiguous_f64's
-                # array): the branch below, in fewer steps
-                rows2d = (np.negative(x) if negate else x).reshape(-1, layout.n)
-                xs, order = NUMPY.sort_rows(rows2d, order)
-                return cls(xs, order, layout, dtype, -1.0 if negate else 1.0, NUMPY)
         else:
             refuse_masked(x, name)
             backend = backend_of(x)
@@ -177,11 +171,10 @@ class Rows:
         if (
             arr.dtype is _F64  # (not dtype: an integer input's arr is not converted yet)
             and backend is NUMPY
-            and not negate
             and layout.axis == layout.ndim - 1
             and arr.flags.c_contiguous
-        ):  # already the rows the kernels read (contiguous_f64 would return it as it is)
-            rows2d = arr.reshape(-1, layout.n)
+        ):  # already the rows the kernels read, or their negation: contiguous_f64's arrays
+            rows2d = (np.negative(arr) if negate else arr).reshape(-1, layout.n)
         else:
             # (np.moveaxis is not free even when there is nothing to move)
             last = layout.axis == layout.ndim - 1
@@ -265,12 +258,6 @@ class Rows:
         """Gradient in the sorted-row variable ``r = sign * x`` -> gradient in ``x``."""
         if self.sign < 0:
             self.backend.negate_(rbar)  # rbar is the kernels' own output
-        layout = self.layout
-        if layout.ndim == 1 and type(rbar) is np.ndarray:  # one row: to_user's first case
-            shaped = rbar[0]
-            dtype = self.dtype
-            if (shaped.dtype is dtype or shaped.dtype == dtype) and shaped.flags.c_contiguous:
-                return shaped
         return self.to_user(rbar, "row")
 
     def tangent_to_core(self, x_dot, name: str = "x tangent") -> np.ndarray:

@@ -15,8 +15,6 @@ from softorder._engine.backend import NUMPY
 from softorder._engine.backends.numpy_host import sum_over_rows
 from softorder._engine.backends.protocol import Backend
 from softorder._engine.checks import (
-    LARGEST_FLOAT,
-    SMALLEST_ALPHA,
     alpha_batch_shape,
     alpha_rows,
     check_alpha,
@@ -84,14 +82,7 @@ class Context:
 
     @classmethod
     def of(cls, rows: Rows, alpha) -> Context:
-        if type(alpha) is float and SMALLEST_ALPHA <= alpha <= LARGEST_FLOAT and rows.rows:
-            # check_alpha's first case (one valid number; NaN fails both comparisons) without
-            # its call: a row count of rows.rows is math.prod of the batch shape
-            per_row = np.empty(rows.rows)
-            per_row.fill(alpha)
-            alpha_shape = ()
-        else:
-            per_row, alpha_shape = check_alpha(alpha, rows.batch_shape, rows.layout.axis)
+        per_row, alpha_shape = check_alpha(alpha, rows.batch_shape, rows.layout.axis)
         backend = rows.backend
         return cls(rows, per_row if backend is NUMPY else backend.from_host(per_row), alpha_shape)
 
@@ -226,10 +217,7 @@ def _descending_context(x, alpha, axis, descending, order) -> Context:
     ascending operation on ``-x`` (the rank of -x; -(the sort of -x); P of -x sorts x
     descending), so descending rows are negated on the way in.
     """
-    # (a bool as it is: check_flag's answer for one, without its call)
-    negate = descending
-    if descending is not False and descending is not True:
-        negate = check_flag(descending, "descending")
+    negate = check_flag(descending, "descending")
     return Context.of(Rows.from_input(x, axis, negate=negate, order=order), alpha)
 
 
@@ -730,10 +718,7 @@ class TopKRule(OrderRule):
 
     def prepare(self, x, k, alpha, axis, largest, order=None):
         # The kernels select the k smallest; the k largest of x are the k smallest of -x.
-        # (a bool as it is: check_flag's answer for one, without its call)
-        negate = largest
-        if largest is not False and largest is not True:
-            negate = check_flag(largest, "largest")
+        negate = check_flag(largest, "largest")
         rows = Rows.from_input(x, axis, negate=negate, order=order)
         ctx = Context.of(rows, alpha)
         n = rows.n
@@ -840,11 +825,6 @@ class TopKRule(OrderRule):
                 np.negative(x_bar, x_bar)  # the kernel's own output
             x_bar = x_bar.reshape(rows.batch_shape + (rows.n,))
             alpha_wanted = ctx.alpha_wanted
-            if rows.rows > 1:  # sum_over_rows's sums, both under one error state (2 us each)
-                with np.errstate(invalid="ignore"):
-                    k_total = w_bar.sum()
-                    a_bar = alpha_bar.sum() if alpha_wanted else None
-                return x_bar, np.array(k_total), a_bar
             if rows.batch_shape:
                 a_bar = sum_over_rows(alpha_bar, True) if alpha_wanted else None
                 return x_bar, np.array(sum_over_rows(w_bar, True)), a_bar
