@@ -179,7 +179,7 @@ def check_target_ranks(target_ranks, batch_shape: tuple, n: int) -> np.ndarray:
     loss is the cross-entropy of a permutation), or ``ValueError``/``TypeError`` naming it.
     """
     ranks = check_labels(target_ranks, batch_shape, "target_ranks", 1, n, (n,))
-    # ranks lie in [1, n]: a row holds all of them iff none repeats (flat indices: 3x faster
+    # ranks lie in [1, n]: a row holds all of them iff none repeats (flat indices: cheaper
     # than put_along_axis)
     seen = np.zeros(ranks.shape[0] * (n + 1), dtype=bool)
     seen[(ranks + (n + 1) * np.arange(ranks.shape[0])[:, None]).ravel()] = True

@@ -29,8 +29,8 @@ from softorder._engine.checks import (
 )
 from softorder._engine.layout import Rows, Targets
 
-#: the dtypes the small calls' paths test for and view with (a dtype compared with a dtype
-#: object costs a third of one compared with a scalar type, on every small call)
+#: the dtypes the small calls' paths test for and view with (comparing a dtype with a dtype
+#: object is cheaper than with a scalar type, and it happens on every small call)
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
 _I32 = np.dtype(np.int32)
@@ -578,8 +578,8 @@ class SortRule(InverseRule):
             )
             del work
             # rows whose ties threw an injection beyond the window: sort_vjp's rows
-            # (count_nonzero costs a fifth of redo.any() on a small call; one row's flag, a
-            # tenth)
+            # (count_nonzero, and one row's flag read directly, are cheaper than redo.any()
+            # on a small call)
             if redo[0] if rows.rows == 1 else np.count_nonzero(redo):
                 at = np.flatnonzero(redo)
                 xs, alpha, anchor, offset = self._solved_targets(ctx, at)
@@ -766,7 +766,8 @@ class TopKRule(OrderRule):
             return out.reshape(rows.layout.batch_shape + (rows.n,))
         if not self.log and rows.dtype != _F64 and rows.backend is NUMPY:
             # memberships lie in [0, 1] (or are NaN): their cast to a narrower float never
-            # overflows, and needs no error state (to_user's cast sets one: 2 us a call)
+            # overflows, and needs no error state (which to_user's cast sets, at a cost felt
+            # by small calls)
             out = out.astype(rows.dtype)
         return _targets_to_user(ctx, out, self._kind(ctx))
 

@@ -98,8 +98,8 @@ def _values_by_rank(r, order, target, out):
 
     The loss reads two boundaries per element at its target rank, a random position. With
     the element's value moved to its rank first (a tight loop of independent random writes),
-    the boundaries are read in order; a long loop body with random reads kept too few misses
-    in flight (the loss was 10x a sort at n = 1e6). ``r`` holds no NaN (those rows are done
+    the boundaries are read in order; a long loop body with random reads keeps too few misses
+    in flight on long rows. ``r`` holds no NaN (those rows are done
     before), so a NaN left in ``out`` marks a rank not yet taken.
     """
     out[:] = np.nan

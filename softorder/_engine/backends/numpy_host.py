@@ -43,7 +43,7 @@ def cast(value, dtype) -> np.ndarray:
     """
     if type(value) is np.ndarray and value.dtype == dtype:
         if value.flags.c_contiguous:
-            return value  # what np.asarray returns, without errstate's 1 us
+            return value  # what np.asarray returns, without entering errstate
         return np.asarray(value, order="C")  # a copy, not a cast: no error state to set
     with np.errstate(over="ignore"):
         return np.asarray(value, dtype=dtype, order="C")
@@ -99,7 +99,7 @@ class NumpyBackend:
 
     def moveaxis(self, a, source, destination):
         """``np.moveaxis(a, source, destination)``: the same view, by ``a.transpose`` of the
-        axes' order, which np.moveaxis computes (its Python, 3 us, once per key).
+        axes' order, which np.moveaxis computes in Python (once per key, not per call).
         """
         if type(a) is not np.ndarray or not (
             (type(source) is int or type(source) is list)
@@ -143,7 +143,7 @@ class NumpyBackend:
         if order is None:
             # NumPy's argsort returns int64: the narrowing pass costs less than the 4 bytes
             # per element it saves for the rest of the call (forward and gradients)
-            # (the method: np.argsort's wrapper costs half of a row of 1e2's argsort)
+            # (the method: np.argsort's Python wrapper is a large part of a short row's sort)
             order = rows2d.argsort(axis=1).astype(index, copy=False)
         else:
             order = np.ascontiguousarray(order, dtype=index).reshape(rows2d.shape)
