@@ -437,6 +437,25 @@ def test_losses_of_an_empty_batch():
     assert pullback(1.0)[0].shape == (0, 4)
 
 
+@pytest.mark.parametrize("fn", [so.soft_topk, so.log_soft_topk])
+@pytest.mark.parametrize("largest", [True, False])
+@pytest.mark.parametrize("shape, k_shape", [((1000,), (0,)), ((3, 9), (3, 0)), ((3, 9), (1, 0))])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_an_empty_k_gives_empty_memberships_and_zero_gradients(fn, largest, shape, k_shape, dtype):
+    """No targets: an empty result, zero gradients, an empty tangent (the kernels, which take
+    one target or more, are not called).
+    """
+    x = np.random.default_rng(0).standard_normal(shape).astype(dtype)
+    k = np.zeros(k_shape)
+    out, pullback = so.vjp(fn, x, k, 0.5, largest=largest)
+    assert out.shape == shape[:-1] + (0, shape[-1]) and out.dtype == dtype
+    x_bar, k_bar, alpha_bar = pullback(np.ones(out.shape, dtype))
+    assert x_bar.shape == shape and x_bar.dtype == dtype and not x_bar.any()
+    assert k_bar.shape == k_shape and alpha_bar == 0.0
+    _, tangent = so.jvp(fn, (x, k, 0.5), (np.ones_like(x), None, 1.0), largest=largest)
+    assert tangent.shape == out.shape
+
+
 def test_tied_values_get_bitwise_identical_ranks():
     x = np.array([1.0, 1.0, 0.0, 1.0, 2.0, 2.0])
     for alpha in np.linspace(0.05, 3.0, 60):

@@ -307,6 +307,29 @@ def test_vmapped_losses_reduce_per_element(rng):
     np.testing.assert_allclose(np.asarray(out), np.asarray(expected), rtol=1e-6)
 
 
+def test_a_derivative_in_p_k_is_refused_naming_softorder(rng):
+    """The loss has no derivative in p_k: asking for one raises, where JAX would take it as 0;
+    with a constant p_k the gradients in the logits go on."""
+    logits = jnp.asarray(rng.normal(size=(3, 5)), dtype=jnp.float32)
+    labels = jnp.array([0, 4, 2])
+    p_k = jnp.array([0.5, 0.5])
+
+    def loss(z, p):
+        return soj.topk_cross_entropy(z, labels, p, 0.5)
+
+    message = "^softorder: topk_cross_entropy has no derivative in p_k"
+    for transform in (jax.grad, lambda f: jax.jit(jax.grad(f))):
+        with pytest.raises(NotImplementedError, match=message):
+            transform(lambda p: loss(logits, p))(p_k)
+    with pytest.raises(NotImplementedError, match=message):
+        jax.vjp(loss, logits, p_k)
+    grad = jax.grad(loss)(logits, p_k)
+    expected = softorder.vjp(
+        softorder.topk_cross_entropy, np.asarray(logits), np.asarray(labels), np.asarray(p_k), 0.5
+    )[1](np.float32(1.0))[0]
+    np.testing.assert_allclose(np.asarray(grad), expected, rtol=1e-6)
+
+
 def test_grad_of_jit_and_jit_of_grad(rng):
     x = jnp.asarray(distinct(rng, (8,)), dtype=jnp.float32)
     w = jnp.asarray(rng.normal(size=8), dtype=jnp.float32)

@@ -208,3 +208,52 @@ def test_bad_settings_are_refused_before_the_call_by_the_engine():
         sot.permutation_cross_entropy(X, RANKS, 0.5, reduction="avg")
     with pytest.raises(TypeError, match="alpha must be a real number, a sequence of them or a"):
         sot.soft_rank(X, np.ones(2))
+
+
+def test_an_empty_k_gives_an_empty_result_and_zero_gradients():
+    x = X.clone().requires_grad_()
+    k = torch.zeros(1, 0, dtype=torch.float64, requires_grad=True)
+    out = sot.soft_topk(x, k, 0.5)
+    assert out.shape == (2, 0, 5)
+    out.sum().backward()
+    assert not x.grad.any() and k.grad.shape == (1, 0)
+
+
+P_K = torch.tensor([0.5, 0.5], dtype=torch.float64)
+
+
+def _loss(logits, p_k):
+    return sot.topk_cross_entropy(logits, LABELS, p_k, 0.5)
+
+
+def test_a_derivative_in_p_k_is_refused_naming_softorder():
+    """The loss has no derivative in p_k: asking for one raises in every mode, where PyTorch
+    would leave the gradient out (None) or take the tangent as zero."""
+    message = "^softorder: topk_cross_entropy has no derivative in p_k"
+    p_k = P_K.clone().requires_grad_()
+    with pytest.raises(NotImplementedError, match=message):
+        _loss(X, p_k).backward()
+    with pytest.raises(NotImplementedError, match=message):
+        torch.func.grad(lambda p: _loss(X, p))(P_K)
+    with pytest.raises(NotImplementedError, match=message):
+        torch.func.jvp(lambda p: _loss(X, p), (P_K,), (torch.ones(2, dtype=torch.float64),))
+    with torch.autograd.forward_ad.dual_level():
+        dual = torch.autograd.forward_ad.make_dual(P_K, torch.ones(2, dtype=torch.float64))
+        with pytest.raises(NotImplementedError, match=message):
+            _loss(X, dual)
+    compiled = torch.compile(_loss, backend="eager", fullgraph=True)
+    with pytest.raises(Exception, match="^NotImplementedError: " + message[1:]):
+        compiled(X.clone().requires_grad_(), p_k)
+
+
+def test_derivatives_in_logits_go_on_with_a_constant_p_k():
+    logits = X.clone().requires_grad_()
+    _loss(logits, P_K).backward()
+    expected = torch.from_numpy(
+        so.vjp(so.topk_cross_entropy, X.numpy(), LABELS.numpy(), P_K.numpy(), 0.5)[1](1.0)[0]
+    )
+    torch.testing.assert_close(logits.grad, expected, rtol=0, atol=0)
+    torch.testing.assert_close(torch.func.grad(lambda x: _loss(x, P_K))(X), expected)
+    tangent = torch.ones_like(X)
+    _, jvp = torch.func.jvp(lambda x: _loss(x, P_K), (X,), (tangent,))
+    torch.testing.assert_close(jvp, (expected * tangent).sum())

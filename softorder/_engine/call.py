@@ -172,6 +172,31 @@ class CallSpec(NamedTuple):
         return [grads[name] for name in self.differentiable()]
 
 
+def refuse_derivatives(op: str, rule: Rule, names, wanted) -> None:
+    """Raise ``NotImplementedError`` naming softorder when ``wanted`` (one flag per array
+    argument ``names``) asks for a derivative in an argument that operation ``op`` has none in
+    (``p_k`` of the top-k loss): the bridges' transforms would otherwise leave it out, a
+    silent zero or missing gradient.
+
+    Examples
+    --------
+    >>> rule = rule_named("topk_cross_entropy")
+    >>> refuse_derivatives("topk_cross_entropy", rule, ("logits", "labels"), (True, False))
+    >>> refuse_derivatives("topk_cross_entropy", rule, ("logits", "p_k"), (True, True))
+    Traceback (most recent call last):
+    ...
+    NotImplementedError: softorder: topk_cross_entropy has no derivative in p_k (it is ...
+    """
+    for name, flag in zip(names, wanted, strict=True):
+        if flag and name not in rule.differentiable:
+            *others, last = rule.differentiable
+            listed = f"{', '.join(others)} and {last}" if others else last
+            raise NotImplementedError(
+                f"softorder: {op} has no derivative in {name} (it is differentiable in "
+                f"{listed} only); treat {name} as a constant"
+            )
+
+
 @functools.lru_cache(maxsize=256)
 def gradient_positions(rule: Rule, names: tuple) -> tuple:
     """``(i, j)`` for each array argument ``names[i]`` that is ``rule.differentiable[j]``: where

@@ -32,7 +32,7 @@ from softorder import core
 from softorder import operations as _ops
 from softorder._docs import Dialect, documented
 from softorder._engine import checks
-from softorder._engine.call import Call, CallSpec, input_dtypes
+from softorder._engine.call import Call, CallSpec, input_dtypes, refuse_derivatives
 from softorder._engine.layout import Layout
 
 __all__ = [
@@ -207,6 +207,9 @@ class _Wanted:
 def _apply_fwd(kernel: _Callbacks | _Ffi, *primals):
     # (symbolic zeros: the backward pass computes only the gradients of perturbed arguments)
     arrays = tuple(p.value for p in primals)
+    if isinstance(kernel, _Callbacks):  # (the FFI route's other arguments are concrete)
+        spec = kernel.call.spec
+        refuse_derivatives(spec.op, spec.rule, spec.names, [p.perturbed for p in primals])
     out, *residuals = _vary(kernel.forward(arrays, True), _varying_axes(arrays))
     wanted = _Wanted(tuple(i for i in kernel.differentiable if primals[i].perturbed))
     return out, (arrays, tuple(residuals), wanted)
@@ -452,8 +455,9 @@ _JAX = Dialect(
         "inputs keep their dtype (float16 and bfloat16 are computed in float32). Works under "
         "``jax.jit`` and ``jax.vmap`` (one batched kernel call); reverse-mode derivatives "
         "(``jax.grad``, ``jax.vjp``, ``jax.jacrev``) in {differentiable}, which may be traced. "
-        "Forward mode (``jax.jvp``, ``jax.jacfwd``) raises ``TypeError`` and second "
-        "derivatives ``NotImplementedError``. Concrete arguments are checked when the function "
+        "Forward mode (``jax.jvp``, ``jax.jacfwd``) raises ``TypeError``, and second "
+        "derivatives and derivatives in other arguments ``NotImplementedError``. Concrete "
+        "arguments are checked when the function "
         "is traced (in float32 also as rounded to float32); a bad traced value raises "
         ":class:`jax.errors.JaxRuntimeError` when the kernels run."
     ),

@@ -39,7 +39,13 @@ from softorder import core, operations
 from softorder._docs import Dialect, documented
 from softorder._engine import checks
 from softorder._engine.autodiff import rule_named
-from softorder._engine.call import CallSpec, compute_dtype, gradient_positions, reduction_scale
+from softorder._engine.call import (
+    CallSpec,
+    compute_dtype,
+    gradient_positions,
+    reduction_scale,
+    refuse_derivatives,
+)
 from softorder.bridges import _torch_compat as compat
 
 __all__ = [
@@ -423,6 +429,9 @@ class _Operation(compat.FastApplyFunction):
         if compat.forward_mode_possible():
             ctx.save_for_forward(*tensors)
             ctx.dtype = output.dtype  # for tangents
+            # no zero tangents in place of missing ones: a tangent given for an argument
+            # without derivatives (p_k) must be told from none (refuse_derivatives)
+            ctx.set_materialize_grads(False)
 
     @staticmethod
     def vmap(info, in_dims, call, *tensors):
@@ -434,6 +443,7 @@ class _Operation(compat.FastApplyFunction):
     @staticmethod
     def backward(ctx, cotangent):
         call, tensors = ctx.call, ctx.saved_tensors
+        refuse_derivatives(call.name, call.rule, call.names, ctx.needs_input_grad[1:])
         if compat.is_wrapped(cotangent) or any(map(compat.is_wrapped, tensors)):
             # under torch.func the values reach NumPy only through a custom operator
             spec, residuals = call.spec(), call.residual_tensors()
@@ -458,6 +468,7 @@ class _Operation(compat.FastApplyFunction):
     @staticmethod
     def jvp(ctx, _call_tangent, *tangents):
         call, saved = ctx.call, ctx.saved_tensors
+        refuse_derivatives(call.name, call.rule, call.names, [t is not None for t in tangents])
         given = [
             (name, t)
             for name, t in zip(call.names, tangents, strict=True)
@@ -555,6 +566,8 @@ def _run(name: str, x, arguments: dict) -> Tensor:
         if not (type(dim) is int and -len(shape) <= dim < len(shape) and shape[dim]):
             statics["axis"] = checks.check_axis(dim, tuple(shape), input_name, "dim")
     if compiling:
+        if torch.is_grad_enabled():  # (the compiled backward cannot tell which it is asked for)
+            _refuse_derivatives(name, names, tuple(t.requires_grad for t in tensors))
         out = _forward_op(_encode(name, names, tuple(statics.items())), tensors)[0]
     else:
         call = _Call(name, names, statics)
@@ -658,6 +671,11 @@ def _no_forward_mode_when_compiling() -> None:
         )
 
 
+@compat.mark_constant  # run, not traced, by torch.compile: its error keeps its message
+def _refuse_derivatives(name: str, names: tuple, wanted: tuple) -> None:
+    refuse_derivatives(name, _RULES[name], names, wanted)
+
+
 @compat.mark_constant  # run, not traced, by torch.compile
 def _refuse(message: str) -> None:
     """Raise ``TypeError(message)`` from traced code with its text: dynamo runs this function
@@ -690,7 +708,8 @@ _TORCH = Dialect(
         "float32) on the CPU or, with ``numba-cuda``, a CUDA device; the result has its "
         "dtype and device. Differentiable in {differentiable} (when tensors that require "
         "grad): reverse and forward mode, :mod:`torch.func` transforms, and reverse mode "
-        "under :func:`torch.compile`. Second derivatives raise ``NotImplementedError``."
+        "under :func:`torch.compile`. Second derivatives, and derivatives in other arguments, "
+        "raise ``NotImplementedError``."
     ),
 )
 
