@@ -112,6 +112,17 @@ def test_soft_topk_several_k_per_row_alpha(largest):
     check_vjp(softorder.soft_topk, X, k, ALPHA, largest=largest)
 
 
+@pytest.mark.parametrize("fn", [softorder.soft_topk, softorder.log_soft_topk])
+def test_an_empty_k_gives_an_empty_result_and_zero_gradients(fn):
+    k = np.zeros((X.shape[0], 0))
+    out, pullback = softorder.vjp(fn, cuda.to_device(X), k, ALPHA)
+    assert to_host(out).shape == (X.shape[0], 0, X.shape[1])
+    x_bar, k_bar, alpha_bar = pullback(cuda.to_device(np.zeros(out.shape)))
+    assert_same(x_bar, np.zeros(X.shape))
+    assert np.shape(k_bar) == k.shape
+    assert_same(alpha_bar, np.zeros(X.shape[0]))
+
+
 def test_soft_topk_scalar_k_host_cotangent():
     check_vjp(softorder.soft_topk, X, 2, 0.5, device_cotangent=False)
 
