@@ -456,6 +456,19 @@ def test_an_empty_k_gives_empty_memberships_and_zero_gradients(fn, largest, shap
     assert tangent.shape == out.shape
 
 
+@pytest.mark.parametrize("tiny", [1e-300, 1e-310, 1e-320, 5e-324])
+def test_subnormal_k_and_q_keep_their_precision(tiny):
+    """A target beyond every value, where each Laplace CDF is its exponential tail: the top-k
+    threshold has ``log p_i = log k + x_i / alpha - logsumexp(x / alpha)``, the quantile is
+    ``alpha (log(2 q n) - logsumexp(-x / alpha))``. For a tiny ``k`` or ``q`` the ratio the
+    solver takes the log of is subnormal, which keeps few bits."""
+    x, alpha = np.array([0.3, -1.2, 2.0, 0.7]), 0.5
+    expected = np.log(tiny) + x / alpha - np.logaddexp.reduce(x / alpha)
+    np.testing.assert_allclose(so.log_soft_topk(x, tiny, alpha), expected, rtol=1e-14)
+    quantile = alpha * (np.log(2 * tiny * x.size) - np.logaddexp.reduce(-x / alpha))
+    np.testing.assert_allclose(so.soft_quantile(x, tiny, alpha), quantile, rtol=1e-14)
+
+
 def test_tied_values_get_bitwise_identical_ranks():
     x = np.array([1.0, 1.0, 0.0, 1.0, 2.0, 2.0])
     for alpha in np.linspace(0.05, 3.0, 60):

@@ -171,7 +171,12 @@ def invert_at(r, inv_alpha, e, A, B, w, J):
     """
     n = r.shape[0]
     if J == 0:
-        return 0, math.log(2.0 * w / B[0])
+        ratio = 2.0 * w / B[0]
+        if ratio >= fast_log.TINY:
+            return 0, math.log(ratio)
+        # a subnormal ratio (a tiny k or q) keeps few bits: the difference of two logs
+        # (doubling w is exact)
+        return 0, math.log(2.0 * w) - math.log(B[0])
     if J == n:
         return n - 1, -math.log(2.0 * (n - w) / A[n - 1])
     c = w - J
