@@ -114,6 +114,9 @@ def precompile(
     apis : str or iterable of {"numpy", "torch", "jax"}
         Which APIs to run each operation through. The torch bridge uses the NumPy API's
         kernels; the JAX bridge passes read-only arrays, which numba compiles separately.
+        Naming ``"torch"`` or ``"jax"`` imports that bridge, and importing a bridge turns
+        numba's parallel rows off for the process (:func:`softorder.core.set_parallel`), as
+        it does in any program that imports it.
     parallel : bool
         Also compile the multi-threaded variants that large batched calls use (at least
         ``MIN_PARALLEL_ROWS`` rows and ``MIN_PARALLEL_ELEMENTS`` elements, with

@@ -829,3 +829,10 @@ def test_float32_soft_topk_converges_like_float64():
     m64 = bl.topk_memberships(logits.to(F64), 5, "soft_topk_ot", 0.03)
     assert m32.dtype == torch.float32
     torch.testing.assert_close(m32.to(F64), m64, rtol=0, atol=1e-6)
+
+
+def test_a_per_row_temperature_with_top_m_is_refused_by_its_shape():
+    sot = pytest.importorskip("softorder.bridges.torch")
+    loss = sot.TopKCrossEntropyLoss([0.5, 0.5], alpha=torch.full((6,), 0.5), top_m=5)
+    with pytest.raises(ValueError, match=r"0-d tensor, got shape \(6,\)"):
+        loss(torch.randn(6, 10), torch.randint(0, 10, (6,)))

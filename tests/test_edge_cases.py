@@ -715,6 +715,36 @@ def test_p_k_within_the_tolerance_is_used_as_given(rng):
     so.topk_cross_entropy(logits, labels, np.array([0.1, 0.2, 0.7], np.float16), 0.5)
 
 
+def test_p_k_widened_from_a_narrow_float_keeps_that_floats_tolerance():
+    """A float16 or bfloat16 p_k reaches the check widened to float32 through the bridges (and
+    a loss module's ``.half()``): every entry held exactly by the narrow float gives it that
+    float's tolerance; other values keep 1e-6.
+    """
+    logits, labels = np.zeros((2, 6)), [0, 1]
+    thirds16 = np.full(3, 1 / 3, np.float16).astype(np.float32)  # sum 0.99976
+    so.topk_cross_entropy(logits, labels, thirds16, 0.5)
+    bf16 = np.array([0.2, 0.3, 0.5], np.float32).view(np.uint32) & 0xFFFF0000
+    so.topk_cross_entropy(logits, labels, bf16.view(np.float32).astype(np.float64), 0.5)
+    with pytest.raises(ValueError, match="summing to 1 within 1e-06"):
+        so.topk_cross_entropy(logits, labels, np.full(3, 0.3333), 0.5)  # sum 0.9999
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_a_pullback_keeps_the_labels_and_ranks_of_its_call(dtype):
+    """The caller's integer arrays may change after ``vjp`` returns (a reused buffer): the
+    pullback gives the gradients of the call that was made."""
+    x = np.array([[0.3, -1.2, 2.0, 0.7]])
+    labels, ranks = np.array([1], dtype), np.array([[2, 1, 4, 3]], dtype)
+    pullbacks = [
+        so.vjp(so.topk_cross_entropy, x, labels, [0.5, 0.5], 0.5)[1],
+        so.vjp(so.permutation_cross_entropy, x, ranks, 0.5)[1],
+    ]
+    before = [pullback(1.0)[0] for pullback in pullbacks]
+    labels[0], ranks[0] = 2, [1, 2, 3, 4]
+    for pullback, gradient in zip(pullbacks, before, strict=True):
+        np.testing.assert_array_equal(pullback(1.0)[0], gradient)
+
+
 def test_duplicate_target_ranks_name_the_row_in_a_batch():
     ranks = np.tile(np.arange(1, 5), (2, 3, 1))
     ranks[1, 2] = [1, 2, 4, 4]

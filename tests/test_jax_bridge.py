@@ -330,6 +330,17 @@ def test_a_derivative_in_p_k_is_refused_naming_softorder(rng):
     np.testing.assert_allclose(np.asarray(grad), expected, rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_a_narrow_p_k_is_accepted_as_the_numpy_api_accepts_it(dtype):
+    logits, labels = jnp.zeros((2, 5)), jnp.array([0, 3])
+    thirds = jnp.full(3, 1 / 3, dtype)
+    expected = softorder.topk_cross_entropy(
+        np.zeros((2, 5)), np.array([0, 3]), np.asarray(thirds, np.float64), 0.5
+    )
+    for call in (soj.topk_cross_entropy, jax.jit(soj.topk_cross_entropy)):
+        np.testing.assert_allclose(call(logits, labels, thirds, 0.5), expected, rtol=1e-6)
+
+
 def test_grad_of_jit_and_jit_of_grad(rng):
     x = jnp.asarray(distinct(rng, (8,)), dtype=jnp.float32)
     w = jnp.asarray(rng.normal(size=8), dtype=jnp.float32)

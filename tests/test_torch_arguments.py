@@ -257,3 +257,15 @@ def test_derivatives_in_logits_go_on_with_a_constant_p_k():
     tangent = torch.ones_like(X)
     _, jvp = torch.func.jvp(lambda x: _loss(x, P_K), (X,), (tangent,))
     torch.testing.assert_close(jvp, (expected * tangent).sum())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_narrow_p_k_is_accepted_as_the_numpy_api_accepts_it(dtype):
+    """Narrow tensors are computed in float32; p_k keeps its own dtype's tolerance."""
+    thirds = torch.full((3,), 1 / 3, dtype=dtype)
+    expected = so.topk_cross_entropy(X.numpy(), LABELS.numpy(), thirds.double().numpy(), 0.5)
+    torch.testing.assert_close(
+        sot.topk_cross_entropy(X, LABELS, thirds, 0.5).item(), float(expected)
+    )
+    loss = sot.TopKCrossEntropyLoss([0.2, 0.3, 0.5], alpha=0.5).to(dtype)
+    assert loss(X.to(dtype), LABELS).dtype == dtype

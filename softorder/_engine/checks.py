@@ -147,10 +147,18 @@ def check_alpha(
 
 
 def check_labels(
-    labels, batch_shape: tuple, name: str, low: int, high: int, core_shape: tuple = ()
+    labels,
+    batch_shape: tuple,
+    name: str,
+    low: int,
+    high: int,
+    core_shape: tuple = (),
+    dtype=np.int64,
 ) -> np.ndarray:
     """Integer ``labels`` of shape ``batch_shape + core_shape`` with values in ``[low, high]``,
-    as int64 ``(rows, *core_shape)``; ``TypeError``/``ValueError`` naming ``name`` otherwise.
+    as a new ``(rows, *core_shape)`` array of ``dtype`` (a copy even where the caller's array
+    is one already: a pullback keeps it, and the caller's later changes to their own array
+    must not reach the gradients); ``TypeError``/``ValueError`` naming ``name`` otherwise.
     """
     refuse_masked(labels, name)
     arr = np.asarray(labels)
@@ -162,9 +170,7 @@ def check_labels(
     if arr.size and (arr.min() < low or arr.max() > high):
         bad = arr[(arr < low) | (arr > high)].flat[0]
         raise ValueError(f"{name} must lie in [{low}, {high}]; got {bad.item()}")
-    return _writable(
-        np.ascontiguousarray(arr, dtype=np.int64).reshape((math.prod(batch_shape),) + core_shape)
-    )
+    return np.array(arr, dtype=dtype, order="C").reshape((math.prod(batch_shape),) + core_shape)
 
 
 def _writable(arr: np.ndarray) -> np.ndarray:
@@ -199,6 +205,28 @@ def check_target_ranks(target_ranks, batch_shape: tuple, n: int) -> np.ndarray:
 P_K_TOLERANCE = 1e-6
 
 
+def _p_k_tolerance(pk: np.ndarray) -> float:
+    """How far a row of ``p_k`` may sum from 1: :data:`P_K_TOLERANCE`, or four steps of a
+    narrow float that holds every entry exactly. float16 and bfloat16 cannot sum to 1 within
+    1e-6, and a p_k in one of them may reach this check widened (the bridges compute narrow
+    tensors in float32; a loss module's buffer follows ``.half()`` or ``.to(torch.bfloat16)``).
+    """
+    tolerance = P_K_TOLERANCE
+    if pk.dtype.kind == "f":
+        tolerance = max(tolerance, 4 * float(np.finfo(pk.dtype).eps))
+    if pk.dtype.kind != "f" or pk.dtype.itemsize < 4 or not pk.size:
+        return tolerance
+    with np.errstate(over="ignore", invalid="ignore"):
+        wide = pk.astype(np.float32)
+        if not np.array_equal(wide, pk):
+            return tolerance
+        if not (wide.view(np.uint32) & 0xFFFF).any():  # bfloat16: the top 16 bits only
+            return max(tolerance, 4 * 2.0**-7)
+        if np.array_equal(wide.astype(np.float16), wide):
+            return max(tolerance, 4 * 2.0**-10)
+    return tolerance
+
+
 def check_p_k(p_k, batch_shape: tuple, n: int) -> np.ndarray:
     """``p_k`` broadcast to ``batch_shape + (K,)`` as float64, or ``ValueError`` saying what
     is wrong: no trailing K axis, K >= n classes, a shape that does not broadcast, or not a
@@ -219,9 +247,7 @@ def check_p_k(p_k, batch_shape: tuple, n: int) -> np.ndarray:
     pk, _ = float_array(p_k, "p_k")
     if pk.dtype.kind == "b":
         raise TypeError(f"p_k must hold probabilities, not bools; got {p_k!r}")
-    tolerance = P_K_TOLERANCE
-    if pk.dtype.kind == "f":  # float16 cannot sum to 1 within 1e-6: a few of its own steps
-        tolerance = max(tolerance, 4 * float(np.finfo(pk.dtype).eps))
+    tolerance = _p_k_tolerance(pk)
     if pk.ndim == 0 or pk.shape[-1] == 0:
         raise ValueError(
             f"p_k must list P_K(k) for k = 1..K along its last axis; got shape {pk.shape}"
@@ -349,11 +375,12 @@ def target_rows(value, batch_shape: tuple) -> tuple[np.ndarray, bool, tuple]:
     return _writable(values), multi, arr.shape
 
 
-def label_rows(labels, batch_shape: tuple, core_shape: tuple = ()) -> np.ndarray:
+def label_rows(labels, batch_shape: tuple, core_shape: tuple = (), dtype=np.int64) -> np.ndarray:
     """:func:`check_labels`'s (and :func:`check_target_ranks`') result for labels it
-    accepted, without checking them again.
+    accepted, without checking them again (the bridges' own arrays, alive for the call: no
+    copy).
     """
-    arr = np.ascontiguousarray(labels, dtype=np.int64)
+    arr = np.ascontiguousarray(labels, dtype=dtype)
     return _writable(arr.reshape((math.prod(batch_shape),) + core_shape))
 
 

@@ -25,11 +25,11 @@ def check_scores(x: torch.Tensor, name: str = "x", *, min_n: int = 2) -> int:
 
 def check_temperature(temperature: Temperature, name: str = "temperature") -> Temperature:
     """Check that a float or 0-d tensor temperature is positive and finite."""
-    value = float(temperature.detach()) if isinstance(temperature, torch.Tensor) else temperature
     if isinstance(temperature, torch.Tensor) and temperature.ndim != 0:
         raise ValueError(
             f"{name} must be a number or a 0-d tensor, got shape {tuple(temperature.shape)}"
         )
+    value = float(temperature.detach()) if isinstance(temperature, torch.Tensor) else temperature
     if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be positive and finite, got {temperature!r}")
     return temperature
