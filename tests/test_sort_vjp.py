@@ -174,7 +174,7 @@ def test_sort_forward_keeps_the_offsets_and_a_float32_row():
     finally:
         tracemalloc.stop()
     # the result, the float32 sorted row, its int32 order and the float64 offsets (the
-    # anchors are counted again by the VJP): 20 bytes per element (was 28)
+    # anchors are counted again by the VJP): 20 bytes per element
     assert out.dtype == np.float32
     assert kept <= 20 * n + 16384
     del pullback
