@@ -226,12 +226,14 @@ def soft_quantile(x: ArrayLike, q: ArrayLike, alpha: float = 1.0, *, axis: int =
 def soft_permutation(
     x: ArrayLike, alpha: float = 1.0, *, axis: int = -1, descending: bool = False
 ) -> np.ndarray:
-    """Soft permutation matrix ``P`` with ``P @ x`` the (soft) sorted ``x``.
+    """Soft permutation matrix ``P`` with ``P @ x`` a soft sort of ``x``.
 
     ``P[k, i] = F((b_(k+1) - x_i) / alpha) - F((b_k - x_i) / alpha)`` with ``b_k = S^-1(k)``,
     ``b_0 = -inf``, ``b_n = +inf``: doubly stochastic for every alpha, the hard permutation
     matrix of ``np.argsort`` as ``alpha -> 0``. The result is n x n per row; the losses built
-    on it (:func:`permutation_cross_entropy`) never form it.
+    on it (:func:`permutation_cross_entropy`) never form it. ``P @ x`` averages ``x`` with
+    each row's weights; it is not :func:`soft_sort`'s result (the inverse of the Lap-sum at
+    the ranks), which it meets only as ``alpha -> 0``.
 
     Parameters
     ----------

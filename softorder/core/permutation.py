@@ -2,7 +2,7 @@
 
 With boundaries ``b_0 = -inf``, ``b_k = S^-1(k)`` (k = 1..n-1), ``b_n = +inf``:
 ``P[k, i] = F((b_(k+1) - r_i) / alpha) - F((b_k - r_i) / alpha)`` (0-based row k), a doubly
-stochastic matrix with ``P @ r`` the soft-sorted row. The matrix is the one O(n^2) output; the
+stochastic matrix with ``P @ r`` a soft-sorted row. The matrix is the one O(n^2) output; the
 loss ``-sum_i log P[t_i - 1, i]`` needs only two boundaries per element and costs O(n).
 Gradients chain through ``F`` directly and through the boundaries with
 :func:`softorder.core.lapsum.inverse_pullback` (one O(n) merge).
