@@ -2,8 +2,8 @@
 
 Conventions shared by every kernel:
 
-* ``xs`` is float64, each row sorted ascending (NaN last, as NumPy sorts), ``order`` (int64)
-  the argsort that produced it. Sorting happens outside the kernels (NumPy's SIMD sort is
+* ``xs`` is float64, each row sorted ascending (NaN last, as NumPy sorts), ``order`` (int32
+  or int64) the argsort that produced it. Sorting happens outside the kernels (NumPy's SIMD sort is
   several times faster than a sort inside ``njit``), except in compiled callers that cannot
   call NumPy (the JAX bridge's FFI handlers): those sort with :mod:`softorder.core.sort_rows`.
 * ``alpha`` is a float64 array with one value per row.
@@ -11,10 +11,15 @@ Conventions shared by every kernel:
   the caller's original element order. Inputs are never written.
 * A row whose sorted values contain NaN produces NaN outputs and leaves other rows untouched.
 * Scratch memory comes from the caller as a ``work`` array of shape ``(rows, W, n)`` (and a
-  ``twork`` of shape ``(rows, T, m)`` for per-target scratch), with ``W``/``T`` given by the
-  ``*_WORK`` constants of each module; :func:`workspace` allocates one. Large fresh allocations
-  inside numba page-fault on every call while NumPy's are cheap, which at n = 1e6 costs more
-  than the kernels' own work (figures in CHANGELOG.md).
+  ``twork`` of shape ``(rows, T, m)`` for per-target scratch), with ``W``/``T`` the module
+  constants each kernel's docstring names (``TABLES``, ``FORWARD_WORK``, ...);
+  :func:`workspace` allocates one. Large fresh allocations inside numba page-fault on every
+  call while NumPy's are cheap, which at n = 1e6 costs more than the kernels' own work
+  (figures in CHANGELOG.md).
+* The kernels trust the shapes they are given: numba checks no bounds, so an output or a
+  scratch array smaller than its docstring says is written past its end, which corrupts the
+  process's memory. The NumPy API and the bridges allocate them; a caller of the kernels must
+  allocate them as documented.
 """
 
 import importlib

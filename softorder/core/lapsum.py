@@ -605,6 +605,7 @@ def lapsum_kernel(xs, alpha, points, out, work):
     """``out[row, j] = S_row(points[row, j])`` for sorted rows ``xs`` (any order of points).
 
     O(n + m log n) per row: prefix sums, then a binary search and the interval formula.
+    ``work``: (rows, TABLES, n) scratch.
     """
     rows, n = xs.shape
     m = points.shape[1]

@@ -354,7 +354,7 @@ def _loss_by_rank_vjp(r, inv_alpha, order, target, anchor, offset, c, byrank, be
 @kernel(native=_NATIVE)
 def permutation_forward(xs, order, alpha, w, worder, out, anchor, offset, work, native):
     """Soft permutation matrices ``out`` (rows, n, n); boundaries into ``anchor``/``offset``
-    (rows, n-1).
+    (rows, n-1). ``work``: (rows, FORWARD_WORK, n) scratch.
     """
     rows, n = xs.shape
     for row in prange(rows):
@@ -383,7 +383,8 @@ def permutation_vjp(
     xs, order, alpha, anchor, offset, worder, V, x_bar, alpha_bar, work, twork, native
 ):
     """Cotangent ``V`` (rows, n, n) -> ``x_bar`` (rows, n), ``alpha_bar`` (rows,). O(n^2), the
-    size of ``V``; the chain through the boundaries is O(n).
+    size of ``V``; the chain through the boundaries is O(n). ``work``: (rows, GRADIENT_WORK,
+    n) and ``twork``: (rows, BOUNDARY_WORK, n - 1) scratch.
     """
     rows, n = xs.shape
     m = anchor.shape[1]
@@ -476,7 +477,10 @@ def _loss_forward_repeated(xs, order, alpha, target, w, worder, out, anchor, off
 def permutation_loss_forward(
     xs, order, alpha, target, w, worder, out, anchor, offset, work, native
 ):
-    """``out[row] = -sum_i log P[target_i - 1, i]`` for 1-based target ranks (rows, n)."""
+    """``out[row] = -sum_i log P[target_i - 1, i]`` for 1-based target ranks (rows, n).
+
+    ``work``: (rows, FORWARD_WORK, n) scratch.
+    """
     rows, n = xs.shape
     repeated = 0
     for row in prange(rows):
@@ -610,7 +614,8 @@ def permutation_jvp(xs, order, alpha, anchor, offset, worder, x_dot, alpha_dot, 
 
     ``dP[k, i] = f(z_(k+1),i) dz_(k+1),i - f(z_k,i) dz_k,i`` with
     ``dz_j,i = (db_j - dr_i - z_j,i dalpha) / alpha``; the boundary tangents ``db_j`` come from
-    one O(n) merge, the rest is O(n^2), the size of ``P``.
+    one O(n) merge, the rest is O(n^2), the size of ``P``. ``work``: (rows, GRADIENT_WORK, n)
+    and ``twork``: (rows, BOUNDARY_WORK, n - 1) scratch.
     """
     rows, n = xs.shape
     for row in prange(rows):

@@ -86,7 +86,8 @@ def finite_z(r_anchor, r_i, inv_alpha, t):
 @kernel
 def topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work):
     """Memberships (or their logs when ``log``) ``out`` (rows, m, n) for targets ``w`` (rows, m);
-    stores the targets as ``(anchor, offset)`` (rows, m) for the gradients.
+    stores the targets as ``(anchor, offset)`` (rows, m) for the gradients. ``work``: (rows,
+    FORWARD_WORK, n) scratch; m >= 1 (target 0's row of ``out`` is scratch too).
     """
     rows, n = xs.shape
     m = w.shape[1]
@@ -614,7 +615,10 @@ def _element_vk(vi, zi, az, ei, decay, one_exp, inv_alpha, log):
 
 @kernel
 def topk_jvp(xs, order, alpha, anchor, offset, log, x_dot, w_dot, alpha_dot, out, work):
-    """Tangents ``x_dot`` (rows, n), ``w_dot`` (rows, m), ``alpha_dot`` (rows,) -> (rows, m, n)."""
+    """Tangents ``x_dot`` (rows, n), ``w_dot`` (rows, m), ``alpha_dot`` (rows,) -> (rows, m, n).
+
+    ``work``: (rows, GRADIENT_WORK, n) scratch.
+    """
     rows, n = xs.shape
     m = anchor.shape[1]
     for row in prange(rows):

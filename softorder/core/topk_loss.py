@@ -147,6 +147,7 @@ def _ladder(K: int) -> tuple[np.ndarray, np.ndarray]:
 
 def topk_loss_forward(xs, order, alpha, labels, log_pk, split, pk1, out, anchor, offset, work):
     """Per-row loss ``out`` (rows,); ``log_pk`` (rows, K) holds log P_K(k) for k = 1..K.
+    ``work``: (rows, FORWARD_WORK, n) scratch.
 
     ``serial`` and ``parallel`` are those of the kernel :func:`_loss_forward`.
     """
@@ -200,6 +201,7 @@ def topk_loss_vjp(
     xs, order, alpha, labels, log_pk, split, pk1, anchor, offset, cot, x_bar, alpha_bar, work
 ):
     """Cotangent ``cot`` (rows,) -> ``x_bar`` (rows, n; gradient in ``r``), ``alpha_bar``.
+    ``work``: (rows, CPU_GRADIENT_WORK, n) scratch (GRADIENT_WORK for the GPU twin).
 
     An infinite loss (the label cannot be selected) has zero gradient. ``serial`` and
     ``parallel`` are those of the kernel :func:`_loss_vjp`.
