@@ -747,8 +747,6 @@ class TopKRule(OrderRule):
         rows, targets = ctx.rows, ctx.params["targets"]
         out = ctx.empty((rows.rows, targets.m, rows.n))
         anchor, offset = ctx.target_storage(targets.m)
-        if targets.m == 0:  # an empty k: an empty result (the kernels take one target or more)
-            return _targets_to_user(ctx, out, self._kind(ctx))
         ctx.kernels.topk_forward(
             rows.xs,
             rows.order,
@@ -797,10 +795,6 @@ class TopKRule(OrderRule):
                 x_bar = v.reshape(rows.xs.shape) if owned and one else ctx.empty(rows.xs.shape)
         v = v.reshape(rows.rows, targets.m, rows.n)
         w_bar = ctx.empty((rows.rows, targets.m))
-        if targets.m == 0:  # an empty k (the kernels take one target or more): zero gradients
-            x_bar, alpha_bar = ctx.zeros(rows.xs.shape), ctx.zeros(rows.rows)
-            k_bar = targets.grad_to_user(w_bar, rows, rows.dtype)
-            return rows.grad_to_user(x_bar), k_bar, ctx.alpha_grad(alpha_bar)
         alpha_bar = ctx.empty(rows.rows)
         (core.topk_vjp_narrow if narrow else ctx.kernels.topk_vjp)(
             rows.xs,
@@ -846,10 +840,7 @@ class TopKRule(OrderRule):
             if "k" in tangents
             else ctx.zeros(targets.values.shape)
         )
-        x_dot, alpha_dot = _x_tangent(tangents, rows), ctx.alpha_tangent(tangents)
         out = ctx.empty((rows.rows, targets.m, rows.n))
-        if targets.m == 0:  # an empty k: an empty tangent (the kernels take one target or more)
-            return _targets_to_user(ctx, out, self._kind(ctx))
         ctx.kernels.topk_jvp(
             rows.xs,
             rows.order,
@@ -857,9 +848,9 @@ class TopKRule(OrderRule):
             s["anchor"],
             s["offset"],
             self.log,
-            x_dot,
+            _x_tangent(tangents, rows),
             w_dot,
-            alpha_dot,
+            ctx.alpha_tangent(tangents),
             out,
             ctx.work(core.topk.GRADIENT_WORK),
         )

@@ -87,10 +87,12 @@ def finite_z(r_anchor, r_i, inv_alpha, t):
 def topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work):
     """Memberships (or their logs when ``log``) ``out`` (rows, m, n) for targets ``w`` (rows, m);
     stores the targets as ``(anchor, offset)`` (rows, m) for the gradients. ``work``: (rows,
-    FORWARD_WORK, n) scratch; m >= 1 (target 0's row of ``out`` is scratch too).
+    FORWARD_WORK, n) scratch.
     """
     rows, n = xs.shape
     m = w.shape[1]
+    if m == 0:  # nothing to write; target 0's row of ``out``, the scratch below, is not there
+        return
     for row in prange(rows):
         r = xs[row]
         if has_nan(r):
