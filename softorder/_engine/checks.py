@@ -223,7 +223,7 @@ def _p_k_tolerance(pk: np.ndarray) -> float:
         if not (wide.view(np.uint32) & 0xFFFF).any():  # bfloat16: the top 16 bits only
             return max(tolerance, 4 * 2.0**-7)
         if np.array_equal(wide.astype(np.float16), wide):
-            return max(tolerance, 4 * 2.0**-10)
+            return max(tolerance, 4 * float(np.finfo(np.float16).eps))
     return tolerance
 
 
