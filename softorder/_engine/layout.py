@@ -3,8 +3,9 @@ other arguments: :mod:`softorder._engine.checks`).
 
 An operation acts along one axis of ``x``; every other axis is a batch axis. :class:`Rows`
 moves that axis last, flattens the batch to ``(rows, n)``, converts to float64, sorts each row
-(NumPy's SIMD argsort, outside the kernels) and maps results and gradients back to the
-caller's layout and dtype. The kernels only ever see C-contiguous float64 ``(rows, ...)`` arrays.
+(by NumPy, outside the kernels: ``NumpyBackend.sort_rows``) and maps results and gradients
+back to the caller's layout and dtype. The kernels only ever see C-contiguous float64
+``(rows, ...)`` arrays.
 """
 
 from __future__ import annotations

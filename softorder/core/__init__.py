@@ -3,9 +3,11 @@
 Conventions shared by every kernel:
 
 * ``xs`` is float64, each row sorted ascending (NaN last, as NumPy sorts), ``order`` (int32
-  or int64) the argsort that produced it. Sorting happens outside the kernels (NumPy's SIMD sort is
-  several times faster than a sort inside ``njit``), except in compiled callers that cannot
-  call NumPy (the JAX bridge's FFI handlers): those sort with :mod:`softorder.core.sort_rows`.
+  or int64) the argsort that produced it. Sorting happens outside the kernels, in NumPy's SIMD
+  sort of keys that carry each value's index (:func:`~softorder.core.rows.pack_sort_keys`,
+  :func:`~softorder.core.rows.unpack_sorted`; several times faster than a sort inside
+  ``njit``), except in compiled callers that cannot call NumPy (the JAX bridge's FFI
+  handlers): those sort with :mod:`softorder.core.sort_rows`.
 * ``alpha`` is a float64 array with one value per row.
 * Outputs are float64 arrays the caller allocates; element-indexed outputs and cotangents are in
   the caller's original element order. Inputs are never written.
@@ -43,6 +45,8 @@ _KERNELS = {
     "rank_vjp": "rank",
     "rank_vjp_narrow": "rank",
     "take_rows": "rows",
+    "pack_sort_keys": "rows",
+    "unpack_sorted": "rows",
     "inverse_jvp": "sort",
     "inverse_vjp": "sort",
     "few_inverse_vjp": "sort",

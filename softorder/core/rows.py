@@ -1,7 +1,15 @@
 """Moving between a row's original order and its sorted order, inside the kernels.
 
-Every kernel works on rows sorted by NumPy's argsort outside numba (``order``); these helpers
-gather values into sorted order and scatter results back, and find NaN rows.
+Every kernel works on rows sorted outside numba by NumPy (``order``); these helpers gather
+values into sorted order and scatter results back, and find NaN rows.
+
+The host sorts by :func:`pack_sort_keys`, NumPy's ``np.sort`` of the packed keys, and
+:func:`unpack_sorted`: each float64's bits as an integer of the same order, its low bits
+replaced by the element's index, so that one sort of 8-byte integers (NumPy's SIMD sort)
+gives both the sorted values and the argsort, which ``np.argsort`` computes by moving
+(value, index) pairs. Values that differ only in the replaced bits are put in order after
+the sort. Widened float32 values have none (their low 29 bits are alike), so rows of fewer
+than 2**29 of them are never reordered.
 """
 
 from __future__ import annotations
@@ -10,6 +18,87 @@ from numba import prange
 
 from softorder.core._jit import helper, kernel
 from softorder.core.laplace import INF
+
+#: the bits of a float64 but its sign, of +inf, and the key of every NaN (above +inf's)
+_MAGNITUDE = 0x7FFFFFFFFFFFFFFF
+_INF_BITS = 0x7FF0000000000000
+_NAN_KEY = 0x7FFFFFFFFFFFFFFF
+_NEGATIVE_ZERO = -0x8000000000000000
+
+
+@helper
+def sort_key(bits):
+    """The int64 whose order is the order of the float64 whose bits (as int64) are ``bits``:
+    NumPy's sort order, NaN last (every NaN alike) and ``-0.0`` equal to ``0.0``. A negative
+    float's bits count down as it grows, so its magnitude bits are flipped.
+    """
+    if bits & _MAGNITUDE > _INF_BITS:
+        return _NAN_KEY
+    if bits == _NEGATIVE_ZERO:
+        return 0
+    return bits ^ ((bits >> 63) & _MAGNITUDE)
+
+
+@kernel
+def pack_sort_keys(bits, low, keys):
+    """``keys[row, i]``: :func:`sort_key` of ``bits[row, i]`` (a float64's bits as int64)
+    with its bits in ``low`` (``2**b - 1`` for rows of at most ``2**b``) replaced by ``i``.
+    Sorted as integers, the keys order each row's values, ties by their index, except values
+    that differ only in the replaced bits (:func:`unpack_sorted` orders those). Takes int64
+    views of float64 arrays: a view inside the kernel lengthened its first compilation by
+    half.
+    """
+    rows, n = bits.shape
+    high = ~low
+    for row in prange(rows):
+        b = bits[row]
+        k = keys[row]
+        for i in range(n):
+            k[i] = (sort_key(b[i]) & high) | i
+
+
+@kernel
+def unpack_sorted(bits, low, keys, order, redo):
+    """From the keys of :func:`pack_sort_keys` sorted along each row: the argsort into
+    ``order`` (int32 or int64) and the sorted values' bits into ``keys``: NumPy's
+    ``np.argsort(values, axis=1, kind="stable")`` and the values in its order (``keys`` is
+    an int64 view of the float64 result). Values whose keys differ only in the replaced bits
+    meet after the sort in the order of their indices; insertion puts them in order. A row
+    that needs more than n moves for it (values alike in all but their lowest bits) gets
+    ``redo[row] = 1`` and unfinished rows of ``keys`` and ``order``, for the caller to sort
+    otherwise. Returns how many rows did.
+    """
+    rows, n = bits.shape
+    unfinished = 0
+    for row in prange(rows):
+        b = bits[row]
+        s = keys[row]
+        o = order[row]
+        redo[row] = 0
+        moves = 0
+        last = 0
+        for i in range(n):
+            j = s[i] & low
+            v = b[j]
+            key = sort_key(v)
+            if i > 0 and key < last:  # a value of the same high bits as the one before
+                p = i
+                while p > 0 and sort_key(s[p - 1]) > key:
+                    s[p] = s[p - 1]
+                    o[p] = o[p - 1]
+                    p -= 1
+                s[p] = v
+                o[p] = j
+                moves += i - p
+                if moves > n:
+                    redo[row] = 1
+                    unfinished += 1
+                    break
+            else:
+                s[i] = v
+                o[i] = j
+                last = key
+    return unfinished
 
 
 @kernel

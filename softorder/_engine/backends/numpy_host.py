@@ -30,6 +30,9 @@ def float_array(x, name: str) -> tuple[np.ndarray, np.dtype]:
 
 _F64 = np.dtype(np.float64)
 _I32 = np.dtype(np.int32)
+#: From this many elements the host sorts by packed keys (:meth:`NumpyBackend.sort_rows`);
+#: below it, the packed sort's three calls cost more than NumPy's argsort saves
+PACKED_SORT_SIZE = 384
 
 
 def index_dtype(n: int) -> np.dtype:
@@ -135,20 +138,32 @@ class NumpyBackend:
         return np.ascontiguousarray(a, dtype=np.float64)
 
     def sort_rows(self, rows2d, order=None):
-        """``(xs, order)``: each row sorted ascending (NaN last) and its argsort; with
-        ``order`` (a saved argsort) only the gather. The argsort is int32 for rows shorter
-        than 2**31 (:func:`index_dtype`), so every kernel compiles for one index dtype.
+        """``(xs, order)``: each C-contiguous float64 row sorted ascending (NaN last) and its
+        stable argsort (``np.argsort(kind="stable")``'s order); with ``order`` (a saved
+        argsort) only the gather. The argsort is int32 for rows shorter than 2**31
+        (:func:`index_dtype`), so every kernel compiles for one index dtype.
         """
         index = _I32 if rows2d.shape[1] < 2**31 else index_dtype(rows2d.shape[1])
-        if order is None:
-            # NumPy's argsort returns int64: the narrowing pass costs less than the 4 bytes
-            # per element it saves for the rest of the call (forward and gradients)
-            # (the method: np.argsort's Python wrapper is a large part of a short row's sort)
-            order = rows2d.argsort(axis=1).astype(index, copy=False)
-        else:
-            order = np.ascontiguousarray(order, dtype=index).reshape(rows2d.shape)
         xs = np.empty(rows2d.shape)
-        core.take_rows(rows2d, order, xs)  # faster than np.take_along_axis (CHANGELOG)
+        if order is not None or rows2d.size < PACKED_SORT_SIZE:
+            if order is None:
+                order = rows2d.argsort(axis=1, kind="stable").astype(index, copy=False)
+            else:
+                order = np.ascontiguousarray(order, dtype=index).reshape(rows2d.shape)
+            core.take_rows(rows2d, order, xs)  # faster than np.take_along_axis (CHANGELOG)
+            return xs, order
+        # one sort of 8-byte keys that carry each value's index (softorder.core.rows), in
+        # the memory of xs: NumPy's argsort moves (value, index) pairs and is slower
+        low = (1 << max(rows2d.shape[1] - 1, 0).bit_length()) - 1  # the index bits
+        bits, keys = rows2d.view(np.int64), xs.view(np.int64)
+        core.pack_sort_keys(bits, low, keys)
+        keys.sort(axis=1)
+        order = np.empty(rows2d.shape, index)
+        redo = np.empty(rows2d.shape[0], np.uint8)
+        if core.unpack_sorted(bits, low, keys, order, redo):
+            for row in np.flatnonzero(redo):  # values alike in all but their lowest bits
+                order[row] = np.argsort(rows2d[row], kind="stable")
+                xs[row] = rows2d[row, order[row]]
         return xs, order
 
     def contiguous(self, a):

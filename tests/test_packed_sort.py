@@ -1,0 +1,137 @@
+"""The host's sort (``NumpyBackend.sort_rows``: packed keys, ``softorder.core.rows``) against
+NumPy's stable argsort: the same order and the same sorted values, bit for bit, for every kind
+of row, on both of its paths (short inputs take NumPy's argsort) and in the fallback for rows
+whose values differ only in their lowest bits.
+"""
+
+import zlib
+
+import numba
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from softorder import core
+from softorder._engine.backends.numpy_host import NUMPY, PACKED_SORT_SIZE
+
+pytestmark = pytest.mark.skipif(
+    numba.config.DISABLE_JIT, reason="NUMBA_DISABLE_JIT: int64 views of the keys need numba"
+)
+
+EPS = np.finfo(np.float64).eps
+NAN_PAYLOADS = np.array([0x7FF0000000000001, 0xFFF8000000000123], np.uint64).view(np.float64)
+SPECIALS = [0.0, -0.0, np.nan, -np.nan, np.inf, -np.inf, 1.0, -1.0, 5e-324, -5e-324, 1e308]
+SPECIALS += list(NAN_PAYLOADS)
+
+
+def check(values):
+    """``sort_rows`` gives ``np.argsort(kind="stable")`` as int32 and the rows in its order,
+    and leaves ``values`` as they were.
+    """
+    values = np.ascontiguousarray(values, dtype=np.float64)
+    before = values.copy()
+    xs, order = NUMPY.sort_rows(values)
+    expected = np.argsort(values, axis=1, kind="stable")
+    np.testing.assert_array_equal(order, expected.astype(np.int32), strict=True)
+    sorted_rows = np.take_along_axis(values, expected, 1)
+    np.testing.assert_array_equal(xs.view(np.uint64), sorted_rows.view(np.uint64))
+    np.testing.assert_array_equal(values.view(np.uint64), before.view(np.uint64))
+
+
+def neighbours(rng, shape):
+    """Pairs of neighbouring floats, in random places: each pair alike in all but its lowest
+    bit, so the sort leaves the pair in its indices' order and insertion swaps half of them.
+    """
+    half = rng.standard_normal((shape[0], (shape[1] + 1) // 2))
+    pairs = np.concatenate([half, np.nextafter(half, np.inf)], axis=1)[:, : shape[1]]
+    return rng.permuted(pairs, axis=1)
+
+
+KINDS = {
+    "normal": lambda rng, shape: rng.standard_normal(shape),
+    "float32": lambda rng, shape: rng.standard_normal(shape).astype(np.float32),
+    "ties": lambda rng, shape: np.round(rng.standard_normal(shape), 1),
+    "specials": lambda rng, shape: rng.choice(SPECIALS, size=shape),
+    "negative": lambda rng, shape: -np.abs(rng.standard_normal(shape)) * 1e-300,
+    # two values per high key: put in order by insertion after the sort
+    "neighbours": neighbours,
+    # every value alike in its high bits: more moves than the row's length, so NumPy sorts it
+    "near one, many": lambda rng, shape: (
+        1.0 + rng.permuted(np.broadcast_to(np.arange(shape[1]) * EPS, shape), axis=1)
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    "shape",
+    [(1, 0), (3, 1), (2, 2), (1, PACKED_SORT_SIZE - 1), (1, PACKED_SORT_SIZE)]
+    + [(4, 100), (1, 1000), (3, 4099), (1, 70000)],
+)
+def test_same_as_stable_argsort(kind, shape):
+    rng = np.random.default_rng(zlib.crc32(repr((kind, shape)).encode()))
+    check(KINDS[kind](rng, shape))
+
+
+def test_rows_of_each_path_in_one_batch():
+    """Rows put in order by insertion, rows sorted again by NumPy, and plain rows, together,
+    serially and on the thread pool (the count of unfinished rows is a reduction there).
+    """
+    rng = np.random.default_rng(5)
+    n = 40000
+    rows = [rng.standard_normal(n), 1.0 + rng.permutation(n) * EPS, neighbours(rng, (1, n))[0]]
+    values = np.stack(rows + rows[::-1])
+    previous = core.set_parallel(False)
+    try:
+        check(values)
+        core.set_parallel(True)
+        check(values)
+    finally:
+        core.set_parallel(previous)
+
+
+def unpack(values):
+    """The kernels' sort of ``values`` (one row): the unpacked order and its ``redo`` flag, and
+    whether the keys' sort alone left the values out of order.
+    """
+    n = values.shape[1]
+    bits = values.view(np.int64)
+    low = (1 << (n - 1).bit_length()) - 1
+    keys = np.empty_like(bits)
+    core.pack_sort_keys(bits, low, keys)
+    keys.sort(axis=1)
+    unordered = bool(np.any(np.diff(values[0, keys[0] & low]) < 0))
+    order, redo = np.empty((1, n), np.int32), np.empty(1, np.uint8)
+    unfinished = core.unpack_sorted(bits, low, keys, order, redo)
+    assert unfinished == redo[0]
+    return order, redo[0], unordered
+
+
+def test_insertion_orders_values_alike_in_their_low_bits():
+    values = neighbours(np.random.default_rng(2), (1, 1000))
+    order, redo, unordered = unpack(values)
+    assert unordered and redo == 0
+    np.testing.assert_array_equal(order[0], np.argsort(values[0], kind="stable"))
+
+
+def test_fallback_is_taken_for_many_values_alike_in_their_low_bits():
+    values = (1.0 + np.arange(1000)[::-1] * EPS)[None]
+    assert unpack(values)[1] == 1
+    check(values)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    hnp.arrays(
+        np.float64,
+        st.tuples(st.integers(1, 3), st.integers(PACKED_SORT_SIZE // 2, 600)),
+        elements=st.one_of(
+            st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=True),
+            st.sampled_from(SPECIALS),
+        ),
+    )
+)
+def test_property_same_as_stable_argsort(values):
+    check(values)
