@@ -493,3 +493,67 @@ def test_ladder_target_weights_are_target_weights_to_the_bit(rng, dtype):
         want = np.empty((m, 6))
         compare(r, inv_alpha, an, t, tables, got, want)
         np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "infinite", "spread"])
+@pytest.mark.parametrize("n", [63, 64, 65, 130])
+@pytest.mark.parametrize("scale", [1e-6, 1e-3, 0.1, 1e8])
+def test_ladder_vjp_blocks_equal_inverse_vjp_bitwise(rng, kind, n, scale):
+    # _ladder_pullback's blocks of TBLOCK targets (a short last block), the usual weights
+    # computed ahead and the others by other_target_weights: targets far apart (factors of
+    # 0 below UNDERFLOW, or between it and exp_main's range: gaps of 600 alpha), close ones
+    # and ties, float64 and float32 cotangents with zeros
+    assert core.sort.TBLOCK == 64
+    xs, order = _rows(rng, kind, 3, n)
+    if kind == "normal":
+        xs[2] = np.arange(n) * 600.0 * scale  # exp(-600): outside exp_main's range, above 0
+    alpha = np.array([scale, scale * 10.0, scale])
+    anchor, offset = _ladder(xs, alpha)
+    u = rng.normal(size=(3, n))
+    u[:, ::7] = 0.0
+    x_bar, alpha_bar = _inverse_vjp(xs, order, alpha, anchor, offset, u)
+    got, got_alpha, redo = _ladder_vjp(xs, order, alpha, offset, u)
+    done = redo == 0
+    np.testing.assert_array_equal(got[done].view(np.uint64), x_bar[done].view(np.uint64))
+    np.testing.assert_array_equal(got_alpha[done], alpha_bar[done])
+    u32 = u.astype(np.float32)
+    x_bar, alpha_bar = _inverse_vjp(xs, order, alpha, anchor, offset, u32.astype(np.float64))
+    got, got_alpha, redo = _ladder_vjp(xs, order, alpha, offset, u32, np.float32)
+    done = redo == 0
+    want = x_bar.astype(np.float32)[done].view(np.int32)
+    np.testing.assert_array_equal(got[done].view(np.int32), want)
+    np.testing.assert_array_equal(got_alpha[done], alpha_bar[done])
+
+
+def test_other_target_weights_give_a_usual_target_its_weights(rng):
+    # _ladder_pullback sends the usual targets whose factor lies outside exp_main's range
+    # (and above UNDERFLOW) to other_target_weights: the same G, Z, el, er to the bit
+    import numba
+
+    from softorder.core.lapsum import ladder_target_weights, other_target_weights
+
+    @numba.njit
+    def compare(r, inv_alpha, t, tables, got, want):
+        for k in range(t.shape[0]):
+            a, ad, b, bd = tables[k, 0], tables[k, 1], tables[k, 2], tables[k, 3]
+            h1, g1, z1, l1, r1, _ = other_target_weights(
+                r[k], inv_alpha[k], r[k, 0], t[k], 0, 1, a, ad, b, bd
+            )
+            h2, g2, z2, l2, r2, _ = ladder_target_weights(
+                r[k], inv_alpha[k], r[k, 0], t[k], 0, 1, a, ad, b, bd
+            )
+            got[k, 0], got[k, 1], got[k, 2], got[k, 3], got[k, 4] = h1, g1, z1, l1, r1
+            want[k, 0], want[k, 1], want[k, 2], want[k, 3], want[k, 4] = h2, g2, z2, l2, r2
+
+    m = 20000
+    gap = 10.0 ** rng.uniform(-3, 3, m)
+    r = np.stack([np.zeros(m), gap], axis=1)
+    inv_alpha = 10.0 ** rng.uniform(-1, 4, m)
+    # targets strictly above the left point (the anchor, t > 0) and at or below the right one
+    t = gap * inv_alpha * rng.choice([1e-17, 1e-9, 0.25, 0.5, 0.75, 1.0], m) * rng.random(m)
+    t = np.where(t > 0.0, t, 1e-300)
+    tables = np.abs(rng.normal(size=(m, 4))) * 3.0 + np.array([1.0, 0.0, 1.0, 0.0])
+    got, want = np.empty((m, 5)), np.empty((m, 5))
+    compare(r, inv_alpha, t, tables, got, want)
+    assert (want[:, 0] == 1).all()
+    np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))

@@ -62,11 +62,46 @@ if fast_exp._jit_enabled():
 
         return array_type(shape, kind), codegen
 
+    @intrinsic
+    def stack_rows(typingctx, rows, cols, kind):
+        """``np.empty((rows, cols), kind)`` on the stack of a helper (``rows`` and ``cols``
+        integer constants): scratch of a few KB that costs no allocation per call, counts in
+        no heap peak, and that LLVM knows no argument can overlap. It lives as long as the
+        function that calls it (or that it is inlined into): never return or keep it.
+        """
+        if not isinstance(rows, types.IntegerLiteral) or not isinstance(cols, types.IntegerLiteral):
+            return None
+        dtype = kind.instance_type
+        array_type = types.Array(dtype, 2, "C")
+        shape = (rows.literal_value, cols.literal_value)
+
+        def codegen(context, builder, signature, args):
+            item = context.get_data_type(dtype)
+            size = context.get_abi_sizeof(item)
+            data = cgutils.alloca_once(builder, item, size=shape[0] * shape[1])
+            array = context.make_array(array_type)(context, builder)
+            intp = context.get_value_type(types.intp)
+            context.populate_array(
+                array,
+                data=data,
+                shape=[intp(shape[0]), intp(shape[1])],
+                strides=[intp(shape[1] * size), intp(size)],
+                itemsize=intp(size),
+                meminfo=None,
+            )
+            return array._getvalue()
+
+        return array_type(rows, cols, kind), codegen
+
 else:
 
     def empty(shape, kind):
         """``np.empty(shape, kind)`` (NUMBA_DISABLE_JIT)."""
         return np.empty(shape, kind)
+
+    def stack_rows(rows, cols, kind):
+        """``np.empty((rows, cols), kind)`` (NUMBA_DISABLE_JIT)."""
+        return np.empty((rows, cols), kind)
 
 
 @helper
@@ -789,6 +824,41 @@ def ladder_target_weights(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR):
             G = aL * el + bR * er
             Z = (zl * aL + adL) * el + (zr * bR - bdR) * er
             return 1, G, Z, el, er, (-zr if -zr < zl else zl)
+    zl = offset_z(ra, r[L], inv_alpha, t) if L >= 0 else INF
+    zr = offset_z(ra, r[R], inv_alpha, t) if R < n else -INF
+    sh = -zr if -zr < zl else zl  # min(zl, -zr)
+    if sh == INF:
+        return 0, 0.0, 0.0, 0.0, 0.0, sh
+    G = 0.0
+    Z = 0.0
+    el = rel_weight(zl, sh)
+    if el > 0.0:
+        G += aL * el
+        Z += (zl * aL + adL) * el
+    er = rel_weight(zr, sh)
+    if er > 0.0:
+        G += bR * er
+        Z += (zr * bR - bdR) * er
+    if G == 0.0:
+        return 0, G, Z, el, er, sh
+    if (L < 0 or zl > 0.0) and (R >= n or zr <= 0.0):
+        # L and R are the last point below the target and the first at or above it: their
+        # factors exp(min(0, shift - |z|)) are el and er
+        return 1, G, Z, el, er, sh
+    return 2, G, Z, el, er, sh
+
+
+@inner_helper
+def other_target_weights(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR):
+    """The second half of :func:`ladder_target_weights` (a copy: written as a call there, its
+    inlining lengthened the permutation loss's first compilation), for soft sort's ladder
+    pullback, which tests for the usual target itself. Given a usual target it returns the
+    usual target's values to the bit: with ``shift = min(zl, -zr)`` its factors
+    ``exp(shift - |z|)`` are 1 and ``exp(-|zl + zr|)`` (``zl - -zr`` rounds as ``zl + zr``),
+    and a term it leaves out for a factor of 0 is a zero that leaves the sums unchanged
+    (``tests/test_sort_vjp.py``).
+    """
+    n = r.shape[0]
     zl = offset_z(ra, r[L], inv_alpha, t) if L >= 0 else INF
     zr = offset_z(ra, r[R], inv_alpha, t) if R < n else -INF
     sh = -zr if -zr < zl else zl  # min(zl, -zr)

@@ -16,7 +16,7 @@ import math
 import numpy as np
 from numba import prange, types
 
-from softorder.core import fast_log
+from softorder.core import fast_exp, fast_log
 from softorder.core._jit import SymbolCalls, helper, inner_helper, kernel
 from softorder.core.kernel_sums import (
     _first_at_or_above,
@@ -32,10 +32,11 @@ from softorder.core.lapsum import (
     inverse_pullback,
     inverse_pushforward,
     invert_far,
-    ladder_target_weights,
     moment_step_down,
     moment_step_up,
     moment_tables,
+    other_target_weights,
+    stack_rows,
     target_position,
     target_weights,
 )
@@ -542,6 +543,18 @@ LADDER_WORK = 3
 #: (:func:`_ladder_pullback`): a power of 2, moved into the rows BATCH at a time
 WINDOW = 16
 BATCH = 8
+#: the targets of :func:`_ladder_pullback` whose usual weights are computed at once, in a loop
+#: LLVM vectorizes (:func:`_usual_weights`), and the rows of their scratch: each target's
+#: offset, ``r`` at its anchor, ``L`` and ``R``, ``B`` and ``Bd`` at ``R``; then its factor
+#: ``el`` (or a code below 0), ``er``, ``zl`` and the terms of ``G`` and ``Z`` at ``R``
+TBLOCK = 64
+_BLOCK_ROWS = 11
+#: below this ``math.exp`` is 0 (its least positive value is at -745.13...)
+UNDERFLOW = -746.0
+#: the codes in the row of ``el``: a target skipped (its value is infinite), one that takes
+#: :func:`_other_target`
+_SKIP = -2.0
+_OTHER = -1.0
 
 
 @inner_helper
@@ -803,6 +816,16 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
     (targets skipped for a zero cotangent leave table values there otherwise). A tie that
     sends an injection beyond the window stops the loop with ``done`` false (``B``, ``Bd``
     then hold neither tables nor injections).
+
+    The targets come :data:`TBLOCK` at a time, in three passes: the first reads what each
+    needs at its points into the block's rows; the second computes the usual target's
+    weights from those rows alone (:func:`_usual_weights`: no reads beside them, so LLVM
+    vectorizes it), with the terms of ``G`` and ``Z`` at ``R`` (``B[R]`` and ``Bd[R]`` are
+    read ahead before the injections of the block's earlier targets overwrite a slot, but
+    those go to the points below ``F <= M - 1 <= R``); the third adds the injections in the
+    targets' order, ``A`` and ``Ad`` from their recurrence. The other targets (ties,
+    rounding, the row's ends, a factor outside ``exp_main``'s range) take
+    :func:`_other_target`.
     """
     n = r.shape[0]
     win_up = empty((WINDOW,), np.float64)
@@ -812,6 +835,11 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
         win_down[i] = 0.0
     a_win = empty((WINDOW,), np.float64)
     ad_win = empty((WINDOW,), np.float64)
+    # the block's rows (TBLOCK), on the stack
+    b_t, b_ra, b_rl, b_rr, b_br, b_bdr, b_el, b_er, b_zl, b_gr, b_zr = stack_rows(
+        _BLOCK_ROWS, TBLOCK, np.float64
+    )
+    left = stack_rows(1, TBLOCK, np.int64)[0]
     mask = WINDOW - 1
     M = 1  # the largest L so far (at least 1)
     F = 0  # the points below F hold their injections; the window those from F on
@@ -821,104 +849,186 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
     lo = np.float64(r[0])  # r[P - 1] once P > 0
     alpha_bar = 0.0
     J = 0
-    for q in range(n):
-        J += counts[q]
-        uj = u[q]
-        if uj == 0.0:
-            continue
-        an = ladder_anchor(n, w0 + q, J)
-        t = offset[q]
-        ra = np.float64(r[an])
-        position = ra if t == 0.0 or abs(ra) == INF else ra + alpha * t  # target_position
-        if abs(position) == INF:
-            continue
-        L = an - 1 if t <= 0.0 else an
-        R = L + 1
-        if L < M - 2:  # (never, for counts of a ladder)
-            return alpha_bar, False
-        M = L if L > M else M
-        # B, Bd at the points up to M - 2 are read no more: their injections go there
-        while F + BATCH <= M - 1:
-            for k in range(F, F + BATCH):
-                B[k] = win_up[k & mask]
-                Bd[k] = win_down[k & mask]
-                win_up[k & mask] = 0.0
-                win_down[k & mask] = 0.0
-            F += BATCH
-        # A, Ad by their recurrences (moment_step_up), BATCH points at a time (a loop over
-        # the points passed, a random count per target, was mispredicted about once per
-        # target)
-        while P <= L:
-            for k in range(P, P + BATCH):
-                if k < n:
-                    hi = np.float64(r[k])
-                    e = E[k] if k > 0 else 0.0
-                    d = gap(hi, lo) if k > 0 else 0.0
-                    ad = e * (ad + d * inv_alpha * a) if e > 0.0 else 0.0
-                    a = 1.0 + e * a if k > 0 else 1.0
-                    a_win[k & mask] = a
-                    ad_win[k & mask] = ad
-                    lo = hi
-            P += BATCH
-        how, G, Z, el, er, sh = ladder_target_weights(
-            r,
-            inv_alpha,
-            ra,
-            t,
-            L,
-            R,
-            a_win[L & mask] if L >= 0 else 0.0,
-            ad_win[L & mask] if L >= 0 else 0.0,
-            B[R] if R < n else 0.0,
-            Bd[R] if R < n else 0.0,
+    for q0 in range(0, n, TBLOCK):
+        kn = TBLOCK if n - q0 >= TBLOCK else n - q0
+        for k in range(kn):  # each target's points and the values there
+            q = q0 + k
+            J += counts[q]
+            an = ladder_anchor(n, w0 + q, J)
+            t = offset[q]
+            L = an - 1 if t <= 0.0 else an
+            inside = L >= 0 and L + 1 < n
+            R = L + 1 if inside else an  # (a value read, not used, at a row's end)
+            left[k] = L
+            b_t[k] = t
+            b_ra[k] = r[an]
+            # a NaN zl where L or R is not in the row: not the usual target
+            b_rl[k] = r[L] if inside else np.nan
+            b_rr[k] = r[R]
+            b_br[k] = B[R]
+            b_bdr[k] = Bd[R]
+        _usual_weights(
+            alpha, inv_alpha, b_t, b_ra, b_rl, b_rr, b_br, b_bdr, b_el, b_er, b_zl, b_gr, b_zr
         )
-        if how == 0:
-            continue
-        cj = uj / G
-        if how == 1:
-            if R < n:
-                win_up[R & mask] += cj * er
-            if L >= 0:
+        for k in range(kn):  # the injections, in the targets' order
+            q = q0 + k
+            uj = np.float64(u[q])
+            el = b_el[k]
+            if uj == 0.0 or el == _SKIP:
+                continue
+            L = left[k]
+            R = L + 1
+            if L < M - 2:  # (never, for counts of a ladder)
+                return alpha_bar, False
+            M = L if L > M else M
+            # B, Bd at the points up to M - 2 are read no more: their injections go there
+            while F + BATCH <= M - 1:
+                for i in range(F, F + BATCH):
+                    B[i] = win_up[i & mask]
+                    Bd[i] = win_down[i & mask]
+                    win_up[i & mask] = 0.0
+                    win_down[i & mask] = 0.0
+                F += BATCH
+            # A, Ad by their recurrences (moment_step_up), BATCH points at a time (a loop over
+            # the points passed, a random count per target, was mispredicted about once per
+            # target)
+            while P <= L:
+                for i in range(P, P + BATCH):
+                    if i < n:
+                        hi = np.float64(r[i])
+                        e = E[i] if i > 0 else 0.0
+                        d = gap(hi, lo) if i > 0 else 0.0
+                        ad = e * (ad + d * inv_alpha * a) if e > 0.0 else 0.0
+                        a = 1.0 + e * a if i > 0 else 1.0
+                        a_win[i & mask] = a
+                        ad_win[i & mask] = ad
+                        lo = hi
+                P += BATCH
+            aL = a_win[L & mask] if L >= 0 else 0.0
+            adL = ad_win[L & mask] if L >= 0 else 0.0
+            if el >= 0.0:  # the usual target: ladder_target_weights' G and Z
+                G = aL * el + b_gr[k]
+                Z = (b_zl[k] * aL + adL) * el + b_zr[k]
+                cj = uj / G
+                win_up[R & mask] += cj * b_er[k]
                 if L < F:
                     Bd[L] += cj * el
                 else:
                     win_down[L & mask] += cj * el
-        elif not _inject_in_window(r, inv_alpha, ra, t, sh, cj, R, F, B, Bd, win_up, win_down):
-            return alpha_bar, False
-        alpha_bar += uj * Z / G
-    for k in range(F, n):
-        inside = k < F + WINDOW
-        B[k] = win_up[k & mask] if inside else 0.0
-        Bd[k] = win_down[k & mask] if inside else 0.0
+                alpha_bar += uj * Z / G
+                continue
+            how, term = _other_target(
+                r, inv_alpha, b_t[k], L, uj, aL, adL, F, B, Bd, win_up, win_down
+            )
+            if how < 0:
+                return alpha_bar, False
+            if how > 0:
+                alpha_bar += term
+    for i in range(F, n):
+        inside = i < F + WINDOW
+        B[i] = win_up[i & mask] if inside else 0.0
+        Bd[i] = win_down[i & mask] if inside else 0.0
     return alpha_bar, True
 
 
+@inner_helper
+def _usual_weights(
+    alpha, inv_alpha, b_t, b_ra, b_rl, b_rr, b_br, b_bdr, b_el, b_er, b_zl, b_gr, b_zr
+):
+    """The second pass of :func:`_ladder_pullback` over its block of targets: the usual
+    target's weights from the block's rows (:data:`TBLOCK`) alone, with
+    :func:`~softorder.core.lapsum.ladder_target_weights`' operations, so its values to the
+    bit; each target's code in the row of ``el``. A loop LLVM vectorizes (no other array to
+    check for overlap, no remainder: a short last block's extra slots hold values never
+    used), ``exp`` included (:func:`~softorder.core.fast_exp.exp_main`).
+    """
+    for k in range(TBLOCK):
+        t = b_t[k]
+        ra = b_ra[k]
+        zl = (ra - b_rl[k]) * inv_alpha + t
+        zr = (ra - b_rr[k]) * inv_alpha + t
+        x = -abs(zl + zr)
+        # the usual target, whose factor is fast_exp.exp's: exp_main in its range, and 0
+        # below UNDERFLOW; the few usual targets between (or at |x| < 2^-54) take
+        # other_target_weights (_other_target), whose operations give the same weights
+        usual = (zl > 0.0) & (zl != INF) & (zr <= 0.0) & (zr != -INF)
+        if fast_exp.FAST_EXP:
+            under = x < UNDERFLOW
+            usual = usual & (fast_exp.in_range(x) | under)
+            e = fast_exp.exp_main(x)  # (a select after it: the loop stays vectorized)
+            e = 0.0 if under else e
+        else:
+            e = math.exp(x)
+        left_nearer = zl <= -zr
+        el = 1.0 if left_nearer else e
+        er = e if left_nearer else 1.0
+        position = ra if (t == 0.0) | (abs(ra) == INF) else ra + alpha * t  # target_position
+        code = el if usual else _OTHER
+        b_el[k] = _SKIP if abs(position) == INF else code
+        bR = b_br[k]
+        b_er[k] = er
+        b_zl[k] = zl
+        b_gr[k] = bR * er
+        b_zr[k] = (zr * bR - b_bdr[k]) * er
+
+
 @helper
-def _inject_in_window(r, inv_alpha, ra, t, shift, c, start, F, B, Bd, win_up, win_down):
-    """:func:`~softorder.core.kernel_sums.inject_exact` for :func:`_ladder_pullback` (ties or
-    rounding): each of its two injections into the row (``B`` upward, ``Bd`` downward)
-    below ``F`` or into the window from ``F`` on. False, injecting nothing, when the point
-    at or above the target lies beyond the window. A helper of its own: the rare case
+def _other_target(r, inv_alpha, t, L, uj, aL, adL, F, B, Bd, win_up, win_down):
+    """A target of :func:`_ladder_pullback` that is not the usual one (ties, rounding, the
+    row's ends, a factor outside ``exp_main``'s range): its weights
+    (:func:`~softorder.core.lapsum.other_target_weights`, which gives a usual target the
+    usual weights) and injections, those of
+    :func:`~softorder.core.kernel_sums.inject_exact` (ties or rounding) each into the row
+    below ``F`` (``B`` upward, ``Bd`` downward) or into the window from ``F`` on. Returns
+    ``(how, uj * Z / G)``: ``how`` 0, nothing to add; 1, added; -1, the point at or above the
+    target lies beyond the window (nothing injected). A helper of its own: the rare case
     written into the loop made its first compilation a third longer.
     """
     n = r.shape[0]
     mask = WINDOW - 1
-    i = _first_at_or_above(r, inv_alpha, ra, t, start)
-    if i >= F + WINDOW:
-        return False
-    if i < n:
-        up = c * exp_nonpositive(shift + offset_z(ra, r[i], inv_alpha, t))
-        if i < F:
-            B[i] += up
-        else:
-            win_up[i & mask] += up
-    if i > 0:
-        down = c * exp_nonpositive(shift - offset_z(ra, r[i - 1], inv_alpha, t))
-        if i - 1 < F:
-            Bd[i - 1] += down
-        else:
-            win_down[(i - 1) & mask] += down
-    return True
+    an = L + 1 if t <= 0.0 else L
+    ra = np.float64(r[an])
+    R = L + 1
+    how, G, Z, el, er, sh = other_target_weights(
+        r,
+        inv_alpha,
+        ra,
+        t,
+        L,
+        R,
+        aL,
+        adL,
+        B[R] if R < n else 0.0,
+        Bd[R] if R < n else 0.0,
+    )
+    if how == 0:
+        return 0, 0.0
+    cj = uj / G
+    if how == 1:
+        if R < n:
+            win_up[R & mask] += cj * er
+        if L >= 0:
+            if L < F:
+                Bd[L] += cj * el
+            else:
+                win_down[L & mask] += cj * el
+    else:  # inject_exact, each injection below F into the row, else into the window
+        i = _first_at_or_above(r, inv_alpha, ra, t, R)
+        if i >= F + WINDOW:
+            return -1, 0.0
+        if i < n:
+            up = cj * exp_nonpositive(sh + offset_z(ra, r[i], inv_alpha, t))
+            if i < F:
+                B[i] += up
+            else:
+                win_up[i & mask] += up
+        if i > 0:
+            down = cj * exp_nonpositive(sh - offset_z(ra, r[i - 1], inv_alpha, t))
+            if i - 1 < F:
+                Bd[i - 1] += down
+            else:
+                win_down[(i - 1) & mask] += down
+    return 1, uj * Z / G
 
 
 #: the per-row helpers of :func:`ladder_vjp` called by symbol
