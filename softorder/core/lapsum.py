@@ -848,15 +848,16 @@ def ladder_target_weights(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR):
     return 2, G, Z, el, er, sh
 
 
-@inner_helper
+@helper
 def other_target_weights(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR):
     """The second half of :func:`ladder_target_weights` (a copy: written as a call there, its
     inlining lengthened the permutation loss's first compilation), for soft sort's ladder
-    pullback, which tests for the usual target itself. Given a usual target it returns the
-    usual target's values to the bit: with ``shift = min(zl, -zr)`` its factors
-    ``exp(shift - |z|)`` are 1 and ``exp(-|zl + zr|)`` (``zl - -zr`` rounds as ``zl + zr``),
-    and a term it leaves out for a factor of 0 is a zero that leaves the sums unchanged
-    (``tests/test_sort_vjp.py``).
+    pullback, which tests for the usual target itself and calls this for the rare others
+    (a helper, not inlined: compiled once, outside the pullback's loop). Given a usual
+    target it returns the usual target's values to the bit: with ``shift = min(zl, -zr)``
+    its factors ``exp(shift - |z|)`` are 1 and ``exp(-|zl + zr|)`` (``zl - -zr`` rounds as
+    ``zl + zr``), and a term it leaves out for a factor of 0 is a zero that leaves the sums
+    unchanged (``tests/test_sort_vjp.py``).
     """
     n = r.shape[0]
     zl = offset_z(ra, r[L], inv_alpha, t) if L >= 0 else INF

@@ -551,8 +551,8 @@ TBLOCK = 64
 _BLOCK_ROWS = 11
 #: below this ``math.exp`` is 0 (its least positive value is at -745.13...)
 UNDERFLOW = -746.0
-#: the codes in the row of ``el``: a target skipped (its value is infinite), one that takes
-#: :func:`_other_target`
+#: the codes in the row of ``el``: a target skipped (its value is infinite), one whose
+#: weights come from :func:`~softorder.core.lapsum.other_target_weights`
 _SKIP = -2.0
 _OTHER = -1.0
 
@@ -824,8 +824,9 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
     read ahead before the injections of the block's earlier targets overwrite a slot, but
     those go to the points below ``F <= M - 1 <= R``); the third adds the injections in the
     targets' order, ``A`` and ``Ad`` from their recurrence. The other targets (ties,
-    rounding, the row's ends, a factor outside ``exp_main``'s range) take
-    :func:`_other_target`.
+    rounding, the row's ends, a factor outside ``exp_main``'s range) take their weights
+    from :func:`~softorder.core.lapsum.other_target_weights` (a call, compiled once: the
+    rare path) and, for ties or rounding, their injections from :func:`_inject_in_window`.
     """
     n = r.shape[0]
     win_up = empty((WINDOW,), np.float64)
@@ -917,13 +918,34 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
                     win_down[L & mask] += cj * el
                 alpha_bar += uj * Z / G
                 continue
-            how, term = _other_target(
-                r, inv_alpha, b_t[k], L, uj, aL, adL, F, B, Bd, win_up, win_down
+            how, G, Z, el, er, sh = other_target_weights(
+                r,
+                inv_alpha,
+                b_ra[k],
+                b_t[k],
+                L,
+                R,
+                aL,
+                adL,
+                B[R] if R < n else 0.0,
+                Bd[R] if R < n else 0.0,
             )
-            if how < 0:
+            if how == 0:
+                continue
+            cj = uj / G
+            if how == 1:
+                if R < n:
+                    win_up[R & mask] += cj * er
+                if L >= 0:
+                    if L < F:
+                        Bd[L] += cj * el
+                    else:
+                        win_down[L & mask] += cj * el
+            elif not _inject_in_window(
+                r, inv_alpha, b_ra[k], b_t[k], sh, cj, R, F, B, Bd, win_up, win_down
+            ):
                 return alpha_bar, False
-            if how > 0:
-                alpha_bar += term
+            alpha_bar += uj * Z / G
     for i in range(F, n):
         inside = i < F + WINDOW
         B[i] = win_up[i & mask] if inside else 0.0
@@ -950,7 +972,7 @@ def _usual_weights(
         x = -abs(zl + zr)
         # the usual target, whose factor is fast_exp.exp's: exp_main in its range, and 0
         # below UNDERFLOW; the few usual targets between (or at |x| < 2^-54) take
-        # other_target_weights (_other_target), whose operations give the same weights
+        # other_target_weights, whose operations give the same weights
         usual = (zl > 0.0) & (zl != INF) & (zr <= 0.0) & (zr != -INF)
         if fast_exp.FAST_EXP:
             under = x < UNDERFLOW
@@ -973,62 +995,31 @@ def _usual_weights(
 
 
 @helper
-def _other_target(r, inv_alpha, t, L, uj, aL, adL, F, B, Bd, win_up, win_down):
-    """A target of :func:`_ladder_pullback` that is not the usual one (ties, rounding, the
-    row's ends, a factor outside ``exp_main``'s range): its weights
-    (:func:`~softorder.core.lapsum.other_target_weights`, which gives a usual target the
-    usual weights) and injections, those of
-    :func:`~softorder.core.kernel_sums.inject_exact` (ties or rounding) each into the row
-    below ``F`` (``B`` upward, ``Bd`` downward) or into the window from ``F`` on. Returns
-    ``(how, uj * Z / G)``: ``how`` 0, nothing to add; 1, added; -1, the point at or above the
-    target lies beyond the window (nothing injected). A helper of its own: the rare case
+def _inject_in_window(r, inv_alpha, ra, t, shift, c, start, F, B, Bd, win_up, win_down):
+    """:func:`~softorder.core.kernel_sums.inject_exact` for :func:`_ladder_pullback` (ties or
+    rounding): each of its two injections into the row (``B`` upward, ``Bd`` downward)
+    below ``F`` or into the window from ``F`` on. False, injecting nothing, when the point
+    at or above the target lies beyond the window. A helper of its own: the rare case
     written into the loop made its first compilation a third longer.
     """
     n = r.shape[0]
     mask = WINDOW - 1
-    an = L + 1 if t <= 0.0 else L
-    ra = np.float64(r[an])
-    R = L + 1
-    how, G, Z, el, er, sh = other_target_weights(
-        r,
-        inv_alpha,
-        ra,
-        t,
-        L,
-        R,
-        aL,
-        adL,
-        B[R] if R < n else 0.0,
-        Bd[R] if R < n else 0.0,
-    )
-    if how == 0:
-        return 0, 0.0
-    cj = uj / G
-    if how == 1:
-        if R < n:
-            win_up[R & mask] += cj * er
-        if L >= 0:
-            if L < F:
-                Bd[L] += cj * el
-            else:
-                win_down[L & mask] += cj * el
-    else:  # inject_exact, each injection below F into the row, else into the window
-        i = _first_at_or_above(r, inv_alpha, ra, t, R)
-        if i >= F + WINDOW:
-            return -1, 0.0
-        if i < n:
-            up = cj * exp_nonpositive(sh + offset_z(ra, r[i], inv_alpha, t))
-            if i < F:
-                B[i] += up
-            else:
-                win_up[i & mask] += up
-        if i > 0:
-            down = cj * exp_nonpositive(sh - offset_z(ra, r[i - 1], inv_alpha, t))
-            if i - 1 < F:
-                Bd[i - 1] += down
-            else:
-                win_down[(i - 1) & mask] += down
-    return 1, uj * Z / G
+    i = _first_at_or_above(r, inv_alpha, ra, t, start)
+    if i >= F + WINDOW:
+        return False
+    if i < n:
+        up = c * exp_nonpositive(shift + offset_z(ra, r[i], inv_alpha, t))
+        if i < F:
+            B[i] += up
+        else:
+            win_up[i & mask] += up
+    if i > 0:
+        down = c * exp_nonpositive(shift - offset_z(ra, r[i - 1], inv_alpha, t))
+        if i - 1 < F:
+            Bd[i - 1] += down
+        else:
+            win_down[(i - 1) & mask] += down
+    return True
 
 
 #: the per-row helpers of :func:`ladder_vjp` called by symbol
