@@ -17,7 +17,7 @@ from softorder import core
 from softorder._engine.backends.numpy_host import NUMPY, PACKED_SORT_SIZE
 
 pytestmark = pytest.mark.skipif(
-    numba.config.DISABLE_JIT, reason="NUMBA_DISABLE_JIT: int64 views of the keys need numba"
+    numba.config.DISABLE_JIT, reason="NUMBA_DISABLE_JIT: Python kernels, too slow here"
 )
 
 EPS = np.finfo(np.float64).eps
