@@ -19,24 +19,23 @@ from numba import prange
 from softorder.core._jit import helper, kernel
 from softorder.core.laplace import INF
 
-#: the bits of a float64 but its sign, of +inf, and the key of every NaN (above +inf's)
+#: the bits of a float64 but its sign, those of +inf, and the key of every NaN (above +inf's)
 _MAGNITUDE = 0x7FFFFFFFFFFFFFFF
 _INF_BITS = 0x7FF0000000000000
 _NAN_KEY = 0x7FFFFFFFFFFFFFFF
-_NEGATIVE_ZERO = -0x8000000000000000
 
 
 @helper
 def sort_key(bits):
     """The int64 whose order is the order of the float64 whose bits (as int64) are ``bits``:
-    NumPy's sort order, NaN last (every NaN alike) and ``-0.0`` equal to ``0.0``. A negative
-    float's bits count down as it grows, so its magnitude bits are flipped.
+    NumPy's sort order, NaN last (every NaN alike) and ``-0.0`` equal to ``0.0``. The
+    magnitude's bits grow with the magnitude, so a negative float's key is its magnitude's
+    negation (whose trailing zeros, such as a widened float32's, stay zeros).
     """
-    if bits & _MAGNITUDE > _INF_BITS:
+    magnitude = bits & _MAGNITUDE
+    if magnitude > _INF_BITS:
         return _NAN_KEY
-    if bits == _NEGATIVE_ZERO:
-        return 0
-    return bits ^ ((bits >> 63) & _MAGNITUDE)
+    return magnitude if bits >= 0 else -magnitude
 
 
 @kernel
