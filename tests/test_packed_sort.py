@@ -75,6 +75,13 @@ def test_same_as_stable_argsort(kind, shape):
     check(KINDS[kind](rng, shape))
 
 
+def test_read_only_rows():
+    """A read-only input (sorted through a copy: numba would compile the kernels again)."""
+    values = np.random.default_rng(3).standard_normal((2, 500))
+    values.flags.writeable = False
+    check(values)
+
+
 def test_rows_of_each_path_in_one_batch():
     """Rows put in order by insertion, rows sorted again by NumPy, and plain rows, together,
     serially and on the thread pool (the count of unfinished rows is a reduction there).
@@ -114,6 +121,16 @@ def test_insertion_orders_values_alike_in_their_low_bits():
     order, redo, unordered = unpack(values)
     assert unordered and redo == 0
     np.testing.assert_array_equal(order[0], np.argsort(values[0], kind="stable"))
+
+
+def test_short_rows_are_put_in_order_whatever_their_values():
+    """Reversing a row of 12 values alike in their high bits takes 66 moves: within the
+    slack, so no short row is sorted a second time.
+    """
+    values = (1.0 + np.arange(12)[::-1] * EPS)[None]
+    order, redo, unordered = unpack(values)
+    assert unordered and redo == 0
+    np.testing.assert_array_equal(order[0], np.arange(12)[::-1])
 
 
 def test_fallback_is_taken_for_many_values_alike_in_their_low_bits():

@@ -47,6 +47,7 @@ _KERNELS = {
     "take_rows": "rows",
     "pack_sort_keys": "rows",
     "unpack_sorted": "rows",
+    "sort_rows_again": "rows",
     "inverse_jvp": "sort",
     "inverse_vjp": "sort",
     "few_inverse_vjp": "sort",

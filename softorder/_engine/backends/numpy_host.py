@@ -154,6 +154,8 @@ class NumpyBackend:
             return xs, order
         # one sort of 8-byte keys that carry each value's index (softorder.core.rows), in
         # the memory of xs: NumPy's argsort moves (value, index) pairs and is slower
+        if not rows2d.flags.writeable:  # numba would compile the kernels again for it
+            rows2d = rows2d.copy()
         low = (1 << max(rows2d.shape[1] - 1, 0).bit_length()) - 1  # the index bits
         bits, keys = rows2d.view(np.int64), xs.view(np.int64)
         core.pack_sort_keys(bits, low, keys)
@@ -161,9 +163,7 @@ class NumpyBackend:
         order = np.empty(rows2d.shape, index)
         redo = np.empty(rows2d.shape[0], np.uint8)
         if core.unpack_sorted(bits, low, keys, order, redo):
-            for row in np.flatnonzero(redo):  # values alike in all but their lowest bits
-                order[row] = np.argsort(rows2d[row], kind="stable")
-                xs[row] = rows2d[row, order[row]]
+            core.sort_rows_again(rows2d, xs, order, redo)  # values alike but in their low bits
         return xs, order
 
     def contiguous(self, a):
