@@ -138,3 +138,61 @@ def test_gather_rows_takes_an_int64_argsort_and_refuses_strided_arrays(rng):
     equal(out, np.take_along_axis(values, order, 1))
     with pytest.raises(numba.core.errors.TypingError):
         take(out, values[:, ::2], order[:, :25])
+
+
+def alike_in_low_bits(rng, shape, spread):
+    """float64 values whose bits differ only in the lowest ``spread`` (of both signs, with
+    zeros): the packed keys replace those bits with the index, and the fix-up after the sort
+    orders them.
+    """
+    base = rng.choice([1.0, -1.0, 3.5, -2.25e-300, 0.0], size=shape)
+    bits = base.view(np.uint64) + rng.integers(0, 2**spread, shape).astype(np.uint64)
+    return np.where(base == 0, base, bits.view(np.float64))
+
+
+@pytest.mark.parametrize("n", (MERGE_MAX + 1, 255, 256, 257, 1024, 1025, 5000))
+def test_packed_keys_fix_values_alike_in_the_index_bits(rng, n):
+    """Rows past :data:`MERGE_MAX` sort by keys with their low bits replaced by the index:
+    values alike in all but those bits (a few per row, both signs) are put in order after the
+    sort, with int32 or int64 orders and float64 or float32 sorted rows.
+    """
+    for _ in range(3):
+        values = rng.standard_normal((3, n))
+        spots = rng.integers(0, n, (3, n // 20 + 2))
+        values[:, : spots.shape[1]] = alike_in_low_bits(rng, (3, spots.shape[1]), 12)
+        values[np.arange(3)[:, None], spots] = alike_in_low_bits(rng, spots.shape, 8)
+        for index in (np.int32, np.int64):
+            check(values, index)
+        xs, order = np.empty(values.shape, np.float32), np.empty(values.shape, np.int32)
+        argsort(values, xs, order)
+        expected = np.argsort(values, axis=1, kind="stable")
+        equal(order, expected.astype(np.int32))
+        equal(xs, np.take_along_axis(values, expected, 1).astype(np.float32))
+
+
+@pytest.mark.parametrize("n", (MERGE_MAX + 1, 1000, 4099))
+def test_rows_alike_in_the_index_bits_sort_in_two(rng, n):
+    """A row whose fix-up would move more than n values (all alike but in their low bits,
+    shuffled, or sorted backwards) is sorted again in two (by its keys' low bits, then their
+    high bits), beside rows that are not, in either order.
+    """
+    alike = alike_in_low_bits(rng, (2, n), 16)
+    backwards = -np.sort(alike_in_low_bits(rng, (1, n), 6), axis=1)
+    normal = rng.standard_normal((2, n))
+    for values in (alike, backwards, np.vstack([normal[:1], alike, normal[1:]])):
+        for index in (np.int32, np.int64):
+            check(values, index)
+        check(values.astype(np.float32))
+
+
+def test_packed_keys_of_float32_and_constant_rows(rng):
+    """Keys of float32 values (widened or not) have 29 low zero bits, and constant rows
+    none that vary: their passes start at the lowest bit that varies, or there are none.
+    """
+    for n in (MERGE_MAX + 1, 300, 70000):
+        single = rng.standard_normal((2, n)).astype(np.float32)
+        check(single)
+        check(single.astype(np.float64))
+        check(np.full((2, n), -0.0))
+        check(np.where(rng.random((2, n)) < 0.5, 0.0, -0.0))
+        check(rng.choice(SPECIALS, size=(2, n)).astype(np.float32))

@@ -5,8 +5,9 @@ as C functions with no Python to call ``np.argsort`` from.
 The NumPy API sorts outside the kernels (NumPy's SIMD sort is faster than a comparison sort in
 ``njit``). A handler has to sort its rows itself, and an XLA sort in the traced graph cost more
 than :func:`sort_rows` does (figures in CHANGELOG.md). :func:`sort_rows` is an LSD radix sort
-on the float's bits, or for short rows a merge sort of the same keys; :func:`gather_rows` puts
-rows back in the sorted order of a saved argsort (a backward pass), without sorting again.
+of the float's bits with the index packed in their low bits, or for short rows a merge sort of
+(key, position) pairs; :func:`gather_rows` puts rows back in the sorted order of a saved
+argsort (a backward pass), without sorting again.
 :mod:`softorder.core.cuda.sort_rows` is the device's counterpart, with the same arguments.
 
 Both give the order of ``np.argsort(values, axis=1, kind="stable")``: ascending, NaN last (all
@@ -20,7 +21,7 @@ import numpy as np
 from softorder.core import fast_exp
 
 #: Rows of at most this many elements take a merge sort (runs of :data:`RUN` sorted by
-#: insertion, then merged): the radix sort's fixed cost per row (its counts of 8 x 256 buckets
+#: insertion, then merged): the radix sort's fixed cost per row (its counts of 7 x 256 buckets
 #: and a prefix sum of 256 per pass) dominates short rows. 160 is about where the two cross
 #: for float64 rows (the measurements are in CHANGELOG.md).
 MERGE_MAX = 160
@@ -48,13 +49,17 @@ if fast_exp._jit_enabled():
         """Sort each row of ``values`` into ``xs``, stably, NaN last and ``-0.0 == 0.0``, and
         write its argsort into ``order``: NumPy's ``np.argsort(values, axis=1, kind="stable")``.
 
-        An LSD radix sort on the bytes of integer keys: a float's bits as a signed integer (after
-        ``-0.0 -> 0.0``), with the magnitude bits of negative values flipped and every NaN above
-        ``+inf``. The eight byte counts are taken in one pass; a byte pass where every key has the
-        same byte is skipped (the low bytes of float32 data widened to float64). Rows of at most
-        :data:`MERGE_MAX` elements take a stable merge sort of the same keys instead, whose cost
-        per row has no fixed part. Scratch: four int64 rows of n, allocated once per call, and
-        the counts on the stack.
+        Rows of more than :data:`MERGE_MAX` elements: an LSD radix sort of packed keys, each a
+        float's bits as an integer in the same order (NaN above ``+inf``, ``-0.0 == 0.0``) with
+        its low bits (as many as ``n - 1`` has) replaced by its index: 8 bytes moved per key
+        and pass, and no pass on the index's bits (the keys come in index order, and the
+        passes are stable) nor on bits that every key has alike (29 low bits of a float32,
+        widened or not). The indices of the sorted keys are the argsort, but for values alike
+        in all but the replaced bits, which come out in index order and are put in order by
+        insertion; a row that needs more than ``n`` moves for it is sorted again in two, by the
+        keys' low bits then by their high bits. Rows of at most :data:`MERGE_MAX` take a stable
+        merge sort of (key, position) pairs, whose cost per row has no fixed part. Scratch: four
+        int64 rows of n, allocated once per call, and the byte counts on the stack.
 
         Emitted in place (an intrinsic, its loops written in LLVM IR, one function per module and
         dtypes): compiled code that calls it compiles no numba function for it, which
@@ -128,51 +133,62 @@ if fast_exp._jit_enabled():
             argument.add_attribute("noalias")
         b = ir.IRBuilder(function.append_basic_block("entry"))
         values, xs, order, scratch, rows, n = function.args
-        counts = b.bitcast(b.alloca(ir.ArrayType(word, 8 * 256)), word.as_pointer())
-        keys = (scratch, b.gep(scratch, [n]))  # the keys and their positions, two of each
-        places = (b.gep(scratch, [b.mul(n, word(2))]), b.gep(scratch, [b.mul(n, word(3))]))
-        source_keys, source_places, target_keys, target_places = (
-            cgutils.alloca_once(b, word.as_pointer()) for _ in range(4)
-        )
+        quarters = [b.gep(scratch, [b.mul(n, word(i))]) for i in range(4)]
+        pointers = tuple(cgutils.alloca_once(b, word.as_pointer()) for _ in range(4))
+        redo = cgutils.alloca_once(b, ir.IntType(1))
+        with cgutils.for_range(b, rows) as row:
+            start = b.mul(row.index, n)
+            row_ = tuple(b.gep(p, [start]) for p in (values, xs, order)) + (value, x, index)
+            b.store(ir.Constant(ir.IntType(1), 1), redo)  # cleared when the packed keys did
+            with b.if_then(b.icmp_signed(">", n, word(MERGE_MAX))):
+                _packed_sort(b, row_, n, quarters, redo)
+            with b.if_then(b.load(redo)):
+                _merge_row(b, row_, n, quarters, pointers)
+        b.ret_void()
+        return function
+
+    def _merge_row(b, row, n, quarters, pointers):
+        """One row by a merge sort of its keys and their positions (rows of at most
+        :data:`MERGE_MAX`, or whose packed keys cannot hold two indices), then the argsort and
+        the sorted values out.
+        """
+        word = ir.IntType(64)
         top = word(0x7FFFFFFFFFFFFFFF)
+        row_values, row_xs, row_order, value, x, index = row
+        keys, places = quarters[:2], quarters[2:]
+        source_keys, source_places, target_keys, target_places = pointers
 
         def at(pointer, i):
             return b.gep(pointer, [i])
 
-        with cgutils.for_range(b, rows) as row:
-            start = b.mul(row.index, n)
-            row_values, row_xs, row_order = (at(p, start) for p in (values, xs, order))
-            with cgutils.for_range(b, n) as loop:
-                v = b.load(at(row_values, loop.index))
-                if value != ir.DoubleType():
-                    v = b.fpext(v, ir.DoubleType())
-                zero = ir.Constant(ir.DoubleType(), 0.0)
-                k = b.bitcast(b.select(b.fcmp_ordered("==", v, zero), zero, v), word)
-                k = b.select(b.icmp_signed("<", k, word(0)), b.xor(k, top), k)
-                k = b.select(b.fcmp_unordered("uno", v, v), top, k)  # NaN above +inf
-                b.store(k, at(keys[0], loop.index))
-                b.store(loop.index, at(places[0], loop.index))
-            b.store(keys[0], source_keys)
-            b.store(places[0], source_places)
-            b.store(keys[1], target_keys)
-            b.store(places[1], target_places)
-            with b.if_else(b.icmp_signed("<=", n, word(MERGE_MAX))) as (short, long):
-                with short:
-                    _merge_sort(b, n, source_keys, source_places, target_keys, target_places)
-                with long:
-                    _radix_passes(
-                        b, counts, n, source_keys, source_places, target_keys, target_places
-                    )
-            sorted_places = b.load(source_places)
-            with cgutils.for_range(b, n) as loop:
-                j = b.load(at(sorted_places, loop.index))
-                b.store(b.trunc(j, index) if index != word else j, at(row_order, loop.index))
-                v = b.load(at(row_values, j))
-                if value != x:
-                    v = b.fpext(v, x) if x == ir.DoubleType() else b.fptrunc(v, x)
-                b.store(v, at(row_xs, loop.index))
-        b.ret_void()
-        return function
+        with cgutils.for_range(b, n) as loop:
+            v = b.load(at(row_values, loop.index))
+            if value != ir.DoubleType():
+                v = b.fpext(v, ir.DoubleType())
+            zero = ir.Constant(ir.DoubleType(), 0.0)
+            k = b.bitcast(b.select(b.fcmp_ordered("==", v, zero), zero, v), word)
+            k = b.select(b.icmp_signed("<", k, word(0)), b.xor(k, top), k)
+            k = b.select(b.fcmp_unordered("uno", v, v), top, k)  # NaN above +inf
+            b.store(k, at(keys[0], loop.index))
+            b.store(loop.index, at(places[0], loop.index))
+        b.store(keys[0], source_keys)
+        b.store(places[0], source_places)
+        b.store(keys[1], target_keys)
+        b.store(places[1], target_places)
+        _merge_sort(b, n, source_keys, source_places, target_keys, target_places)
+        sorted_places = b.load(source_places)
+        with cgutils.for_range(b, n) as loop:
+            j = b.load(at(sorted_places, loop.index))
+            _put(b, row, loop.index, j, b.load(at(row_values, j)))
+
+    def _put(b, row, at, j, v):
+        """``order[at] = j`` and ``xs[at] = v`` (a value of ``values``), in their types."""
+        _, row_xs, row_order, value, x, index = row
+        word = ir.IntType(64)
+        b.store(b.trunc(j, index) if index != word else j, b.gep(row_order, [at]))
+        if value != x:
+            v = b.fpext(v, x) if x == ir.DoubleType() else b.fptrunc(v, x)
+        b.store(v, b.gep(row_xs, [at]))
 
     def _insertion_sort(b, keys, places, n):
         """Stable insertion sort of ``keys[:n]``, moving ``places`` with them."""
@@ -304,50 +320,212 @@ if fast_exp._jit_enabled():
         with cgutils.for_range(b, b.sub(b.add(b.load(oe), one), b.load(out))):
             front_step((left_end, right_end))
 
-    def _radix_passes(b, counts, n, source_keys, source_places, target_keys, target_places):
-        """The byte counts of the keys in ``*source_keys``, then up to eight stable passes,
-        each from the source arrays into the target arrays, which then swap.
+    #: The bytes a radix sort counts, from bit 8 or above: rows past :data:`MERGE_MAX` (at
+    #: least 128) have 8 bits of index or more below their keys' bits.
+    DIGITS = 7
+    assert MERGE_MAX >= 128
+
+    def _passes_function(module):
+        """``i64* passes(i64* keys, i64* spare, i64 n, i64 shift)`` in ``module`` (internal,
+        defined on first use, one for every caller in the module): a stable LSD radix sort of
+        the unsigned ``keys`` on their bytes from bit ``shift`` (below 64, and at least 8: the
+        bits below it are left in the order they came in), from ``keys`` into ``spare`` and
+        back; it returns the one that holds them sorted. The bytes are counted in one pass; a
+        byte that every key has alike is skipped.
         """
         word = ir.IntType(64)
+        name = "softorder_sort_rows_passes"
+        kind = ir.FunctionType(
+            word.as_pointer(), (word.as_pointer(), word.as_pointer(), word, word)
+        )
+        function = cgutils.get_or_insert_function(module, kind, name)
+        if not function.is_declaration:
+            return function
+        function.linkage = "internal"
+        function.attributes.add("noinline")
+        for argument in function.args[:2]:
+            argument.add_attribute("noalias")
+        b = ir.IRBuilder(function.append_basic_block("entry"))
+        first_keys, spare, n, shift = function.args
         byte = word(0xFF)
-        cgutils.memset(b, counts, word(8 * 256 * 8), 0)
-        keys = b.load(source_keys)
-        with cgutils.for_range(b, n) as loop:
-            k = b.load(b.gep(keys, [loop.index]))
-            for digit in range(8):
-                d = b.and_(b.lshr(k, word(8 * digit)), byte)
-                if digit == 7:
-                    d = b.xor(d, word(0x80))  # the sign byte: negative keys first
-                slot = b.gep(counts, [b.add(d, word(256 * digit))])
-                b.store(b.add(b.load(slot), word(1)), slot)
+        counts = b.bitcast(b.alloca(ir.ArrayType(word, DIGITS * 256)), word.as_pointer())
+        starts = b.bitcast(b.alloca(ir.ArrayType(word, 256)), word.as_pointer())
+        source, target = (cgutils.alloca_once_value(b, p) for p in (first_keys, spare))
         total = cgutils.alloca_once(b, word)
-        with cgutils.for_range(b, word(8)) as digit:
-            shift = b.mul(digit.index, word(8))
-            flip = b.select(b.icmp_signed("==", digit.index, word(7)), word(0x80), word(0))
+
+        def digit_of(k, at):
+            return b.and_(b.lshr(b.lshr(k, shift), at), byte)
+
+        cgutils.memset(b, counts, word(DIGITS * 256 * 8), 0)
+        with cgutils.for_range(b, n) as loop:
+            k = b.load(b.gep(first_keys, [loop.index]))
+            for digit in range(DIGITS):
+                slot = b.gep(counts, [b.add(digit_of(k, word(8 * digit)), word(256 * digit))])
+                b.store(b.add(b.load(slot), word(1)), slot)
+        # the bytes that hold bits of the keys: a count known only at run time, which also
+        # keeps LLVM from unrolling the passes (its compilation took half as long again)
+        digits = b.lshr(b.sub(word(64 + 7), shift), word(3))
+        with cgutils.for_range(b, digits) as digit:
+            at = b.mul(digit.index, word(8))
             table = b.gep(counts, [b.mul(digit.index, word(256))])
-            keys, places = b.load(source_keys), b.load(source_places)
-            first = b.xor(b.and_(b.lshr(b.load(keys), shift), byte), flip)
-            moves = b.icmp_signed("!=", b.load(b.gep(table, [first])), n)
+            keys = b.load(source)
+            moves = b.icmp_signed("!=", b.load(b.gep(table, [digit_of(b.load(keys), at)])), n)
             with b.if_then(moves):  # else one value of this byte: nothing would move
+                # the byte's places in a table at a fixed place on the stack, not in the
+                # counts at a digit's offset: the passes took twice as long with the latter
+                # (on AMD EPYC), as with a digit shifted in two steps (bit + at is below 64)
                 b.store(word(0), total)
                 with cgutils.for_range(b, word(256)) as d:
-                    slot = b.gep(table, [d.index])
-                    c = b.load(slot)
-                    b.store(b.load(total), slot)
+                    c = b.load(b.gep(table, [d.index]))
+                    b.store(b.load(total), b.gep(starts, [d.index]))
                     b.store(b.add(b.load(total), c), total)
-                new_keys, new_places = b.load(target_keys), b.load(target_places)
+                new_keys = b.load(target)
+                bit = b.add(shift, at)
                 with cgutils.for_range(b, n) as loop:
                     k = b.load(b.gep(keys, [loop.index]))
-                    d = b.xor(b.and_(b.lshr(k, shift), byte), flip)
-                    slot = b.gep(table, [d])
+                    slot = b.gep(starts, [b.and_(b.lshr(k, bit), byte)])
                     j = b.load(slot)
                     b.store(b.add(j, word(1)), slot)
                     b.store(k, b.gep(new_keys, [j]))
-                    b.store(b.load(b.gep(places, [loop.index])), b.gep(new_places, [j]))
-                b.store(new_keys, source_keys)
-                b.store(new_places, source_places)
-                b.store(keys, target_keys)
-                b.store(places, target_places)
+                b.store(new_keys, source)
+                b.store(keys, target)
+        b.ret(b.load(source))
+        return function
+
+    def _unsigned_key(b, v):
+        """The i64 whose unsigned order is the order of the double ``v``: NaN last (all NaN
+        alike), ``-0.0 == 0.0``. Its low bits are those of ``v``'s magnitude, or of their
+        negation: zero where ``v``'s are (a float32 widened has 29 of them).
+        """
+        word = ir.IntType(64)
+        bits = b.bitcast(v, word)
+        magnitude = b.and_(bits, word(0x7FFFFFFFFFFFFFFF))
+        sign = word(-(2**63))
+        k = b.select(
+            b.icmp_signed("<", bits, word(0)), b.sub(sign, magnitude), b.or_(magnitude, sign)
+        )
+        return b.select(b.fcmp_unordered("uno", v, v), word(-1), k)
+
+    def _sort_packed(b, n, bits, high, keys, spare, key_of):
+        """Radix-sort ``key_of(i) | i`` (``key_of(i)``: an i64 that is zero in ``~high``, the
+        low ``bits``) for i in ``range(n)``, written into ``keys``, by
+        :func:`_passes_function`'s function from the lowest bit that varies over the row (at
+        least ``bits``: a float32's key has 29 low zeros, and the bytes then start at bit 29).
+        Returns the one of ``keys`` and ``spare`` that holds them sorted.
+        """
+        word = ir.IntType(64)
+        ones, zeros = cgutils.alloca_once_value(b, word(0)), cgutils.alloca_once_value(b, high)
+        with cgutils.for_range(b, n) as loop:
+            k = key_of(loop.index)
+            b.store(b.or_(b.load(ones), k), ones)
+            b.store(b.and_(b.load(zeros), k), zeros)
+            b.store(b.or_(k, loop.index), b.gep(keys, [loop.index]))
+        varying = b.xor(b.load(ones), b.load(zeros))
+        shift = b.cttz(varying, ir.Constant(ir.IntType(1), 0))
+        shift = b.select(b.icmp_unsigned("<", shift, word(63)), shift, word(63))  # none vary
+        passes = _passes_function(b.module)
+        return b.call(passes, (keys, spare, n, shift))
+
+    def _packed_sort(b, row, n, quarters, redo):
+        """One row of more than :data:`MERGE_MAX` by packed keys: each value's
+        :func:`_unsigned_key` with its low ``bits`` (those of ``n - 1``) replaced by its index,
+        radix-sorted alone (8 bytes a move, not 16 with a position) on the bits above the
+        index (the keys come in index order and the passes are stable), then the argsort
+        (``key & low``) and the values out. Values alike in all but the replaced bits come out
+        in index order, and insertion puts them in order.
+
+        A row that needs more than ``n`` moves for it is sorted again in two: by its keys' low
+        bits (packed above the index), then by their high bits stably (packed above the
+        position in that order). A row too long for two indices in 64 bits keeps ``*redo``
+        set, for :func:`_merge_row`.
+        """
+        word = ir.IntType(64)
+        row_values = row[0]
+        row_order, value, index = row[2], row[3], row[5]
+        bits = b.sub(word(64), b.ctlz(b.sub(n, word(1)), ir.Constant(ir.IntType(1), 0)))
+        low = b.sub(b.shl(word(1), bits), word(1))
+        high = b.not_(low)
+
+        def value_at(i):
+            v = b.load(b.gep(row_values, [i]))
+            return v, _unsigned_key(
+                b, v if value == ir.DoubleType() else b.fpext(v, ir.DoubleType())
+            )
+
+        def index_at(keys, i):
+            return b.and_(b.load(b.gep(keys, [i])), low)
+
+        packed = _sort_packed(
+            b, n, bits, high, quarters[0], quarters[1], lambda i: b.and_(value_at(i)[1], high)
+        )
+        i, p, moves, last = (cgutils.alloca_once_value(b, word(0)) for _ in range(4))
+        blocks = ("head", "body", "next", "insert", "check", "shift", "place", "sorted")
+        head, body, next_, insert, check, shift, place, sorted_ = (
+            b.append_basic_block(f"packed.{name}") for name in blocks
+        )
+        again, done = b.append_basic_block("packed.again"), b.append_basic_block("packed.done")
+        b.branch(head)
+        b.position_at_end(head)
+        b.cbranch(b.icmp_signed("<", b.load(i), n), body, sorted_)
+        b.position_at_end(body)
+        at = b.load(i)
+        j = index_at(packed, at)
+        v, k = value_at(j)
+        # out of order only after values of the same high bits (keys of 0 come first)
+        b.cbranch(b.icmp_unsigned("<", k, b.load(last)), insert, next_)
+        b.position_at_end(next_)
+        _put(b, row, at, j, v)
+        b.store(k, last)
+        b.store(b.add(at, word(1)), i)
+        b.branch(head)
+        b.position_at_end(insert)
+        b.store(at, p)
+        b.branch(check)
+        b.position_at_end(check)  # at p - 1 (there is one: the key before is above k)
+        before = b.sub(b.load(p), word(1))
+        j_before = b.load(b.gep(row_order, [before]))
+        j_before = b.sext(j_before, word) if index != word else j_before
+        b.cbranch(b.icmp_unsigned(">", value_at(j_before)[1], k), shift, place)
+        b.position_at_end(shift)
+        for array in (row_order, row[1]):
+            b.store(b.load(b.gep(array, [before])), b.gep(array, [b.load(p)]))
+        b.store(before, p)
+        b.cbranch(b.icmp_signed(">", before, word(0)), check, place)
+        b.position_at_end(place)
+        _put(b, row, b.load(p), j, v)
+        b.store(b.add(b.load(moves), b.sub(at, b.load(p))), moves)
+        b.store(b.add(at, word(1)), i)
+        b.cbranch(b.icmp_signed(">", b.load(moves), n), again, head)
+
+        b.position_at_end(again)  # two sorts, when two indices fit in the bits of a key
+        with b.if_then(b.icmp_unsigned("<=", bits, word(32))):
+            by_low = _sort_packed(
+                b,
+                n,
+                bits,
+                b.shl(low, bits),
+                quarters[0],
+                quarters[1],
+                lambda i: b.shl(b.and_(value_at(i)[1], low), bits),
+            )
+            by_both = _sort_packed(
+                b,
+                n,
+                bits,
+                high,
+                quarters[2],
+                quarters[3],
+                lambda r: b.and_(value_at(index_at(by_low, r))[1], high),
+            )
+            with cgutils.for_range(b, n) as loop:
+                j = index_at(by_low, index_at(by_both, loop.index))
+                _put(b, row, loop.index, j, value_at(j)[0])
+            b.store(ir.Constant(ir.IntType(1), 0), redo)
+        b.branch(done)
+        b.position_at_end(sorted_)
+        b.store(ir.Constant(ir.IntType(1), 0), redo)
+        b.branch(done)
+        b.position_at_end(done)
 
     @intrinsic
     def gather_rows(typingctx, out, values, order):
