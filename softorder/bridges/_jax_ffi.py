@@ -43,7 +43,7 @@ from numba.extending import intrinsic
 from numba.np.arrayobj import np_cfarray
 
 from softorder.core import _jit, lapsum, rank, sort, topk
-from softorder.core._jit import SymbolCalls, cache_classes, cache_dir
+from softorder.core._jit import SymbolCalls, cache_classes, cache_dir, internal_function
 from softorder.core.lapsum import empty
 from softorder.core.sort_rows import gather_rows, sort_rows
 
@@ -133,13 +133,9 @@ def _copy_function(module, widen: bool):
     word, byte = ir.IntType(64), ir.IntType(8).as_pointer()
     kind = ir.FunctionType(ir.VoidType(), (byte, byte, word, word, ir.IntType(1)))
     name = f"softorder_{'widen' if widen else 'narrow'}"
-    function = cgutils.get_or_insert_function(module, kind, name)
-    if not function.is_declaration:
+    function, new = internal_function(module, kind, name, 2)
+    if not new:
         return function
-    function.linkage = "internal"
-    function.attributes.add("noinline")
-    for argument in function.args[:2]:
-        argument.add_attribute("noalias")
     builder = ir.IRBuilder(function.append_basic_block("entry"))
     doubles, raw, count, code, negate = function.args
     sign = builder.shl(builder.zext(negate, word), word(63))  # the sign bit, or 0

@@ -587,6 +587,25 @@ def _symbol_caller(dispatcher, arg_types):
     return call
 
 
+def internal_function(module, kind, name: str, noalias: int):
+    """``(function, new)``: the LLVM function ``name`` of type ``kind`` in ``module``,
+    internal and never inlined (one copy per module, called from every place that needs it),
+    its first ``noalias`` pointer arguments marked ``noalias``; ``new`` when the caller is to
+    write its body (the emitted loops of :mod:`softorder.core.sort_rows` and of the JAX
+    bridge's handlers), false when ``module`` already defines it.
+    """
+    from numba.core import cgutils
+
+    function = cgutils.get_or_insert_function(module, kind, name)
+    if not function.is_declaration:
+        return function, False
+    function.linkage = "internal"
+    function.attributes.add("noinline")
+    for argument in function.args[:noalias]:
+        argument.add_attribute("noalias")
+    return function, True
+
+
 def kernel(fn=None, *, native: NativeCalls | None = None):
     """Compile a batched kernel whose first argument is the ``(rows, n)`` input.
 

@@ -110,9 +110,9 @@ def unpack_sorted(bits, low, keys, order, redo):
 @kernel
 def sort_rows_again(values, xs, order, redo):
     """The rows that :func:`unpack_sorted` left (``redo[row]`` set), each sorted again by
-    :func:`~softorder.core.sort_rows.sort_rows` (a stable radix sort, whose byte passes
-    skip the bytes all of a row's values share: few passes for values alike in all but their
-    lowest bits). A kernel of its own, compiled when a row first needs it.
+    :func:`~softorder.core.sort_rows.sort_rows`, the JAX handlers' stable sort (a radix sort
+    of the same packed keys, which sorts such rows by their low bits first). A kernel of its
+    own, compiled when a row first needs it.
     """
     rows, n = values.shape
     for row in prange(rows):

@@ -1,6 +1,7 @@
 """A per-row argsort inside compiled code, in NumPy's order, for callers that cannot sort
 outside numba: the JAX bridge's XLA FFI handlers (:mod:`softorder.bridges._jax_ffi`), which run
-as C functions with no Python to call ``np.argsort`` from.
+as C functions with no Python to call ``np.argsort`` from, and the host's packed sort for the
+rows it leaves (:func:`softorder.core.rows.sort_rows_again`).
 
 The NumPy API sorts outside the kernels (NumPy's SIMD sort is faster than a comparison sort in
 ``njit``). A handler has to sort its rows itself, and an XLA sort in the traced graph cost more
@@ -35,6 +36,8 @@ if fast_exp._jit_enabled():
     from numba import types
     from numba.core import cgutils
     from numba.extending import intrinsic
+
+    from softorder.core._jit import internal_function
 
     def _c_arrays(arrays, kinds) -> bool:
         return all(
@@ -124,13 +127,9 @@ if fast_exp._jit_enabled():
             ir.VoidType(),
             (value.as_pointer(), x.as_pointer(), index.as_pointer(), word.as_pointer(), word, word),
         )
-        function = cgutils.get_or_insert_function(module, kind, name)
-        if not function.is_declaration:
+        function, new = internal_function(module, kind, name, 4)
+        if not new:
             return function
-        function.linkage = "internal"
-        function.attributes.add("noinline")
-        for argument in function.args[:4]:
-            argument.add_attribute("noalias")
         b = ir.IRBuilder(function.append_basic_block("entry"))
         values, xs, order, scratch, rows, n = function.args
         quarters = [b.gep(scratch, [b.mul(n, word(i))]) for i in range(4)]
@@ -338,13 +337,9 @@ if fast_exp._jit_enabled():
         kind = ir.FunctionType(
             word.as_pointer(), (word.as_pointer(), word.as_pointer(), word, word)
         )
-        function = cgutils.get_or_insert_function(module, kind, name)
-        if not function.is_declaration:
+        function, new = internal_function(module, kind, name, 2)
+        if not new:
             return function
-        function.linkage = "internal"
-        function.attributes.add("noinline")
-        for argument in function.args[:2]:
-            argument.add_attribute("noalias")
         b = ir.IRBuilder(function.append_basic_block("entry"))
         first_keys, spare, n, shift = function.args
         byte = word(0xFF)
