@@ -11,8 +11,8 @@ gives both the sorted values and the argsort, which ``np.argsort`` computes by m
 the sort. Widened float32 values have none (their low 29 bits are alike), so rows of fewer
 than 2**29 of them are never reordered. Rows where many values differ only there (float64
 values within a few units in the last place of each other) are sorted a second time
-(:func:`sort_rows_again`): about twice the cost of ``np.argsort`` for those rows, half of it
-for all others.
+(:func:`sort_rows_again`): about twice the cost of ``np.argsort`` for those rows, against
+about half of it for all others.
 """
 
 from __future__ import annotations
