@@ -53,6 +53,16 @@ def pack_sort_keys(bits, low, keys):
     that differ only in the replaced bits (:func:`unpack_sorted` orders those). Takes int64
     views of float64 arrays: a view inside the kernel lengthened its first compilation by
     half.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from softorder import core
+    >>> values = np.array([[2.0, -1.0, 0.5, -0.0]])
+    >>> keys = np.empty_like(values).view(np.int64)
+    >>> core.pack_sort_keys(values.view(np.int64), 3, keys)  # rows of 4: two index bits
+    >>> (np.sort(keys, axis=1) & 3).tolist()  # the indices in sorted order
+    [[1, 3, 2, 0]]
     """
     rows, n = bits.shape
     high = ~low
@@ -73,6 +83,21 @@ def unpack_sorted(bits, low, keys, order, redo):
     that needs more than ``n +`` :data:`INSERTION_SLACK` moves for it (many values alike in
     all but their lowest bits) gets ``redo[row] = 1`` and unfinished rows of ``keys`` and
     ``order``, for :func:`sort_rows_again`. Returns how many rows did.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from softorder import core
+    >>> values = np.array([[2.0, -1.0, np.nan, 0.5]])
+    >>> bits = values.view(np.int64)
+    >>> xs = np.empty_like(values)
+    >>> core.pack_sort_keys(bits, 3, xs.view(np.int64))
+    >>> xs.view(np.int64).sort(axis=1)
+    >>> order, redo = np.empty(values.shape, np.int32), np.empty(1, np.uint8)
+    >>> core.unpack_sorted(bits, 3, xs.view(np.int64), order, redo)
+    0
+    >>> order.tolist(), xs.tolist()
+    ([[1, 3, 0, 2]], [[-1.0, 0.5, 2.0, nan]])
     """
     rows, n = bits.shape
     unfinished = 0
@@ -113,6 +138,16 @@ def sort_rows_again(values, xs, order, redo):
     :func:`~softorder.core.sort_rows.sort_rows`, the JAX handlers' stable sort (a radix sort
     of the same packed keys, which sorts such rows by their low bits first). A kernel of its
     own, compiled when a row first needs it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from softorder import core
+    >>> values = np.array([[3.0, 1.0, 2.0], [0.0, 0.0, 0.0]])
+    >>> xs, order = np.zeros_like(values), np.zeros(values.shape, np.int32)
+    >>> core.sort_rows_again(values, xs, order, np.array([1, 0], np.uint8))  # row 0 only
+    >>> order.tolist(), xs.tolist()
+    ([[1, 2, 0], [0, 0, 0]], [[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]])
     """
     rows, n = values.shape
     for row in prange(rows):
