@@ -752,7 +752,8 @@ def target_weights(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR):
     is written without branches on the side of ``t`` and on which point is nearer (random per
     target, they were mispredicted about twice per target), with the arithmetic of the
     general case: with ``shift = min(zl, -zr)`` one of the two factors ``exp(shift - |z|)``
-    is 1 and the other ``exp(-|zl + zr|)``.
+    is 1 and the other ``exp(-|zl + zr|)``. The other targets take
+    :func:`other_target_weights`.
     """
     n = r.shape[0]
     if L >= 0 and R < n:
@@ -766,37 +767,16 @@ def target_weights(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR):
             G = aL * el + bR * er
             Z = (zl * aL + adL) * el + (zr * bR - bdR) * er
             return 1, G, Z, el, er, (-zr if -zr < zl else zl)
-    zl = offset_z(ra, r[L], inv_alpha, t) if L >= 0 else INF
-    zr = offset_z(ra, r[R], inv_alpha, t) if R < n else -INF
-    sh = -zr if -zr < zl else zl  # min(zl, -zr)
-    if sh == INF:
-        return 0, 0.0, 0.0, 0.0, 0.0, sh
-    G = 0.0
-    Z = 0.0
-    el = rel_weight(zl, sh)
-    if el > 0.0:
-        G += aL * el
-        Z += (zl * aL + adL) * el
-    er = rel_weight(zr, sh)
-    if er > 0.0:
-        G += bR * er
-        Z += (zr * bR - bdR) * er
-    if G == 0.0:
-        return 0, G, Z, el, er, sh
-    if (L < 0 or zl > 0.0) and (R >= n or zr <= 0.0):
-        # L and R are the last point below the target and the first at or above it: their
-        # factors exp(min(0, shift - |z|)) are el and er
-        return 1, G, Z, el, er, sh
-    return 2, G, Z, el, er, sh
+    return other_target_weights(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR)
 
 
 @inner_helper
 def ladder_target_weights(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR):
     """:func:`target_weights` (its operations, so its values to the bit) with the usual
     target's factor ``exp(-|zl + zr|)`` from :func:`~softorder.core.fast_exp.exp`, inlined in
-    the ladder pullbacks of soft sort and the permutation loss. A copy rather than a call of
-    ``target_weights`` for the other targets, whose inlined call slowed the permutation loss's
-    pass; ``target_weights`` itself keeps ``math.exp`` so that the operations built on
+    the permutation loss's ladder pullback. Its other targets are a copy of
+    :func:`other_target_weights`, not a call: the call made the permutation loss's VJP 5%
+    slower. ``target_weights`` itself keeps ``math.exp`` so that the operations built on
     :func:`inverse_pullback` compile no inlined ``exp`` into their first call (CHANGELOG.md).
 
     The usual target's distances are ``(ra - r_i) / alpha + t``, without
@@ -850,10 +830,10 @@ def ladder_target_weights(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR):
 
 @helper
 def other_target_weights(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR):
-    """The second half of :func:`ladder_target_weights` (a copy: written as a call there, its
-    inlining lengthened the permutation loss's first compilation), for soft sort's ladder
-    pullback, which tests for the usual target itself and calls this for the rare others
-    (a helper, not inlined: compiled once, outside the pullback's loop). Given a usual
+    """The weights of the targets other than the usual one: the second half of
+    :func:`target_weights` (which calls it) and of :func:`ladder_target_weights` (a copy
+    there), and soft sort's ladder pullback's rare targets (it tests for the usual target
+    itself). A helper, not inlined: compiled once, outside the pullbacks' loops. Given a usual
     target it returns the usual target's values to the bit: with ``shift = min(zl, -zr)``
     its factors ``exp(shift - |z|)`` are 1 and ``exp(-|zl + zr|)`` (``zl - -zr`` rounds as
     ``zl + zr``), and a term it leaves out for a factor of 0 is a zero that leaves the sums
