@@ -52,6 +52,10 @@ def neighbours(rng, shape):
 KINDS = {
     "normal": lambda rng, shape: rng.standard_normal(shape),
     "float32": lambda rng, shape: rng.standard_normal(shape).astype(np.float32),
+    # float32 values with their own specials: rows of exact keys but for -0.0 and NaN
+    "float32 specials": lambda rng, shape: rng.choice(
+        np.array(SPECIALS[:8] + [3.4e38, -1.5e-45, 0.1], np.float32), size=shape
+    ),
     "ties": lambda rng, shape: np.round(rng.standard_normal(shape), 1),
     "specials": lambda rng, shape: rng.choice(SPECIALS, size=shape),
     "negative": lambda rng, shape: -np.abs(rng.standard_normal(shape)) * 1e-300,
@@ -106,14 +110,37 @@ def unpack(values):
     n = values.shape[1]
     bits = values.view(np.int64)
     low = (1 << (n - 1).bit_length()) - 1
-    keys = np.empty_like(bits)
-    core.pack_sort_keys(bits, low, keys)
+    keys, exact = np.empty_like(bits), np.empty(1, np.uint8)
+    core.pack_sort_keys(bits, low, keys, exact)
+    assert exact[0] == 0  # (float64 values alike in their high bits)
     keys.sort(axis=1)
     unordered = bool(np.any(np.diff(values[0, keys[0] & low]) < 0))
     order, redo = np.empty((1, n), np.int32), np.empty(1, np.uint8)
-    unfinished = core.unpack_sorted(bits, low, keys, order, redo)
+    unfinished = core.unpack_sorted(bits, low, keys, order, redo, exact)
     assert unfinished == redo[0]
     return order, redo[0], unordered
+
+
+@pytest.mark.parametrize(
+    ("values", "exact"),
+    [
+        (np.float32([3.0, -1.5, np.inf, -np.inf, 0.0, 1e-45, -3.4e38]), True),
+        (np.float32([3.0, -1.5, -0.0]), False),  # -0.0 has 0.0's key
+        (np.float32([3.0, np.nan]), False),  # every NaN has one key
+        (np.array([1.0, 1.0 + EPS]), False),  # a bit among the index's
+    ],
+)
+def test_exact_rows_take_their_values_from_the_keys(values, exact):
+    """A row whose keys hold its values whole (a widened float32's low bits are zeros) is
+    flagged by the packing, and its values come out of the keys, bit for bit.
+    """
+    values = np.ascontiguousarray(np.concatenate([values] * 200, dtype=np.float64)[None])
+    n = values.shape[1]
+    bits, low = values.view(np.int64), (1 << (n - 1).bit_length()) - 1
+    keys, flag = np.empty_like(bits), np.empty(1, np.uint8)
+    core.pack_sort_keys(bits, low, keys, flag)
+    assert flag[0] == exact
+    check(values)
 
 
 def test_insertion_orders_values_alike_in_their_low_bits():

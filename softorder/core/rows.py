@@ -27,6 +27,8 @@ from softorder.core.sort_rows import sort_rows
 _MAGNITUDE = 0x7FFFFFFFFFFFFFFF
 _INF_BITS = 0x7FF0000000000000
 _NAN_KEY = 0x7FFFFFFFFFFFFFFF
+#: the bits of -0.0 as int64 (its key is 0.0's) and the sign bit alone
+_NEGATIVE_ZERO = -(2**63)
 #: moves by insertion that :func:`unpack_sorted` allows a row beyond its length: a short row
 #: is put in order whatever its values (reversing 12 values takes 66 moves)
 INSERTION_SLACK = 64
@@ -46,11 +48,13 @@ def sort_key(bits):
 
 
 @kernel
-def pack_sort_keys(bits, low, keys):
+def pack_sort_keys(bits, low, keys, exact):
     """``keys[row, i]``: :func:`sort_key` of ``bits[row, i]`` (a float64's bits as int64)
     with its bits in ``low`` (``2**b - 1`` for rows of at most ``2**b``) replaced by ``i``.
     Sorted as integers, the keys order each row's values, ties by their index, except values
-    that differ only in the replaced bits (:func:`unpack_sorted` orders those). Takes int64
+    that differ only in the replaced bits (:func:`unpack_sorted` orders those).
+    ``exact[row]`` is 1 when the row's keys hold its values whole: none has a bit in
+    ``low``, none is NaN or ``-0.0`` (a widened float32 has 29 low zero bits). Takes int64
     views of float64 arrays: a view inside the kernel lengthened its first compilation by
     half.
 
@@ -59,26 +63,36 @@ def pack_sort_keys(bits, low, keys):
     >>> import numpy as np
     >>> from softorder import core
     >>> values = np.array([[2.0, -1.0, 0.5, -0.0]])
-    >>> keys = np.empty_like(values).view(np.int64)
-    >>> core.pack_sort_keys(values.view(np.int64), 3, keys)  # rows of 4: two index bits
+    >>> keys, exact = np.empty_like(values).view(np.int64), np.empty(1, np.uint8)
+    >>> core.pack_sort_keys(values.view(np.int64), 3, keys, exact)  # rows of 4: two index bits
     >>> (np.sort(keys, axis=1) & 3).tolist()  # the indices in sorted order
     [[1, 3, 2, 0]]
+    >>> int(exact[0])  # (-0.0 has the key of 0.0)
+    0
     """
     rows, n = bits.shape
     high = ~low
     for row in prange(rows):
         b = bits[row]
         k = keys[row]
+        lost = 0
         for i in range(n):
-            k[i] = (sort_key(b[i]) & high) | i
+            v = b[i]
+            k[i] = (sort_key(v) & high) | i
+            # (integer ors, no branch: the loop stays as fast as without the check)
+            lost |= (v & low) | ((v & _MAGNITUDE) > _INF_BITS) | (v == _NEGATIVE_ZERO)
+        exact[row] = lost == 0
 
 
 @kernel
-def unpack_sorted(bits, low, keys, order, redo):
+def unpack_sorted(bits, low, keys, order, redo, exact):
     """From the keys of :func:`pack_sort_keys` sorted along each row: the argsort into
     ``order`` (int32 or int64) and the sorted values' bits into ``keys``: NumPy's
     ``np.argsort(values, axis=1, kind="stable")`` and the values in its order (``keys`` is
-    an int64 view of the float64 result). Values whose keys differ only in the replaced bits
+    an int64 view of the float64 result). The rows whose keys hold their values whole
+    (``exact``, :func:`pack_sort_keys`) take them from the keys, with no read of ``bits``
+    at the sorted indices (a random read per element, the most of this kernel's time at
+    large n). In the others, values whose keys differ only in the replaced bits
     meet after the sort in the order of their indices; insertion puts them in order. A row
     that needs more than ``n +`` :data:`INSERTION_SLACK` moves for it (many values alike in
     all but their lowest bits) gets ``redo[row] = 1`` and unfinished rows of ``keys`` and
@@ -90,22 +104,30 @@ def unpack_sorted(bits, low, keys, order, redo):
     >>> from softorder import core
     >>> values = np.array([[2.0, -1.0, np.nan, 0.5]])
     >>> bits = values.view(np.int64)
-    >>> xs = np.empty_like(values)
-    >>> core.pack_sort_keys(bits, 3, xs.view(np.int64))
+    >>> xs, exact = np.empty_like(values), np.empty(1, np.uint8)
+    >>> core.pack_sort_keys(bits, 3, xs.view(np.int64), exact)
     >>> xs.view(np.int64).sort(axis=1)
     >>> order, redo = np.empty(values.shape, np.int32), np.empty(1, np.uint8)
-    >>> core.unpack_sorted(bits, 3, xs.view(np.int64), order, redo)
+    >>> core.unpack_sorted(bits, 3, xs.view(np.int64), order, redo, exact)
     0
     >>> order.tolist(), xs.tolist()
     ([[1, 3, 0, 2]], [[-1.0, 0.5, 2.0, nan]])
     """
     rows, n = bits.shape
+    high = ~low
     unfinished = 0
     for row in prange(rows):
         b = bits[row]
         s = keys[row]
         o = order[row]
         redo[row] = 0
+        if exact[row]:
+            for i in range(n):
+                key = s[i]
+                o[i] = key & low
+                magnitude = key & high  # (sort_key's inverse: a negative key is -magnitude)
+                s[i] = magnitude if magnitude >= 0 else -magnitude | _NEGATIVE_ZERO
+            continue
         moves = 0
         last = 0
         for i in range(n):

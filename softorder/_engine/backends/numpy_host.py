@@ -158,11 +158,12 @@ class NumpyBackend:
             rows2d = rows2d.copy()
         low = (1 << max(rows2d.shape[1] - 1, 0).bit_length()) - 1  # the index bits
         bits, keys = rows2d.view(np.int64), xs.view(np.int64)
-        core.pack_sort_keys(bits, low, keys)
+        exact = np.empty(rows2d.shape[0], np.uint8)
+        core.pack_sort_keys(bits, low, keys, exact)
         keys.sort(axis=1)
         order = np.empty(rows2d.shape, index)
         redo = np.empty(rows2d.shape[0], np.uint8)
-        if core.unpack_sorted(bits, low, keys, order, redo):
+        if core.unpack_sorted(bits, low, keys, order, redo, exact):
             core.sort_rows_again(rows2d, xs, order, redo)  # values alike but in their low bits
         return xs, order
 
