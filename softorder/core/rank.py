@@ -20,7 +20,14 @@ from numba import prange
 from softorder.core._jit import helper, inner_helper, kernel
 from softorder.core.fast_exp import FAST_EXP, exp_main, in_range
 from softorder.core.laplace import gap
-from softorder.core.rows import gather_finite, has_nan, scatter_finite
+from softorder.core.rows import (
+    AHEAD,
+    PREFETCH_FROM,
+    gather_finite,
+    has_nan,
+    prefetch,
+    scatter_finite,
+)
 
 FORWARD_WORK = 2
 #: rows of scratch the rules allocate for the gradients: the GPU twins use three; the CPU
@@ -123,7 +130,10 @@ def rank_forward(xs, order, alpha, out, decay, work):
         dst = out[row]
         rank = ranks[0]
         dst[o[0]] = rank
+        ahead = AHEAD if n >= PREFETCH_FROM else 0  # (0: the row stays in the caches)
         for i in range(1, n):
+            if ahead:  # (a condition the loop does not change: LLVM splits it)
+                prefetch(dst, o[i + ahead if i + ahead < n else n - 1])
             if r[i] != r[i - 1]:
                 rank = ranks[i]
             dst[o[i]] = rank

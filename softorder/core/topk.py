@@ -35,7 +35,15 @@ from softorder.core.lapsum import (
     solve_targets_ab,
     target_sums,
 )
-from softorder.core.rows import gather, gather_finite, has_nan, scatter
+from softorder.core.rows import (
+    AHEAD,
+    PREFETCH_FROM,
+    gather,
+    gather_finite,
+    has_nan,
+    prefetch,
+    scatter,
+)
 
 #: the tables (the GPU twin's); the CPU forward fills only ``A`` (in the first row of its
 #: output) and ``B`` (:func:`~softorder.core.lapsum.solve_targets_ab`), then writes each
@@ -341,7 +349,10 @@ def _vjp_several(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_b
         for i in range(n):
             vs[i] = rbar[i] + e[i] * pg
         xb = x_bar[row]
+        ahead = AHEAD if n >= PREFETCH_FROM else 0  # (0: the row stays in the caches)
         for i in range(n):
+            if ahead:  # (a condition the loop does not change: LLVM splits it)
+                prefetch(xb, o[i + ahead if i + ahead < n else n - 1])
             xb[o[i]] = 0.0 if abs(r[i]) == INF else vs[i]  # (no cotangent reaches +-inf)
 
 
@@ -399,7 +410,10 @@ def _vjp_one(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
         alpha_bar[row] = 0.0 + alpha_term  # (_vjp_several's sum over one target)
         for i in range(n):
             vs[i] = rbar[i] + vs[i] * pg
+        ahead = AHEAD if n >= PREFETCH_FROM else 0  # (0: the row stays in the caches)
         for i in range(n):
+            if ahead:  # (a condition the loop does not change: LLVM splits it)
+                prefetch(rbar, o[i + ahead if i + ahead < n else n - 1])
             rbar[o[i]] = 0.0 if abs(r[i]) == INF else vs[i]  # (no cotangent reaches +-inf)
 
 
@@ -527,6 +541,7 @@ def _one_target_vjp(r, o, inv_alpha, an, t, log, v, xb, w_bar, e):
     phi = 0.0
     phi_z = 0.0
     k_bar = 0.0  # times 1 / G
+    ahead = AHEAD if n >= PREFETCH_FROM else 0  # (0: the row stays in the caches)
     v_common = 0.0  # log: cotangents of the elements whose kappa_k is `common`
     # the passes below in one loop per case (the same operations): with the case tested in
     # the loop, top-k's VJP took a fifth longer (256 x 1000, float32)
@@ -537,6 +552,8 @@ def _one_target_vjp(r, o, inv_alpha, an, t, log, v, xb, w_bar, e):
             if az == INF:
                 continue
             ei = e[i]
+            if ahead:  # (a condition the loop does not change: LLVM splits it)
+                prefetch(v, o[i + ahead if i + ahead < n else n - 1])
             vi = np.float64(v[o[i]])
             G += ei
             Z += zi * ei
@@ -559,6 +576,8 @@ def _one_target_vjp(r, o, inv_alpha, an, t, log, v, xb, w_bar, e):
             if az == INF:
                 continue
             ei = e[i]
+            if ahead:  # (a condition the loop does not change: LLVM splits it)
+                prefetch(v, o[i + ahead if i + ahead < n else n - 1])
             vi = np.float64(v[o[i]])
             G += ei
             Z += zi * ei
