@@ -259,10 +259,7 @@ def gather(order, values, out):
 def scatter(order, values, out):
     """``out[order[i]] = values[i]`` (sorted order -> original order)."""
     n = order.shape[0]
-    ahead = AHEAD if n >= PREFETCH_FROM else 0  # (0: the row stays in the caches)
     for i in range(n):
-        if ahead:  # (a condition the loop does not change: LLVM splits it)
-            prefetch(out, order[i + ahead if i + ahead < n else n - 1])
         out[order[i]] = values[i]
 
 
@@ -270,10 +267,7 @@ def scatter(order, values, out):
 def scatter_finite(r, order, values, out):
     """``out[order[i]] = values[i]`` (sorted order -> original order), 0 at infinite entries."""
     n = r.shape[0]
-    ahead = AHEAD if n >= PREFETCH_FROM else 0  # (0: the row stays in the caches)
     for i in range(n):
-        if ahead:  # (a condition the loop does not change: LLVM splits it)
-            prefetch(out, order[i + ahead if i + ahead < n else n - 1])
         out[order[i]] = values[i] if abs(r[i]) != INF else 0.0
 
 
