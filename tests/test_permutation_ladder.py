@@ -186,3 +186,84 @@ def test_ladder_vjp_signed_zeros_bitwise():
             got = _ladder(xs, order, target, a, cot)
             for g, e in zip(got, expected[:-1], strict=True):
                 _assert_same_bits(g, e)
+
+
+def _loss_by_rank_unblocked(r, inv_alpha, anchor, offset, byrank):
+    """:func:`softorder.core.permutation._loss_by_rank` rank by rank, without its blocks: the
+    reference its blocks keep to the bit.
+    """
+    n = r.shape[0]
+    loss = 0.0
+    logs = 0.0
+    product = 1.0
+    count = 0
+    t_lo = 0.0
+    ra_lo = 0.0
+    for k in range(n):
+        ri = byrank[k]
+        z0 = perm.offset_z(ra_lo, ri, inv_alpha, t_lo) if k > 0 else -np.inf
+        z1 = np.inf
+        if k < n - 1:
+            t_lo = offset[k]
+            ra_lo = r[anchor[k]]
+            z1 = perm.offset_z(ra_lo, ri, inv_alpha, t_lo)
+        d = z1 - z0
+        if perm.PRODUCT_MIN_GAP <= d < perm.SERIES_GAP and (z1 <= 0.0 or z0 >= 0.0):
+            near = z1 if z1 <= 0.0 else -z0
+            loss -= (perm.LOG_HALF + near) + (perm._log1mexp_even(d) - 0.5 * d)
+            product *= d
+            count += 1
+            if count == perm.LOG_GROUP:
+                logs += np.log(product)
+                product = 1.0
+                count = 0
+        else:
+            loss -= perm.log_rank_probability(z0, z1)
+    return loss - (logs + np.log(product))
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "far", "signed zeros"])
+@pytest.mark.parametrize("n", [63, 64, 65, 200])
+@pytest.mark.parametrize("targets", ["random", "true", "near"])
+def test_ladder_blocks_match_bitwise(rng, kind, n, targets):
+    """Rows of several blocks of TBLOCK ranks (and a short last one): the VJP's usual ranks
+    and boundaries computed ahead, the others (row ends, elements between their boundaries:
+    the true ranks, far gaps: factors outside exp_main's range or below its underflow,
+    ties, infinities) rank by rank; the VJP has the general kernel's bits, the loss those of
+    the unblocked rank-by-rank sum.
+    """
+    import numba
+
+    assert core.sort.TBLOCK == 64
+    rows = 4
+    x, target = _case(rng, "normal", rows=rows, n=n)
+    if kind == "ties":
+        x = np.round(x * 4) / 4
+        x[3, : n // 3] = np.inf
+    elif kind == "far":
+        x[0] = np.arange(n) * 600.0 * 0.3  # exp(-600): outside exp_main's range, above 0
+        x[1] = np.arange(n) * 800.0 * 0.3  # exp(-800): 0
+        x[2, ::5] *= 1e6
+    elif kind == "signed zeros":
+        x = rng.choice([0.0, -0.0, 1.0, -1.0, np.inf], size=(rows, n))
+    if targets == "true":  # each element between its two boundaries
+        target = np.argsort(np.argsort(x, axis=1, kind="stable"), axis=1) + 1
+    elif targets == "near":
+        noisy = x + rng.normal(size=x.shape) * 0.3
+        target = np.argsort(np.argsort(noisy, axis=1, kind="stable"), axis=1) + 1
+    a = np.array([0.3, 1e-3, 0.3, 20.0])
+    cot = rng.normal(size=rows)
+    expected = _general(x, target, a, cot)
+    xs, order = expected[-1]
+    got = _ladder(xs, order, target, a, cot)
+    for g, e in zip(got, expected[:-1], strict=True):
+        _assert_same_bits(g, e)
+    reference = numba.njit(_loss_by_rank_unblocked)
+    _, anchor, offset, _, _ = got
+    for row in range(rows):
+        if np.isnan(xs[row]).any():
+            continue
+        byrank = np.empty(n)
+        byrank[target[row][order[row]] - 1] = xs[row]
+        want = reference(xs[row], 1.0 / a[row], anchor[row], offset[row], byrank)
+        _assert_same_bits(got[0][row : row + 1], np.array([want]))

@@ -36,14 +36,21 @@ from softorder.core.lapsum import (
     empty,
     inverse_pullback,
     inverse_pushforward,
-    ladder_target_weights,
     moment_tables,
+    other_target_weights,
     prefix_tables_halves,
     solve_ladder,
+    stack_rows,
     sum_tables,
 )
 from softorder.core.rows import gather_finite, has_nan, scatter_finite
-from softorder.core.sort import descending_tables
+from softorder.core.sort import (
+    _BLOCK_ROWS,
+    _SKIP,
+    TBLOCK,
+    _usual_weights,
+    descending_tables,
+)
 
 FORWARD_WORK = TABLES
 #: the tables with moments, the gradient, and a row for the CPU pullback's injections
@@ -151,13 +158,19 @@ def _log1mexp(d):
 
 
 @helper
+def _inv_expm1_series(d):
+    """``1 / expm1(d)`` by its series, for ``d < SERIES_GAP``."""
+    d2 = d * d
+    # 1/d - 1/2 + d/12 - d^3/720 + d^5/30240 - d^7/1209600 ... (Bernoulli numbers)
+    tail = d2 * (1.0 / 30240.0 - d2 * (1.0 / 1209600.0))
+    return 1.0 / d - 0.5 + d * (1.0 / 12.0 - d2 * (1.0 / 720.0 - tail))
+
+
+@helper
 def _inv_expm1(d):
     """``1 / expm1(d)`` for ``d > 0`` (0 once ``expm1`` overflows)."""
     if d < SERIES_GAP:
-        d2 = d * d
-        # 1/d - 1/2 + d/12 - d^3/720 + d^5/30240 - d^7/1209600 ... (Bernoulli numbers)
-        tail = d2 * (1.0 / 30240.0 - d2 * (1.0 / 1209600.0))
-        return 1.0 / d - 0.5 + d * (1.0 / 12.0 - d2 * (1.0 / 720.0 - tail))
+        return _inv_expm1_series(d)
     return 1.0 / math.expm1(d)
 
 
@@ -673,6 +686,11 @@ LADDER_VJP_WORK = 3
 #: (:func:`_ladder_loss_row_vjp`): a power of 2, moved into the rows BATCH at a time
 WINDOW = 16
 BATCH = 8
+#: the rows of :func:`_ladder_loss_row_vjp`'s block of ranks: each rank's value, its direct
+#: terms (:func:`_rank_terms`' five) and whether they are the usual rank's
+_RANK_ROWS = 7
+#: the slots of its boundaries' rows: one more than the ranks, for the last one's upper boundary
+_SLOTS = TBLOCK + 1
 
 _I32_1 = types.Array(types.int32, 1, "C")
 
@@ -771,6 +789,20 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
     same operations in the same order as the general kernel, so the same bits. ``done``
     false: a target out of order, or a tie that throws an injection beyond the window
     (``byrank``, ``B``, ``Bd`` then hold nothing usable; the caller takes the general path).
+
+    The ranks come :data:`~softorder.core.sort.TBLOCK` at a time, as the targets of soft
+    sort's :func:`~softorder.core.sort._ladder_pullback`, in three passes: the first reads
+    each rank's value and its lower boundary's values at its points into the block's rows
+    (on the stack; the upper boundary is the next slot's lower one); the second computes the
+    usual ranks' direct terms (:func:`_usual_rank_terms`) and the usual boundaries' weights
+    (:func:`~softorder.core.sort._usual_weights`) from those rows alone, in loops LLVM
+    vectorizes (``B[R]``, ``Bd[R]`` read ahead: the block's earlier injections go to the
+    points below ``F <= M - 1 <= R``); the third sums the terms in the ranks' order and adds
+    the injections in the boundaries' order. The other ranks (a row's ends, an element
+    between or far from its boundaries, an infinite value) take :func:`_rank_terms` there,
+    the other boundaries (ties, rounding, the row's ends, a factor outside ``exp_main``'s
+    range) :func:`~softorder.core.lapsum.other_target_weights` (a call, compiled once: the
+    rare path).
     """
     n = r.shape[0]
     win_up = empty((WINDOW,), np.float64)
@@ -779,6 +811,13 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
         win_up[i] = 0.0
         win_down[i] = 0.0
     mask = WINDOW - 1
+    # the block's rows on the stack: slot kk holds rank k0 + kk and its lower boundary
+    # k0 + kk - 1 (the boundaries' rows one slot longer, for the last rank's upper one)
+    b_t, b_ra, b_rl, b_rr, b_br, b_bdr, b_el, b_er, b_zl, b_gr, b_zr = stack_rows(
+        _BLOCK_ROWS, _SLOTS, np.float64
+    )
+    b_ri, b_rb, b_up, b_down, b_upz, b_downz, b_usual = stack_rows(_RANK_ROWS, TBLOCK, np.float64)
+    left = stack_rows(1, _SLOTS, np.int64)[0]
     M = 1  # the largest L so far (at least 1)
     F = 0  # the points below F hold their injections; the window those from F on
     P = 0  # A, Ad are known at the points up to P - 1, kept from P - WINDOW on
@@ -789,97 +828,143 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
     abar = 0.0  # the direct terms' part, summed in the ranks' order
     alpha_bar = 0.0  # the pullback's part, summed in the boundaries' order
     pending = 0.0  # the cotangent of boundary k from the rank below
-    an_lo = 0  # anchor, offset and anchor value of boundary k, read at the rank below
-    t_lo = 0.0
-    ra_lo = 0.0
-    for k in range(n):  # the element of target rank k + 1, between boundaries k and k + 1
-        ri = byrank[k]  # (_boundary_z's values, read here: see _rank_terms)
-        an = an_lo  # boundary j = k - 1, pulled back below
-        t = t_lo
-        ra = ra_lo
-        z0 = offset_z(ra, ri, inv_alpha, t) if k > 0 else -INF
-        z1 = INF
-        if k < n - 1:
-            an_lo = anchor[k]
-            t_lo = offset[k]
-            ra_lo = r[an_lo]
-            z1 = offset_z(ra_lo, ri, inv_alpha, t_lo)
-        rb, up, down, up_z1, down_z0 = _rank_terms(z0, z1, abs(ri) != INF, c, inv_alpha)
-        abar -= up_z1
-        abar -= down_z0
-        byrank[k] = rb
-        if k == 0:
-            pending = up
-            continue
-        uj = pending + down  # beta[k - 1]: boundary j = k - 1 is complete
-        pending = up
-        position = ra if t == 0.0 or abs(ra) == INF else ra + alpha * t  # target_position
-        if uj == 0.0 or abs(position) == INF:
-            continue
-        L = an - 1 if t <= 0.0 else an
-        R = L + 1
-        if L < M - 2:
-            return abar, alpha_bar, False
-        M = L if L > M else M
-        # B, Bd at the points up to M - 2 are read no more: their injections go there
-        while F + BATCH <= M - 1:
-            for q in range(F, F + BATCH):
-                B[q] = win_up[q & mask]
-                Bd[q] = win_down[q & mask]
-                win_up[q & mask] = 0.0
-                win_down[q & mask] = 0.0
-            F += BATCH
-        # A, Ad by their recurrences (moment_step_up), BATCH points at a time
-        while P <= L:
-            for q in range(P, P + BATCH):
-                if q < n:
-                    e = E[q] if q > 0 else 0.0
-                    d = gap(r[q], r[q - 1]) if q > 0 else 0.0
-                    ad_run = e * (ad_run + d * inv_alpha * a_run) if e > 0.0 else 0.0
-                    a_run = 1.0 + e * a_run if q > 0 else 1.0
-                    a_win[q & mask] = a_run
-                    ad_win[q & mask] = ad_run
-            P += BATCH
-        how, G, Z, el, er, sh = ladder_target_weights(
-            r,
-            inv_alpha,
-            ra,
-            t,
-            L,
-            R,
-            a_win[L & mask] if L >= 0 else 0.0,
-            ad_win[L & mask] if L >= 0 else 0.0,
-            B[R] if R < n else 0.0,
-            Bd[R] if R < n else 0.0,
+    for k0 in range(0, n, TBLOCK):
+        kn = TBLOCK if n - k0 >= TBLOCK else n - k0
+        for kk in range(kn + 1):  # boundary j = k0 + kk - 1: its points and values there
+            j = k0 + kk - 1
+            if j >= 0 and j < n - 1:
+                an = np.int64(anchor[j])
+                t = offset[j]
+                L = an - 1 if t <= 0.0 else an
+                inside = L >= 0 and L + 1 < n
+                R = L + 1 if inside else an  # (a value read, not used, at a row's end)
+                left[kk] = L
+                b_t[kk] = t
+                b_ra[kk] = r[an]
+                # a NaN zl where L or R is not in the row: not the usual target
+                b_rl[kk] = r[L] if inside else np.nan
+                b_rr[kk] = r[R]
+                b_br[kk] = B[R]
+                b_bdr[kk] = Bd[R]
+            else:  # b_0 = -inf and b_n = +inf: a NaN anchor value, never the usual case
+                left[kk] = 0
+                b_t[kk] = 0.0
+                b_ra[kk] = np.nan
+                b_rl[kk] = np.nan
+                b_rr[kk] = np.nan
+                b_br[kk] = 0.0
+                b_bdr[kk] = 0.0
+        for kk in range(kn):
+            b_ri[kk] = byrank[k0 + kk]
+        _usual_rank_terms(
+            inv_alpha, c, b_t, b_ra, b_ri, b_rb, b_up, b_down, b_upz, b_downz, b_usual
         )
-        if how == 0:
-            continue
-        cj = uj / G
-        if how == 1:
-            if R < n:
-                win_up[R & mask] += cj * er
-            if L >= 0:
+        _usual_weights(
+            alpha, inv_alpha, b_t, b_ra, b_rl, b_rr, b_br, b_bdr, b_el, b_er, b_zl, b_gr, b_zr
+        )
+        for kk in range(kn):  # the terms in the ranks' order, the injections in the boundaries'
+            k = k0 + kk
+            if b_usual[kk] != 0.0:
+                rb = b_rb[kk]
+                up = b_up[kk]
+                down = b_down[kk]
+                up_z1 = b_upz[kk]
+                down_z0 = b_downz[kk]
+            else:
+                ri = b_ri[kk]
+                z0 = offset_z(b_ra[kk], ri, inv_alpha, b_t[kk]) if k > 0 else -INF
+                z1 = offset_z(b_ra[kk + 1], ri, inv_alpha, b_t[kk + 1]) if k < n - 1 else INF
+                rb, up, down, up_z1, down_z0 = _rank_terms(z0, z1, abs(ri) != INF, c, inv_alpha)
+            abar -= up_z1
+            abar -= down_z0
+            byrank[k] = rb
+            if k == 0:
+                pending = up
+                continue
+            uj = pending + down  # beta[k - 1]: boundary j = k - 1 is complete
+            pending = up
+            el = b_el[kk]
+            if uj == 0.0 or el == _SKIP:  # (_SKIP: the target's position is infinite)
+                continue
+            L = left[kk]
+            R = L + 1
+            if L < M - 2:
+                return abar, alpha_bar, False
+            M = L if L > M else M
+            # B, Bd at the points up to M - 2 are read no more: their injections go there
+            while F + BATCH <= M - 1:
+                for q in range(F, F + BATCH):
+                    B[q] = win_up[q & mask]
+                    Bd[q] = win_down[q & mask]
+                    win_up[q & mask] = 0.0
+                    win_down[q & mask] = 0.0
+                F += BATCH
+            # A, Ad by their recurrences (moment_step_up), BATCH points at a time
+            while P <= L:
+                for q in range(P, P + BATCH):
+                    if q < n:
+                        e = E[q] if q > 0 else 0.0
+                        d = gap(r[q], r[q - 1]) if q > 0 else 0.0
+                        ad_run = e * (ad_run + d * inv_alpha * a_run) if e > 0.0 else 0.0
+                        a_run = 1.0 + e * a_run if q > 0 else 1.0
+                        a_win[q & mask] = a_run
+                        ad_win[q & mask] = ad_run
+                P += BATCH
+            aL = a_win[L & mask] if L >= 0 else 0.0
+            adL = ad_win[L & mask] if L >= 0 else 0.0
+            if el >= 0.0:  # the usual target: ladder_target_weights' G and Z
+                G = aL * el + b_gr[kk]
+                Z = (b_zl[kk] * aL + adL) * el + b_zr[kk]
+                cj = uj / G
+                win_up[R & mask] += cj * b_er[kk]
                 if L < F:
                     Bd[L] += cj * el
                 else:
                     win_down[L & mask] += cj * el
-        else:  # ties or rounding: inject_exact's two points, wherever they are
-            i = _first_at_or_above(r, inv_alpha, ra, t, R)
-            if i >= F + WINDOW:
-                return abar, alpha_bar, False
-            if i < n:
-                v = cj * exp_nonpositive(sh + offset_z(ra, r[i], inv_alpha, t))
-                if i < F:
-                    B[i] += v
-                else:
-                    win_up[i & mask] += v
-            if i > 0:
-                v = cj * exp_nonpositive(sh - offset_z(ra, r[i - 1], inv_alpha, t))
-                if i - 1 < F:
-                    Bd[i - 1] += v
-                else:
-                    win_down[(i - 1) & mask] += v
-        alpha_bar += uj * Z / G
+                alpha_bar += uj * Z / G
+                continue
+            ra = b_ra[kk]
+            t = b_t[kk]
+            how, G, Z, el, er, sh = other_target_weights(
+                r,
+                inv_alpha,
+                ra,
+                t,
+                L,
+                R,
+                aL,
+                adL,
+                B[R] if R < n else 0.0,
+                Bd[R] if R < n else 0.0,
+            )
+            if how == 0:
+                continue
+            cj = uj / G
+            if how == 1:
+                if R < n:
+                    win_up[R & mask] += cj * er
+                if L >= 0:
+                    if L < F:
+                        Bd[L] += cj * el
+                    else:
+                        win_down[L & mask] += cj * el
+            else:  # ties or rounding: inject_exact's two points, wherever they are
+                i = _first_at_or_above(r, inv_alpha, ra, t, R)
+                if i >= F + WINDOW:
+                    return abar, alpha_bar, False
+                if i < n:
+                    v = cj * exp_nonpositive(sh + offset_z(ra, r[i], inv_alpha, t))
+                    if i < F:
+                        B[i] += v
+                    else:
+                        win_up[i & mask] += v
+                if i > 0:
+                    v = cj * exp_nonpositive(sh - offset_z(ra, r[i - 1], inv_alpha, t))
+                    if i - 1 < F:
+                        Bd[i - 1] += v
+                    else:
+                        win_down[(i - 1) & mask] += v
+            alpha_bar += uj * Z / G
     # the window's injections into their points; the points above it have none (all the
     # targets may have been skipped: a zero cotangent)
     for q in range(F, n):
@@ -887,6 +972,57 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
         B[q] = win_up[q & mask] if inside else 0.0
         Bd[q] = win_down[q & mask] if inside else 0.0
     return abar, alpha_bar, True
+
+
+@inner_helper
+def _usual_rank_terms(inv_alpha, c, b_t, b_ra, b_ri, b_rb, b_up, b_down, b_upz, b_downz, b_usual):
+    """The second pass of :func:`_ladder_loss_row_vjp` over its block of ranks: the direct
+    terms of :func:`_rank_terms` of the usual rank (a finite element on one side of its two
+    finite boundaries, their gap ``d`` below :data:`SERIES_GAP`: :func:`density_ratios`'
+    ratios ``1/u`` and ``1 + 1/u`` from the series :func:`_inv_expm1_series`) with their
+    operations, so their values to the bit, from the block's rows alone (slot ``kk`` the
+    rank's lower boundary, ``kk + 1`` its upper one); ``b_usual`` 1 for those ranks, 0 for
+    the others (the third pass takes :func:`_rank_terms` for them).
+    :func:`~softorder.core.laplace.offset_z` is written with selects: a loop LLVM vectorizes
+    (a short last block's extra slots hold values never used).
+    """
+    for kk in range(TBLOCK):
+        ri = b_ri[kk]
+        z0 = _offset_z_select(b_ra[kk], ri, inv_alpha, b_t[kk])
+        z1 = _offset_z_select(b_ra[kk + 1], ri, inv_alpha, b_t[kk + 1])
+        d = z1 - z0
+        below = z1 <= 0.0
+        usual = (abs(ri) != INF) & (abs(z0) != INF) & (abs(z1) != INF) & (z0 != z1)
+        usual = usual & (below | (z0 >= 0.0)) & (d < SERIES_GAP)
+        far = _inv_expm1_series(d)
+        near = 1.0 + far
+        g0 = far if below else near
+        g1 = near if below else far
+        up = -g1 * c * inv_alpha
+        down = g0 * c * inv_alpha
+        rb = 0.0
+        rb -= up
+        rb -= down
+        b_rb[kk] = rb
+        b_up[kk] = up
+        b_down[kk] = down
+        b_upz[kk] = up * z1
+        b_downz[kk] = down * z0
+        b_usual[kk] = 1.0 if usual else 0.0
+
+
+@helper
+def _offset_z_select(r_anchor, r_i, inv_alpha, t):
+    """:func:`~softorder.core.laplace.offset_z` (its operations, so its value to the bit)
+    with selects for its branches, for a loop LLVM vectorizes.
+    """
+    same = r_anchor == r_i
+    up = r_anchor - r_i
+    down = -(r_i - r_anchor)
+    d = 0.0 if same else (up if r_anchor >= r_i else down)
+    dz = d * inv_alpha
+    z = dz + t
+    return dz if z != z else z
 
 
 @helper
