@@ -38,18 +38,17 @@ from softorder.core.lapsum import (
     inverse_pushforward,
     moment_tables,
     other_target_weights,
-    prefix_tables_halves,
     solve_ladder,
     stack_rows,
     sum_tables,
 )
+from softorder.core.rank import decays
 from softorder.core.rows import gather_finite, has_nan, scatter_finite
 from softorder.core.sort import (
     _BLOCK_ROWS,
     _SKIP,
     TBLOCK,
     _usual_weights,
-    descending_tables,
 )
 
 FORWARD_WORK = TABLES
@@ -726,21 +725,63 @@ _SLOTS = TBLOCK + 1
 _I32_1 = types.Array(types.int32, 1, "C")
 
 
+@helper
+def _tables_from_decays(E, A, B):
+    """``A`` and ``B`` of :func:`~softorder.core.lapsum.prefix_tables_halves` (the operations of
+    :func:`~softorder.core.lapsum.prefix_sums`, so the same values to the bit) from the decays
+    ``E`` (:func:`~softorder.core.rank.decays`: ``exp`` in a loop LLVM vectorizes): the two
+    recurrences side by side, ``A`` up and ``B`` down, each one's latency hiding the other's.
+    """
+    n = E.shape[0]
+    A[0] = 1.0
+    B[n - 1] = 1.0
+    a = 1.0
+    b = 1.0
+    for i in range(1, n):
+        a = 1.0 + E[i] * a
+        A[i] = a
+        j = n - 1 - i
+        b = 1.0 + E[j + 1] * b
+        B[j] = b
+
+
+@helper
+def _descending_from_decays(r, inv_alpha, E, B, Bd):
+    """``B`` and ``Bd`` of :func:`~softorder.core.sort.descending_tables` (its operations, so
+    its values to the bit) from the decays ``E`` (:func:`~softorder.core.rank.decays`).
+    """
+    n = r.shape[0]
+    B[n - 1] = 1.0
+    Bd[n - 1] = 0.0
+    b = 1.0
+    bd = 0.0
+    for i in range(n - 2, -1, -1):
+        d = gap(r[i + 1], r[i])
+        e = E[i + 1]
+        bd = e * (bd + d * inv_alpha * b) if e > 0.0 else 0.0
+        b = 1.0 + e * b
+        B[i] = b
+        Bd[i] = bd
+
+
 #: the per-row helpers of the ladder kernels, called by symbol (compiled once, not again
 #: inside each kernel)
 _LADDER_CALLS = SymbolCalls(
-    # r, inv_alpha, E, A, B
-    prefix_tables_halves=(prefix_tables_halves, (_F1, _F, _F1, _F1, _F1)),
+    # r, inv_alpha, E (the same helper and types as soft sort's forward: compiled once)
+    decays=(decays, (_F1, _F, _F1)),
+    # E, A, B
+    tables_from_decays=(_tables_from_decays, (_F1, _F1, _F1)),
     # r, alpha, inv_alpha, E, A, B, w0, anchor, t, out
     solve_ladder=(solve_ladder, (_F1, _F, _F, _F1, _F1, _F1, _F, _I32_1, _F1, _F1)),
     # r, inv_alpha, E, B, Bd
-    descending_tables=(descending_tables, (_F1, _F, _F1, _F1, _F1)),
+    descending_from_decays=(_descending_from_decays, (_F1, _F, _F1, _F1, _F1)),
     # r, inv_alpha, anchor, offset, byrank
     loss_by_rank=(_loss_by_rank, (_F1, _F, _I32_1, _F1, _F1)),
 )
-_call_prefix_tables = _LADDER_CALLS.prefix_tables_halves
+_call_decays = _LADDER_CALLS.decays
+_call_tables_from_decays = _LADDER_CALLS.tables_from_decays
 _call_solve_ladder_int32 = _LADDER_CALLS.solve_ladder
-_call_descending_tables = _LADDER_CALLS.descending_tables
+_call_descending_from_decays = _LADDER_CALLS.descending_from_decays
 _call_loss_by_rank = _LADDER_CALLS.loss_by_rank
 
 
@@ -766,7 +807,8 @@ def _ladder_forward_rows(xs, order, alpha, target, out, anchor, offset, work):
         B = work[row, 2]
         an = anchor[row]
         off = offset[row]
-        _call_prefix_tables(r, inv_alpha, E, A, B)
+        _call_decays(r, inv_alpha, E)
+        _call_tables_from_decays(E, A, B)
         _call_solve_ladder_int32(r, 1.0, inv_alpha, E, A, B, 1.0, an, off, E[:0])
         terms = E  # spent once the boundaries are solved
         if not _values_by_rank(r, order[row], target[row], terms):
@@ -1110,7 +1152,8 @@ def _ladder_vjp_rows(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha
         E = w[0, :n]
         B = w[1, :n]
         Bd = w[2, :n]
-        _call_descending_tables(r, inv_alpha, E, B, Bd)
+        _call_decays(r, inv_alpha, E)
+        _call_descending_from_decays(r, inv_alpha, E, B, Bd)
         direct, pulled, done = _call_ladder_row_vjp(
             r, a, inv_alpha, E, B, Bd, anchor[row], offset[row], cot[row], byrank
         )
