@@ -86,3 +86,26 @@ def test_soft_topk_of_a_long_row_is_its_blocks(dtype, log):
         np.testing.assert_array_equal(member[where[:j]], 0.0)
     others = np.delete(where, j, axis=0)
     np.testing.assert_allclose(grad[others], 0.0, atol=TOLERANCE[dtype]["atol"])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_permutation_loss_of_a_long_row_is_its_blocks(dtype):
+    """Each block's elements take a permutation of that block's ranks: the boundaries between
+    blocks lie far from every element, so the row's loss is the sum of the blocks' losses,
+    and each element's gradient its block's.
+    """
+    x, where = blocks_row(dtype)
+    rng = np.random.default_rng(12)
+    local = np.argsort(rng.random((BLOCKS, BLOCK)), axis=1) + 1
+    target = np.empty(x.size, np.int64)
+    target[where] = local + BLOCK * np.arange(BLOCKS)[:, None]
+    op = softorder.permutation_cross_entropy
+    loss, vjp = softorder.vjp(op, x, target, alpha=ALPHA, reduction="sum")
+    grad = vjp(np.asarray(1.0, loss.dtype))[0]
+    total = 0.0
+    for j, at in enumerate(where):
+        block_loss, block_vjp = softorder.vjp(op, x[at], local[j], alpha=ALPHA, reduction="sum")
+        total += float(block_loss)
+        block_grad = block_vjp(np.asarray(1.0, block_loss.dtype))[0]
+        np.testing.assert_allclose(grad[at], block_grad, **TOLERANCE[dtype])
+    np.testing.assert_allclose(float(loss), total, rtol=TOLERANCE[dtype]["rtol"] * 10)

@@ -43,7 +43,14 @@ from softorder.core.lapsum import (
     sum_tables,
 )
 from softorder.core.rank import decays
-from softorder.core.rows import gather_finite, has_nan, scatter_finite
+from softorder.core.rows import (
+    AHEAD,
+    PREFETCH_FROM,
+    gather_finite,
+    has_nan,
+    prefetch,
+    scatter_finite,
+)
 from softorder.core.sort import (
     _BLOCK_ROWS,
     _SKIP,
@@ -110,7 +117,14 @@ def _values_by_rank(r, order, target, out):
     """
     out[:] = np.nan
     once = True
-    for i in range(r.shape[0]):
+    n = r.shape[0]
+    ahead = AHEAD if n >= PREFETCH_FROM else 0  # (0: the row stays in the caches)
+    for i in range(n):
+        if ahead:  # (a condition the loop does not change: LLVM splits it)
+            # two random places per element: the target rank, read a step before its slot
+            prefetch(target, order[i + ahead if i + ahead < n else n - 1])
+            h = i + ahead // 2
+            prefetch(out, target[order[h if h < n else n - 1]] - 1)
         k = target[order[i]] - 1
         if out[k] == out[k]:
             once = False
@@ -1112,7 +1126,12 @@ def _ladder_carry_and_scatter(r, order, target, E, inj_up, inj_down, xb):
     """
     n = r.shape[0]
     carry_both_ways_inline(E, inj_up, inj_down)
+    ahead = AHEAD if n >= PREFETCH_FROM else 0  # (0: the row stays in the caches)
     for i in range(n):
+        if ahead:  # (as in _values_by_rank)
+            prefetch(target, order[i + ahead if i + ahead < n else n - 1])
+            h = i + ahead // 2
+            prefetch(xb, target[order[h if h < n else n - 1]] - 1)
         total = (xb[target[order[i]] - 1] + inj_down[i]) + inj_up[i]
         inj_up[i] = total if abs(r[i]) != INF else 0.0
     for i in range(n):
