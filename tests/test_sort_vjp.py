@@ -436,13 +436,52 @@ def test_ladder_vjp_counts_the_forward_passes_anchors(rng, kind):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_ladder_target_weights_are_target_weights_to_the_bit(rng, dtype):
-    # the ladder pullbacks' copy (an inlined exp for the usual target) must give
-    # target_weights' own outputs: signed zeros, infinities, equal values and infinite
-    # 1 / alpha included, the anchor at either point
+def test_block_weights_are_target_weights_to_the_bit(rng, dtype):
+    # the ladder pullbacks' weights of a target (_usual_weights on the block's rows, G and Z
+    # composed as the pullbacks compose them, other_target_weights for the other targets)
+    # must be target_weights' own outputs: signed zeros, infinities, equal values and
+    # infinite 1 / alpha included, the anchor at either point
     import numba
 
-    from softorder.core.lapsum import ladder_target_weights, target_weights
+    from softorder.core.lapsum import other_target_weights, target_weights
+    from softorder.core.sort import _BLOCK_ROWS, _SKIP, TBLOCK, _usual_weights
+
+    @numba.njit
+    def block_weights(r, inv_alpha, ra, t, an, L, R, aL, adL, bR, bdR):
+        """One target's weights as _ladder_pullback takes them (first slot of a block)."""
+        n = r.shape[0]
+        rows = np.zeros((_BLOCK_ROWS, TBLOCK))
+        inside = L >= 0 and R < n
+        rows[0, 0] = t
+        rows[1, 0] = ra
+        rows[2, 0] = r[L] if inside else np.nan
+        rows[3, 0] = r[R] if inside else r[an]
+        rows[4, 0] = bR
+        rows[5, 0] = bdR
+        _usual_weights(
+            1.0 / inv_alpha,
+            inv_alpha,
+            rows[0],
+            rows[1],
+            rows[2],
+            rows[3],
+            rows[4],
+            rows[5],
+            rows[6],
+            rows[7],
+            rows[8],
+            rows[9],
+            rows[10],
+        )
+        el = rows[6, 0]
+        if el == _SKIP:  # an infinite target: skipped (nothing to pull back)
+            return 0, 0.0, 0.0, 0.0, 0.0
+        if el >= 0.0:
+            G = aL * el + rows[9, 0]
+            Z = (rows[8, 0] * aL + adL) * el + rows[10, 0]
+            return 1, G, Z, el, rows[7, 0]
+        how, G, Z, el, er, _ = other_target_weights(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR)
+        return how, G, Z, el, er
 
     @numba.njit
     def compare(r, inv_alpha, an, t, tables, got, want):
@@ -456,26 +495,13 @@ def test_ladder_target_weights_are_target_weights_to_the_bit(rng, dtype):
             ad = tables[k, 1] if L >= 0 else 0.0
             b = tables[k, 2] if R < n else 0.0
             bd = tables[k, 3] if R < n else 0.0
-            h1, g1, z1, l1, r1, s1 = ladder_target_weights(
-                r, inv_alpha[k], ra, t[k], L, R, a, ad, b, bd
-            )
-            h2, g2, z2, l2, r2, s2 = target_weights(r, inv_alpha[k], ra, t[k], L, R, a, ad, b, bd)
-            got[k, 0], got[k, 1], got[k, 2], got[k, 3], got[k, 4], got[k, 5] = (
-                h1,
-                g1,
-                z1,
-                l1,
-                r1,
-                s1,
-            )
-            want[k, 0], want[k, 1], want[k, 2], want[k, 3], want[k, 4], want[k, 5] = (
-                h2,
-                g2,
-                z2,
-                l2,
-                r2,
-                s2,
-            )
+            h1, g1, z1, l1, r1 = block_weights(r, inv_alpha[k], ra, t[k], an[k], L, R, a, ad, b, bd)
+            h2, g2, z2, l2, r2, _ = target_weights(r, inv_alpha[k], ra, t[k], L, R, a, ad, b, bd)
+            position = ra if t[k] == 0.0 or abs(ra) == np.inf else ra + t[k] / inv_alpha[k]
+            if abs(position) == np.inf:  # skipped by the pullbacks, whatever its weights
+                h1, g1, z1, l1, r1 = h2, g2, z2, l2, r2
+            got[k, 0], got[k, 1], got[k, 2], got[k, 3], got[k, 4] = h1, g1, z1, l1, r1
+            want[k, 0], want[k, 1], want[k, 2], want[k, 3], want[k, 4] = h2, g2, z2, l2, r2
 
     pool = np.array([0.0, -0.0, 1.0, -1.0, 1e-300, -1e-300, 5e-324, 3.0, np.inf, -np.inf])
     for _ in range(20):
@@ -489,8 +515,8 @@ def test_ladder_target_weights_are_target_weights_to_the_bit(rng, dtype):
         inv_alpha = 10.0 ** rng.uniform(-8, 8, m)
         inv_alpha[rng.random(m) < 0.05] = np.inf
         tables = np.abs(rng.normal(size=(m, 4))) + np.array([1.0, 0.0, 1.0, 0.0])
-        got = np.empty((m, 6))
-        want = np.empty((m, 6))
+        got = np.empty((m, 5))
+        want = np.empty((m, 5))
         compare(r, inv_alpha, an, t, tables, got, want)
         np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
 
@@ -530,7 +556,7 @@ def test_other_target_weights_give_a_usual_target_its_weights(rng):
     # (and above UNDERFLOW) to other_target_weights: the same G, Z, el, er to the bit
     import numba
 
-    from softorder.core.lapsum import ladder_target_weights, other_target_weights
+    from softorder.core.lapsum import other_target_weights, target_weights
 
     @numba.njit
     def compare(r, inv_alpha, t, tables, got, want):
@@ -539,7 +565,7 @@ def test_other_target_weights_give_a_usual_target_its_weights(rng):
             h1, g1, z1, l1, r1, _ = other_target_weights(
                 r[k], inv_alpha[k], r[k, 0], t[k], 0, 1, a, ad, b, bd
             )
-            h2, g2, z2, l2, r2, _ = ladder_target_weights(
+            h2, g2, z2, l2, r2, _ = target_weights(
                 r[k], inv_alpha[k], r[k, 0], t[k], 0, 1, a, ad, b, bd
             )
             got[k, 0], got[k, 1], got[k, 2], got[k, 3], got[k, 4] = h1, g1, z1, l1, r1

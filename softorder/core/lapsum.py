@@ -770,74 +770,15 @@ def target_weights(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR):
     return other_target_weights(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR)
 
 
-@inner_helper
-def ladder_target_weights(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR):
-    """:func:`target_weights` (its operations, so its values to the bit) with the usual
-    target's factor ``exp(-|zl + zr|)`` from :func:`~softorder.core.fast_exp.exp`, inlined in
-    the permutation loss's ladder pullback. Its other targets are a copy of
-    :func:`other_target_weights`, not a call: the call made the permutation loss's VJP 5%
-    slower. ``target_weights`` itself keeps ``math.exp`` so that the operations built on
-    :func:`inverse_pullback` compile no inlined ``exp`` into their first call (CHANGELOG.md).
-
-    The usual target's distances are ``(ra - r_i) / alpha + t``, without
-    :func:`~softorder.core.laplace.offset_z`'s branches, for targets with a finite ``ra`` and
-    ``t`` (the pullbacks skip the others: their value is infinite; a NaN-free row's forward
-    gives no NaN offset) anchored at ``L`` or ``R``: ``ra - r_i`` is offset_z's gap to the
-    bit (``-(r_i - ra)`` rounds to ``ra - r_i``) but for ``-0`` at a point equal to ``ra``,
-    where ``z`` is then a zero of the other sign or ``t``; offset_z mends only a NaN ``z``,
-    which finite ``ra`` and ``t`` meet only as an infinite ``1 / alpha`` times a zero gap,
-    NaN in both, and a NaN fails both tests. So the same targets are usual, with the same
-    outputs: a zero ``zl`` is not usual, and a zero ``zr`` of the other sign needs
-    ``t = +-0`` with the anchor at ``L``, whose ``zl`` is then a zero
-    (``tests/test_sort_vjp.py``).
-    """
-    n = r.shape[0]
-    if L >= 0 and R < n:
-        # offset_z's distances without its branches (one per distance); see the docstring
-        zl = (ra - r[L]) * inv_alpha + t
-        zr = (ra - r[R]) * inv_alpha + t
-        if zl > 0.0 and zl != INF and zr <= 0.0 and zr != -INF:
-            e = fast_exp.exp(-abs(zl + zr))
-            left_nearer = zl <= -zr
-            el = 1.0 if left_nearer else e
-            er = e if left_nearer else 1.0
-            G = aL * el + bR * er
-            Z = (zl * aL + adL) * el + (zr * bR - bdR) * er
-            return 1, G, Z, el, er, (-zr if -zr < zl else zl)
-    zl = offset_z(ra, r[L], inv_alpha, t) if L >= 0 else INF
-    zr = offset_z(ra, r[R], inv_alpha, t) if R < n else -INF
-    sh = -zr if -zr < zl else zl  # min(zl, -zr)
-    if sh == INF:
-        return 0, 0.0, 0.0, 0.0, 0.0, sh
-    G = 0.0
-    Z = 0.0
-    el = rel_weight(zl, sh)
-    if el > 0.0:
-        G += aL * el
-        Z += (zl * aL + adL) * el
-    er = rel_weight(zr, sh)
-    if er > 0.0:
-        G += bR * er
-        Z += (zr * bR - bdR) * er
-    if G == 0.0:
-        return 0, G, Z, el, er, sh
-    if (L < 0 or zl > 0.0) and (R >= n or zr <= 0.0):
-        # L and R are the last point below the target and the first at or above it: their
-        # factors exp(min(0, shift - |z|)) are el and er
-        return 1, G, Z, el, er, sh
-    return 2, G, Z, el, er, sh
-
-
 @helper
 def other_target_weights(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR):
     """The weights of the targets other than the usual one: the second half of
-    :func:`target_weights` (which calls it) and of :func:`ladder_target_weights` (a copy
-    there), and soft sort's ladder pullback's rare targets (it tests for the usual target
-    itself). A helper, not inlined: compiled once, outside the pullbacks' loops. Given a usual
-    target it returns the usual target's values to the bit: with ``shift = min(zl, -zr)``
-    its factors ``exp(shift - |z|)`` are 1 and ``exp(-|zl + zr|)`` (``zl - -zr`` rounds as
-    ``zl + zr``), and a term it leaves out for a factor of 0 is a zero that leaves the sums
-    unchanged (``tests/test_sort_vjp.py``).
+    :func:`target_weights` (which calls it), and the ladder pullbacks' rare targets (it tests
+    for the usual target itself). A helper, not inlined: compiled once, outside the
+    pullbacks' loops. Given a usual target it returns the usual target's values to the bit:
+    with ``shift = min(zl, -zr)`` its factors ``exp(shift - |z|)`` are 1 and
+    ``exp(-|zl + zr|)`` (``zl - -zr`` rounds as ``zl + zr``), and a term it leaves out for a
+    factor of 0 is a zero that leaves the sums unchanged (``tests/test_sort_vjp.py``).
     """
     n = r.shape[0]
     zl = offset_z(ra, r[L], inv_alpha, t) if L >= 0 else INF

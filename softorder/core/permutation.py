@@ -999,7 +999,7 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
                 P += BATCH
             aL = a_win[L & mask] if L >= 0 else 0.0
             adL = ad_win[L & mask] if L >= 0 else 0.0
-            if el >= 0.0:  # the usual target: ladder_target_weights' G and Z
+            if el >= 0.0:  # the usual target: target_weights' G and Z
                 G = aL * el + b_gr[kk]
                 Z = (b_zl[kk] * aL + adL) * el + b_zr[kk]
                 cj = uj / G

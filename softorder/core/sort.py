@@ -907,7 +907,7 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
                 P += BATCH
             aL = a_win[L & mask] if L >= 0 else 0.0
             adL = ad_win[L & mask] if L >= 0 else 0.0
-            if el >= 0.0:  # the usual target: ladder_target_weights' G and Z
+            if el >= 0.0:  # the usual target: target_weights' G and Z
                 G = aL * el + b_gr[k]
                 Z = (b_zl[k] * aL + adL) * el + b_zr[k]
                 cj = uj / G
@@ -958,11 +958,24 @@ def _usual_weights(
     alpha, inv_alpha, b_t, b_ra, b_rl, b_rr, b_br, b_bdr, b_el, b_er, b_zl, b_gr, b_zr
 ):
     """The second pass of :func:`_ladder_pullback` over its block of targets: the usual
-    target's weights from the block's rows (:data:`TBLOCK`) alone, with
-    :func:`~softorder.core.lapsum.ladder_target_weights`' operations, so its values to the
-    bit; each target's code in the row of ``el``. A loop LLVM vectorizes (no other array to
-    check for overlap, no remainder: a short last block's extra slots hold values never
-    used), ``exp`` included (:func:`~softorder.core.fast_exp.exp_main`).
+    target's weights from the block's rows (:data:`TBLOCK`) alone, with the operations of
+    :func:`~softorder.core.lapsum.target_weights`, so its values to the bit (the caller
+    composes ``G`` and ``Z`` from them as ``target_weights`` does); each target's code in the
+    row of ``el``. A loop LLVM vectorizes (no other array to check for overlap, no remainder:
+    a short last block's extra slots hold values never used), ``exp`` included
+    (:func:`~softorder.core.fast_exp.exp_main`). The permutation loss's pullback uses it too.
+
+    The usual target's distances are ``(ra - r_i) / alpha + t``, without
+    :func:`~softorder.core.laplace.offset_z`'s branches, for targets with a finite ``ra`` and
+    ``t`` (the pullbacks skip the others: their value is infinite; a NaN-free row's forward
+    gives no NaN offset) anchored at ``L`` or ``R``: ``ra - r_i`` is offset_z's gap to the
+    bit (``-(r_i - ra)`` rounds to ``ra - r_i``) but for ``-0`` at a point equal to ``ra``,
+    where ``z`` is then a zero of the other sign or ``t``; offset_z mends only a NaN ``z``,
+    which finite ``ra`` and ``t`` meet only as an infinite ``1 / alpha`` times a zero gap,
+    NaN in both, and a NaN fails both tests. So the same targets are usual, with the same
+    outputs: a zero ``zl`` is not usual, and a zero ``zr`` of the other sign needs
+    ``t = +-0`` with the anchor at ``L``, whose ``zl`` is then a zero
+    (``tests/test_sort_vjp.py``).
     """
     for k in range(TBLOCK):
         t = b_t[k]
