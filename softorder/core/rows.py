@@ -57,13 +57,16 @@ if fast_exp._jit_enabled():
             return None
 
         def codegen(context, builder, signature, args):
-            data = context.make_array(signature.args[0])(context, builder, args[0]).data
+            kind_of_array = signature.args[0]
+            array = context.make_array(kind_of_array)(context, builder, args[0])
             index = context.cast(builder, args[1], signature.args[1], types.intp)
             byte = ir.IntType(8).as_pointer()
             i32 = ir.IntType(32)
             kind = ir.FunctionType(ir.VoidType(), (byte, i32, i32, i32))
             function = cgutils.get_or_insert_function(builder.module, kind, "llvm.prefetch.p0i8")
-            address = builder.bitcast(builder.gep(data, [index]), byte)
+            # (the element's address by the array's strides: a row need not be contiguous)
+            item = cgutils.get_item_pointer(context, builder, kind_of_array, array, [index])
+            address = builder.bitcast(item, byte)
             # a write, kept in every cache level (locality 3), of data
             builder.call(function, (address, i32(1), i32(3), i32(1)))
             return context.get_dummy_value()
