@@ -565,7 +565,7 @@ def _count(counts, i, b, a, w0):
     """
     first = math.ceil(i + 0.5 + 0.5 * (b - a) - w0)
     if first < counts.shape[0]:
-        counts[first if first > 0 else 0] += 1
+        counts[np.uint64(first if first > 0 else 0)] += 1  # (unsigned: no wraparound)
 
 
 @helper
@@ -592,8 +592,9 @@ def prefix_counts(r, inv_alpha, E, A, B, w0, counts):
     for i in range(1, h):
         a = 1.0 + E[i] * a
         A[i] = a
-        b = 1.0 + E[j + 1] * b
-        B[j] = b
+        ju = np.uint64(j)  # (unsigned: no wraparound)
+        b = 1.0 + E[ju + np.uint64(1)] * b
+        B[ju] = b
         j -= 1
     if n % 2 == 1:  # the middle point, both of whose sums the first half computed
         _count(counts, h - 1, b, a, w0)
@@ -601,9 +602,10 @@ def prefix_counts(r, inv_alpha, E, A, B, w0, counts):
         a = 1.0 + E[i] * a
         A[i] = a
         _count(counts, i, B[i], a, w0)
-        b = 1.0 + E[j + 1] * b
-        B[j] = b
-        _count(counts, j, b, A[j], w0)
+        ju = np.uint64(j)
+        b = 1.0 + E[ju + np.uint64(1)] * b
+        B[ju] = b
+        _count(counts, j, b, A[ju], w0)
         j -= 1
 
 
@@ -633,25 +635,27 @@ def descending_counts(r, inv_alpha, E, B, Bd, w0, counts):
     for i in range(1, h):
         a = 1.0 + E[i] * a
         Bd[i] = a  # A[i] (at the middle of an odd row, overwritten by Bd just below)
-        d = gap(np.float64(r[j + 1]), np.float64(r[j]))
-        f = E[j + 1]
+        ju = np.uint64(j)  # (unsigned: no wraparound)
+        d = gap(np.float64(r[ju + np.uint64(1)]), np.float64(r[ju]))
+        f = E[ju + np.uint64(1)]
         bd = f * (bd + d * inv_alpha * b) if f > 0.0 else 0.0
         b = 1.0 + f * b
-        B[j] = b
-        Bd[j] = bd
+        B[ju] = b
+        Bd[ju] = bd
         j -= 1
     if n % 2 == 1:  # the middle point, both of whose sums the first half computed
         _count(counts, h - 1, b, a, w0)
     for i in range(h, n):
         a = 1.0 + E[i] * a
         _count(counts, i, B[i], a, w0)
-        d = gap(np.float64(r[j + 1]), np.float64(r[j]))
-        f = E[j + 1]
-        a_j = Bd[j]
+        ju = np.uint64(j)  # (unsigned: no wraparound)
+        d = gap(np.float64(r[ju + np.uint64(1)]), np.float64(r[ju]))
+        f = E[ju + np.uint64(1)]
+        a_j = Bd[ju]
         bd = f * (bd + d * inv_alpha * b) if f > 0.0 else 0.0
         b = 1.0 + f * b
-        B[j] = b
-        Bd[j] = bd
+        B[ju] = b
+        Bd[ju] = bd
         _count(counts, j, b, a_j, w0)
         j -= 1
 
@@ -683,6 +687,7 @@ def _ladder_values(r, alpha, inv_alpha, E, A, B, w0, counts, offset, out, values
     J = 0
     for q in range(m):
         J += counts[q]
+        uJ = np.uint64(J)  # (0 < J < n below; unsigned: no wraparound)
         w = w0 + q
         # a final offset gets the anchor -1 - anchor, a ratio the anchor (fast_log.take_logs)
         if J == 0:
@@ -691,15 +696,15 @@ def _ladder_values(r, alpha, inv_alpha, E, A, B, w0, counts, offset, out, values
         elif J == n:
             an = -n
             t = -math.log(2.0 * (n - w) / A[n - 1])
-        elif E[J] < SMALL_E:
-            d = gap(np.float64(r[J]), np.float64(r[J - 1]))
-            an, t = invert_far(A[J - 1], B[J], d * inv_alpha, w - J, J)
+        elif E[uJ] < SMALL_E:
+            d = gap(np.float64(r[uJ]), np.float64(r[uJ - np.uint64(1)]))
+            an, t = invert_far(A[uJ - np.uint64(1)], B[uJ], d * inv_alpha, w - J, J)
             an = -1 - an
         else:
             c = w - J
-            a = A[J - 1]
-            b = B[J]
-            d = math.sqrt(c * c + a * b * E[J])
+            a = A[uJ - np.uint64(1)]
+            b = B[uJ]
+            d = math.sqrt(c * c + a * b * E[uJ])
             up = c >= 0.0
             num = c + d if up else a
             den = b if up else d - c
@@ -797,7 +802,7 @@ def ladder_vjp(xs, order, alpha, offset, u, x_bar, counts, alpha_bar, work, redo
         o = order[row]
         xb = x_bar[row]
         for i in range(n):  # the gradient: the two sums (scatter_finite of their totals)
-            xb[o[i]] = Bd[i] + B[i] if abs(r[i]) != INF else 0.0
+            xb[np.uint64(o[i])] = Bd[i] + B[i] if abs(r[i]) != INF else 0.0
 
 
 @helper
@@ -854,17 +859,24 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
         kn = TBLOCK if n - q0 >= TBLOCK else n - q0
         for k in range(kn):  # each target's points and the values there
             q = q0 + k
-            J += counts[q]
-            an = ladder_anchor(n, w0 + q, J)
-            t = offset[q]
+            # (indices that are never negative as unsigned: no wraparound to compile)
+            uq = np.uint64(q)
+            J += counts[uq]
+            # ladder_anchor's choice by selects: a branch on the target's side of its
+            # interval was mispredicted often
+            w = w0 + q
+            an = J - np.int64(w - J < 0.0)
+            an = an if J > 0 else 0
+            an = an if J < n else n - 1
+            t = offset[uq]
             L = an - 1 if t <= 0.0 else an
             inside = L >= 0 and L + 1 < n
-            R = L + 1 if inside else an  # (a value read, not used, at a row's end)
+            R = np.uint64(L + 1 if inside else an)  # (a value read, not used, at a row's end)
             left[k] = L
             b_t[k] = t
-            b_ra[k] = r[an]
+            b_ra[k] = r[np.uint64(an)]
             # a NaN zl where L or R is not in the row: not the usual target
-            b_rl[k] = r[L] if inside else np.nan
+            b_rl[k] = r[np.uint64(L)] if inside else np.nan
             b_rr[k] = r[R]
             b_br[k] = B[R]
             b_bdr[k] = Bd[R]
@@ -872,8 +884,7 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
             alpha, inv_alpha, b_t, b_ra, b_rl, b_rr, b_br, b_bdr, b_el, b_er, b_zl, b_gr, b_zr
         )
         for k in range(kn):  # the injections, in the targets' order
-            q = q0 + k
-            uj = np.float64(u[q])
+            uj = np.float64(u[np.uint64(q0 + k)])
             el = b_el[k]
             if uj == 0.0 or el == _SKIP:
                 continue
@@ -885,8 +896,8 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
             # B, Bd at the points up to M - 2 are read no more: their injections go there
             while F + BATCH <= M - 1:
                 for i in range(F, F + BATCH):
-                    B[i] = win_up[i & mask]
-                    Bd[i] = win_down[i & mask]
+                    B[np.uint64(i)] = win_up[i & mask]
+                    Bd[np.uint64(i)] = win_down[i & mask]
                     win_up[i & mask] = 0.0
                     win_down[i & mask] = 0.0
                 F += BATCH
@@ -896,8 +907,8 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
             while P <= L:
                 for i in range(P, P + BATCH):
                     if i < n:
-                        hi = np.float64(r[i])
-                        e = E[i] if i > 0 else 0.0
+                        hi = np.float64(r[np.uint64(i)])
+                        e = E[np.uint64(i)] if i > 0 else 0.0
                         d = gap(hi, lo) if i > 0 else 0.0
                         ad = e * (ad + d * inv_alpha * a) if e > 0.0 else 0.0
                         a = 1.0 + e * a if i > 0 else 1.0
@@ -913,7 +924,7 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
                 cj = uj / G
                 win_up[R & mask] += cj * b_er[k]
                 if L < F:
-                    Bd[L] += cj * el
+                    Bd[np.uint64(L)] += cj * el
                 else:
                     win_down[L & mask] += cj * el
                 alpha_bar += uj * Z / G
@@ -948,8 +959,8 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
             alpha_bar += uj * Z / G
     for i in range(F, n):
         inside = i < F + WINDOW
-        B[i] = win_up[i & mask] if inside else 0.0
-        Bd[i] = win_down[i & mask] if inside else 0.0
+        B[np.uint64(i)] = win_up[i & mask] if inside else 0.0
+        Bd[np.uint64(i)] = win_down[i & mask] if inside else 0.0
     return alpha_bar, True
 
 
