@@ -433,11 +433,12 @@ def solve_ladder(r, alpha, inv_alpha, E, A, B, w0, anchor, t, out):
     for i in range(n):
         first = math.ceil(i + 0.5 + 0.5 * (B[i] - A[i]) - w0)
         if first < m:
-            anchor[first if first > 0 else 0] += 1
+            anchor[np.uint64(first if first > 0 else 0)] += 1  # (unsigned: no wraparound)
     positions = out.shape[0] == m
     J = 0
     for q in range(m):
         J += anchor[q]
+        uJ = np.uint64(J)  # (0 < J < n below; unsigned: no wraparound)
         w = w0 + q
         # invert's cases written out (numba's inlining of invert was a third of this
         # function's compilation); a target whose offset is final here gets the anchor
@@ -448,14 +449,15 @@ def solve_ladder(r, alpha, inv_alpha, E, A, B, w0, anchor, t, out):
         elif J == n:
             anchor[q] = -n
             t[q] = -math.log(2.0 * (n - w) / A[n - 1])
-        elif E[J] < SMALL_E:
-            an, t[q] = invert_far(A[J - 1], B[J], gap(r[J], r[J - 1]) * inv_alpha, w - J, J)
+        elif E[uJ] < SMALL_E:
+            j1 = uJ - np.uint64(1)
+            an, t[q] = invert_far(A[j1], B[uJ], gap(r[uJ], r[j1]) * inv_alpha, w - J, J)
             anchor[q] = -1 - an
         else:
             c = w - J
-            a = A[J - 1]
-            b = B[J]
-            d = math.sqrt(c * c + a * b * E[J])
+            a = A[uJ - np.uint64(1)]
+            b = B[uJ]
+            d = math.sqrt(c * c + a * b * E[uJ])
             up = c >= 0.0
             num = c + d if up else a
             den = b if up else d - c

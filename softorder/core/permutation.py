@@ -754,8 +754,8 @@ def _tables_from_decays(E, A, B):
     for i in range(1, n):
         a = 1.0 + E[i] * a
         A[i] = a
-        j = n - 1 - i
-        b = 1.0 + E[j + 1] * b
+        j = np.uint64(n - 1 - i)  # (unsigned: no wraparound)
+        b = 1.0 + E[j + np.uint64(1)] * b
         B[j] = b
 
 
@@ -769,9 +769,10 @@ def _descending_from_decays(r, inv_alpha, E, B, Bd):
     Bd[n - 1] = 0.0
     b = 1.0
     bd = 0.0
-    for i in range(n - 2, -1, -1):
-        d = gap(r[i + 1], r[i])
-        e = E[i + 1]
+    for k in range(n - 2, -1, -1):
+        i = np.uint64(k)  # (unsigned: no wraparound)
+        d = gap(r[i + np.uint64(1)], r[i])
+        e = E[i + np.uint64(1)]
         bd = e * (bd + d * inv_alpha * b) if e > 0.0 else 0.0
         b = 1.0 + e * b
         B[i] = b
@@ -924,12 +925,13 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
                 t = offset[j]
                 L = an - 1 if t <= 0.0 else an
                 inside = L >= 0 and L + 1 < n
-                R = L + 1 if inside else an  # (a value read, not used, at a row's end)
+                # (indices that are never negative as unsigned: no wraparound to compile)
+                R = np.uint64(L + 1 if inside else an)  # (a value read, not used, at a row's end)
                 left[kk] = L
                 b_t[kk] = t
-                b_ra[kk] = r[an]
+                b_ra[kk] = r[np.uint64(an)]
                 # a NaN zl where L or R is not in the row: not the usual target
-                b_rl[kk] = r[L] if inside else np.nan
+                b_rl[kk] = r[np.uint64(L)] if inside else np.nan
                 b_rr[kk] = r[R]
                 b_br[kk] = B[R]
                 b_bdr[kk] = Bd[R]
@@ -981,8 +983,8 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
             # B, Bd at the points up to M - 2 are read no more: their injections go there
             while F + BATCH <= M - 1:
                 for q in range(F, F + BATCH):
-                    B[q] = win_up[q & mask]
-                    Bd[q] = win_down[q & mask]
+                    B[np.uint64(q)] = win_up[q & mask]
+                    Bd[np.uint64(q)] = win_down[q & mask]
                     win_up[q & mask] = 0.0
                     win_down[q & mask] = 0.0
                 F += BATCH
@@ -990,8 +992,9 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
             while P <= L:
                 for q in range(P, P + BATCH):
                     if q < n:
-                        e = E[q] if q > 0 else 0.0
-                        d = gap(r[q], r[q - 1]) if q > 0 else 0.0
+                        uq = np.uint64(q)
+                        e = E[uq] if q > 0 else 0.0
+                        d = gap(r[uq], r[uq - np.uint64(1)]) if q > 0 else 0.0
                         ad_run = e * (ad_run + d * inv_alpha * a_run) if e > 0.0 else 0.0
                         a_run = 1.0 + e * a_run if q > 0 else 1.0
                         a_win[q & mask] = a_run
@@ -1005,7 +1008,7 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
                 cj = uj / G
                 win_up[R & mask] += cj * b_er[kk]
                 if L < F:
-                    Bd[L] += cj * el
+                    Bd[np.uint64(L)] += cj * el
                 else:
                     win_down[L & mask] += cj * el
                 alpha_bar += uj * Z / G
@@ -1135,7 +1138,7 @@ def _ladder_carry_and_scatter(r, order, target, E, inj_up, inj_down, xb):
         total = (xb[target[order[i]] - 1] + inj_down[i]) + inj_up[i]
         inj_up[i] = total if abs(r[i]) != INF else 0.0
     for i in range(n):
-        xb[order[i]] = inj_up[i]
+        xb[np.uint64(order[i])] = inj_up[i]  # (unsigned: no wraparound)
 
 
 #: the ladder VJP's pass over the ranks, called by symbol (compiled once, not linked into
