@@ -663,13 +663,12 @@ def descending_counts(r, inv_alpha, E, B, Bd, w0, counts):
 @inner_helper
 def ladder_anchor(n, w, J):
     """The anchor :func:`~softorder.core.lapsum.solve_ladder` gives the target ``w`` in
-    interval ``J`` (``J - w`` decides it: its inverse anchors at ``J`` for ``w >= J``).
+    interval ``J`` (``J - w`` decides it: its inverse anchors at ``J`` for ``w >= J``), by
+    selects: a branch on the target's side of its interval was mispredicted often.
     """
-    if J == 0:
-        return 0
-    if J == n:
-        return n - 1
-    return J if w - J >= 0.0 else J - 1
+    an = J - np.int64(w - J < 0.0)
+    an = an if J > 0 else 0
+    return an if J < n else n - 1
 
 
 @helper
@@ -862,12 +861,7 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
             # (indices that are never negative as unsigned: no wraparound to compile)
             uq = np.uint64(q)
             J += counts[uq]
-            # ladder_anchor's choice by selects: a branch on the target's side of its
-            # interval was mispredicted often
-            w = w0 + q
-            an = J - np.int64(w - J < 0.0)
-            an = an if J > 0 else 0
-            an = an if J < n else n - 1
+            an = ladder_anchor(n, w0 + q, J)
             t = offset[uq]
             L = an - 1 if t <= 0.0 else an
             inside = L >= 0 and L + 1 < n
