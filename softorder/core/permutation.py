@@ -17,12 +17,11 @@ import numpy as np
 from numba import prange, types
 
 from softorder.core._jit import NativeCalls, SymbolCalls, helper, inner_helper, kernel
-from softorder.core.kernel_sums import _first_at_or_above, carry_both_ways_inline
+from softorder.core.kernel_sums import carry_both_ways_inline
 from softorder.core.laplace import (
     INF,
     LOG_HALF,
     cdf_diff,
-    exp_nonpositive,
     gap,
     hazard,
     log_cdf,
@@ -37,7 +36,6 @@ from softorder.core.lapsum import (
     inverse_pullback,
     inverse_pushforward,
     moment_tables,
-    other_target_weights,
     solve_ladder,
     stack_rows,
     sum_tables,
@@ -52,10 +50,15 @@ from softorder.core.rows import (
     scatter_finite,
 )
 from softorder.core.sort import (
+    _ADDED,
+    _BEYOND,
     _BLOCK_ROWS,
     _SKIP,
+    BATCH,
     TBLOCK,
+    WINDOW,
     _usual_weights,
+    other_target,
 )
 
 FORWARD_WORK = TABLES
@@ -726,10 +729,6 @@ LADDER_FORWARD_WORK = 3
 #: terms by rank, go in the row of ``x_bar``)
 LADDER_VJP_WORK = 3
 
-#: injections kept aside while their points' ``B``, ``Bd`` may still be read
-#: (:func:`_ladder_loss_row_vjp`): a power of 2, moved into the rows BATCH at a time
-WINDOW = 16
-BATCH = 8
 #: the rows of :func:`_ladder_loss_row_vjp`'s block of ranks: each rank's value, its direct
 #: terms (:func:`_rank_terms`' five) and whether they are the usual rank's
 _RANK_ROWS = 7
@@ -870,13 +869,15 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
     register instead of a row. With ``M`` the largest left point ``L`` so far, later
     boundaries have ``L >= M - 2`` (a ladder), so ``B`` and ``Bd`` are never read again at the
     points up to ``M - 2``: those slots take their points' injections, moved there from a
-    window of :data:`WINDOW` points :data:`BATCH` at a time, and ``A``, ``Ad`` come from their
-    recurrences :data:`BATCH` points at a time. Every injection is added in the boundaries'
-    order, as in the rows of injections of ``inverse_pullback``. Writes the direct terms into
-    ``byrank`` (rank order) and returns ``(direct alpha_bar, pullback alpha_bar, done)``: the
-    same operations in the same order as the general kernel, so the same bits. ``done``
-    false: a target out of order, or a tie that throws an injection beyond the window
-    (``byrank``, ``B``, ``Bd`` then hold nothing usable; the caller takes the general path).
+    window of :data:`~softorder.core.sort.WINDOW` points :data:`~softorder.core.sort.BATCH` at a
+    time, and ``A``, ``Ad`` come from their recurrences ``BATCH`` points at a time; the other
+    targets by :func:`~softorder.core.sort.other_target`. Every injection is added in the
+    boundaries' order, as in the rows of injections of ``inverse_pullback``. Writes the
+    direct terms into ``byrank`` (rank order) and returns ``(direct alpha_bar, pullback
+    alpha_bar, done)``: the same operations in the same order as the general kernel, so the
+    same bits. ``done`` false: a target out of order, or a tie that throws an injection
+    beyond the window (``byrank``, ``B``, ``Bd`` then hold nothing usable; the caller takes
+    the general path).
 
     The ranks come :data:`~softorder.core.sort.TBLOCK` at a time, as the targets of soft
     sort's :func:`~softorder.core.sort._ladder_pullback`, in three passes: the first reads
@@ -889,8 +890,7 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
     the injections in the boundaries' order. The other ranks (a row's ends, an element
     between or far from its boundaries, an infinite value) take :func:`_rank_terms` there,
     the other boundaries (ties, rounding, the row's ends, a factor outside ``exp_main``'s
-    range) :func:`~softorder.core.lapsum.other_target_weights` (a call, compiled once: the
-    rare path).
+    range) :func:`~softorder.core.sort.other_target` (a call, compiled once: the rare path).
     """
     n = r.shape[0]
     win_up = empty((WINDOW,), np.float64)
@@ -1013,48 +1013,13 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
                     win_down[L & mask] += cj * el
                 alpha_bar += uj * Z / G
                 continue
-            ra = b_ra[kk]
-            t = b_t[kk]
-            how, G, Z, el, er, sh = other_target_weights(
-                r,
-                inv_alpha,
-                ra,
-                t,
-                L,
-                R,
-                aL,
-                adL,
-                B[R] if R < n else 0.0,
-                Bd[R] if R < n else 0.0,
+            code, term = other_target(
+                r, inv_alpha, b_ra[kk], b_t[kk], L, R, aL, adL, uj, F, B, Bd, win_up, win_down
             )
-            if how == 0:
-                continue
-            cj = uj / G
-            if how == 1:
-                if R < n:
-                    win_up[R & mask] += cj * er
-                if L >= 0:
-                    if L < F:
-                        Bd[L] += cj * el
-                    else:
-                        win_down[L & mask] += cj * el
-            else:  # ties or rounding: inject_exact's two points, wherever they are
-                i = _first_at_or_above(r, inv_alpha, ra, t, R)
-                if i >= F + WINDOW:
-                    return abar, alpha_bar, False
-                if i < n:
-                    v = cj * exp_nonpositive(sh + offset_z(ra, r[i], inv_alpha, t))
-                    if i < F:
-                        B[i] += v
-                    else:
-                        win_up[i & mask] += v
-                if i > 0:
-                    v = cj * exp_nonpositive(sh - offset_z(ra, r[i - 1], inv_alpha, t))
-                    if i - 1 < F:
-                        Bd[i - 1] += v
-                    else:
-                        win_down[(i - 1) & mask] += v
-            alpha_bar += uj * Z / G
+            if code == _BEYOND:
+                return abar, alpha_bar, False
+            if code == _ADDED:
+                alpha_bar += term
     # the window's injections into their points; the points above it have none (all the
     # targets may have been skipped: a zero cotangent)
     for q in range(F, n):

@@ -828,9 +828,8 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
     read ahead before the injections of the block's earlier targets overwrite a slot, but
     those go to the points below ``F <= M - 1 <= R``); the third adds the injections in the
     targets' order, ``A`` and ``Ad`` from their recurrence. The other targets (ties,
-    rounding, the row's ends, a factor outside ``exp_main``'s range) take their weights
-    from :func:`~softorder.core.lapsum.other_target_weights` (a call, compiled once: the
-    rare path) and, for ties or rounding, their injections from :func:`_inject_in_window`.
+    rounding, the row's ends, a factor outside ``exp_main``'s range) take
+    :func:`other_target` (a call, compiled once: the rare path).
     """
     n = r.shape[0]
     win_up = empty((WINDOW,), np.float64)
@@ -923,34 +922,13 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
                     win_down[L & mask] += cj * el
                 alpha_bar += uj * Z / G
                 continue
-            how, G, Z, el, er, sh = other_target_weights(
-                r,
-                inv_alpha,
-                b_ra[k],
-                b_t[k],
-                L,
-                R,
-                aL,
-                adL,
-                B[R] if R < n else 0.0,
-                Bd[R] if R < n else 0.0,
+            code, term = other_target(
+                r, inv_alpha, b_ra[k], b_t[k], L, R, aL, adL, uj, F, B, Bd, win_up, win_down
             )
-            if how == 0:
-                continue
-            cj = uj / G
-            if how == 1:
-                if R < n:
-                    win_up[R & mask] += cj * er
-                if L >= 0:
-                    if L < F:
-                        Bd[L] += cj * el
-                    else:
-                        win_down[L & mask] += cj * el
-            elif not _inject_in_window(
-                r, inv_alpha, b_ra[k], b_t[k], sh, cj, R, F, B, Bd, win_up, win_down
-            ):
+            if code == _BEYOND:
                 return alpha_bar, False
-            alpha_bar += uj * Z / G
+            if code == _ADDED:
+                alpha_bar += term
     for i in range(F, n):
         inside = i < F + WINDOW
         B[np.uint64(i)] = win_up[i & mask] if inside else 0.0
@@ -1010,6 +988,45 @@ def _usual_weights(
         b_zl[k] = zl
         b_gr[k] = bR * er
         b_zr[k] = (zr * bR - b_bdr[k]) * er
+
+
+#: what :func:`other_target` did: nothing to pull back, its injections added (its term of
+#: ``alpha_bar`` to add), or a tie beyond the window (the row takes the general path)
+_NOTHING = 0
+_ADDED = 1
+_BEYOND = 2
+
+
+@helper
+def other_target(r, inv_alpha, ra, t, L, R, aL, adL, u, F, B, Bd, win_up, win_down):
+    """A target of a ladder pullback other than the usual one (:func:`_ladder_pullback`, the
+    permutation loss's): its weights by :func:`~softorder.core.lapsum.other_target_weights`
+    (the row's ends, ties, rounding, a factor outside ``exp_main``'s range), its injections
+    of cotangent ``u`` into the rows ``B`` and ``Bd`` below ``F`` or into the window, ties
+    and rounding by :func:`_inject_in_window`; the operations the pullbacks had in their
+    loops, so the same bits. Returns ``(code, term)``: :data:`_NOTHING`, :data:`_ADDED` with
+    the term of ``alpha_bar`` (``u * Z / G``) to add, or :data:`_BEYOND`. A helper of its
+    own: compiled once, outside the pullbacks' loops (the rare path).
+    """
+    n = r.shape[0]
+    mask = WINDOW - 1
+    how, G, Z, el, er, shift = other_target_weights(
+        r, inv_alpha, ra, t, L, R, aL, adL, B[R] if R < n else 0.0, Bd[R] if R < n else 0.0
+    )
+    if how == 0:
+        return _NOTHING, 0.0
+    c = u / G
+    if how == 1:
+        if R < n:
+            win_up[R & mask] += c * er
+        if L >= 0:
+            if L < F:
+                Bd[L] += c * el
+            else:
+                win_down[L & mask] += c * el
+    elif not _inject_in_window(r, inv_alpha, ra, t, shift, c, R, F, B, Bd, win_up, win_down):
+        return _BEYOND, 0.0
+    return _ADDED, u * Z / G
 
 
 @helper
