@@ -59,6 +59,7 @@ from softorder.core.sort import (
     WINDOW,
     _usual_weights,
     other_target,
+    target_points,
 )
 
 FORWARD_WORK = TABLES
@@ -922,19 +923,7 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
             j = k0 + kk - 1
             if j >= 0 and j < n - 1:
                 an = np.int64(anchor[j])
-                t = offset[j]
-                L = an - 1 if t <= 0.0 else an
-                inside = L >= 0 and L + 1 < n
-                # (indices that are never negative as unsigned: no wraparound to compile)
-                R = np.uint64(L + 1 if inside else an)  # (a value read, not used, at a row's end)
-                left[kk] = L
-                b_t[kk] = t
-                b_ra[kk] = r[np.uint64(an)]
-                # a NaN zl where L or R is not in the row: not the usual target
-                b_rl[kk] = r[np.uint64(L)] if inside else np.nan
-                b_rr[kk] = r[R]
-                b_br[kk] = B[R]
-                b_bdr[kk] = Bd[R]
+                target_points(r, B, Bd, an, offset[j], kk, left, b_t, b_ra, b_rl, b_rr, b_br, b_bdr)
             else:  # b_0 = -inf and b_n = +inf: a NaN anchor value, never the usual case
                 left[kk] = 0
                 b_t[kk] = 0.0

@@ -861,18 +861,7 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
             uq = np.uint64(q)
             J += counts[uq]
             an = ladder_anchor(n, w0 + q, J)
-            t = offset[uq]
-            L = an - 1 if t <= 0.0 else an
-            inside = L >= 0 and L + 1 < n
-            R = np.uint64(L + 1 if inside else an)  # (a value read, not used, at a row's end)
-            left[k] = L
-            b_t[k] = t
-            b_ra[k] = r[np.uint64(an)]
-            # a NaN zl where L or R is not in the row: not the usual target
-            b_rl[k] = r[np.uint64(L)] if inside else np.nan
-            b_rr[k] = r[R]
-            b_br[k] = B[R]
-            b_bdr[k] = Bd[R]
+            target_points(r, B, Bd, an, offset[uq], k, left, b_t, b_ra, b_rl, b_rr, b_br, b_bdr)
         _usual_weights(
             alpha, inv_alpha, b_t, b_ra, b_rl, b_rr, b_br, b_bdr, b_el, b_er, b_zl, b_gr, b_zr
         )
@@ -934,6 +923,28 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
         B[np.uint64(i)] = win_up[i & mask] if inside else 0.0
         Bd[np.uint64(i)] = win_down[i & mask] if inside else 0.0
     return alpha_bar, True
+
+
+@inner_helper
+def target_points(r, B, Bd, an, t, k, left, b_t, b_ra, b_rl, b_rr, b_br, b_bdr):
+    """The first pass of a ladder pullback (:func:`_ladder_pullback`, the permutation loss's)
+    for the target anchored at ``an`` with offset ``t``, slot ``k`` of its block: its left
+    point ``L`` into ``left``, and the values :func:`_usual_weights` reads into the block's
+    rows (at a row's end a NaN ``r[L]``: not the usual target; ``R`` is then a point read,
+    its values not used).
+    """
+    n = r.shape[0]
+    L = an - 1 if t <= 0.0 else an
+    inside = L >= 0 and L + 1 < n
+    # (indices that are never negative as unsigned: no wraparound to compile)
+    R = np.uint64(L + 1 if inside else an)
+    left[k] = L
+    b_t[k] = t
+    b_ra[k] = r[np.uint64(an)]
+    b_rl[k] = r[np.uint64(L)] if inside else np.nan
+    b_rr[k] = r[R]
+    b_br[k] = B[R]
+    b_bdr[k] = Bd[R]
 
 
 @inner_helper
