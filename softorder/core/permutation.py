@@ -22,7 +22,6 @@ from softorder.core.laplace import (
     INF,
     LOG_HALF,
     cdf_diff,
-    gap,
     hazard,
     log_cdf,
     offset_z,
@@ -54,12 +53,14 @@ from softorder.core.sort import (
     _BEYOND,
     _BLOCK_ROWS,
     _SKIP,
-    BATCH,
     TBLOCK,
     WINDOW,
+    _descending_from_decays,
+    _moments_up_to,
+    _move_to_rows,
+    _other_target,
+    _target_points,
     _usual_weights,
-    other_target,
-    target_points,
 )
 
 FORWARD_WORK = TABLES
@@ -759,26 +760,6 @@ def _tables_from_decays(E, A, B):
         B[j] = b
 
 
-@helper
-def _descending_from_decays(r, inv_alpha, E, B, Bd):
-    """``B`` and ``Bd`` of :func:`~softorder.core.sort.descending_tables` (its operations, so
-    its values to the bit) from the decays ``E`` (:func:`~softorder.core.rank.decays`).
-    """
-    n = r.shape[0]
-    B[n - 1] = 1.0
-    Bd[n - 1] = 0.0
-    b = 1.0
-    bd = 0.0
-    for k in range(n - 2, -1, -1):
-        i = np.uint64(k)  # (unsigned: no wraparound)
-        d = gap(r[i + np.uint64(1)], r[i])
-        e = E[i + np.uint64(1)]
-        bd = e * (bd + d * inv_alpha * b) if e > 0.0 else 0.0
-        b = 1.0 + e * b
-        B[i] = b
-        Bd[i] = bd
-
-
 #: the per-row helpers of the ladder kernels, called by symbol (compiled once, not again
 #: inside each kernel)
 _LADDER_CALLS = SymbolCalls(
@@ -872,7 +853,7 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
     points up to ``M - 2``: those slots take their points' injections, moved there from a
     window of :data:`~softorder.core.sort.WINDOW` points :data:`~softorder.core.sort.BATCH` at a
     time, and ``A``, ``Ad`` come from their recurrences ``BATCH`` points at a time; the other
-    targets by :func:`~softorder.core.sort.other_target`. Every injection is added in the
+    targets by :func:`~softorder.core.sort._other_target`. Every injection is added in the
     boundaries' order, as in the rows of injections of ``inverse_pullback``. Writes the
     direct terms into ``byrank`` (rank order) and returns ``(direct alpha_bar, pullback
     alpha_bar, done)``: the same operations in the same order as the general kernel, so the
@@ -891,7 +872,7 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
     the injections in the boundaries' order. The other ranks (a row's ends, an element
     between or far from its boundaries, an infinite value) take :func:`_rank_terms` there,
     the other boundaries (ties, rounding, the row's ends, a factor outside ``exp_main``'s
-    range) :func:`~softorder.core.sort.other_target` (a call, compiled once: the rare path).
+    range) :func:`~softorder.core.sort._other_target` (a call, compiled once: the rare path).
     """
     n = r.shape[0]
     win_up = empty((WINDOW,), np.float64)
@@ -912,8 +893,9 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
     P = 0  # A, Ad are known at the points up to P - 1, kept from P - WINDOW on
     a_win = empty((WINDOW,), np.float64)
     ad_win = empty((WINDOW,), np.float64)
-    a_run = 1.0
-    ad_run = 0.0
+    a = 1.0
+    ad = 0.0
+    lo = r[0]  # r[P - 1] once P > 0
     abar = 0.0  # the direct terms' part, summed in the ranks' order
     alpha_bar = 0.0  # the pullback's part, summed in the boundaries' order
     pending = 0.0  # the cotangent of boundary k from the rank below
@@ -923,7 +905,9 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
             j = k0 + kk - 1
             if j >= 0 and j < n - 1:
                 an = np.int64(anchor[j])
-                target_points(r, B, Bd, an, offset[j], kk, left, b_t, b_ra, b_rl, b_rr, b_br, b_bdr)
+                _target_points(
+                    r, B, Bd, an, offset[j], kk, left, b_t, b_ra, b_rl, b_rr, b_br, b_bdr
+                )
             else:  # b_0 = -inf and b_n = +inf: a NaN anchor value, never the usual case
                 left[kk] = 0
                 b_t[kk] = 0.0
@@ -969,29 +953,12 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
             if L < M - 2:
                 return abar, alpha_bar, False
             M = L if L > M else M
-            # B, Bd at the points up to M - 2 are read no more: their injections go there
-            while F + BATCH <= M - 1:
-                for q in range(F, F + BATCH):
-                    B[np.uint64(q)] = win_up[q & mask]
-                    Bd[np.uint64(q)] = win_down[q & mask]
-                    win_up[q & mask] = 0.0
-                    win_down[q & mask] = 0.0
-                F += BATCH
-            # A, Ad by their recurrences (moment_step_up), BATCH points at a time
-            while P <= L:
-                for q in range(P, P + BATCH):
-                    if q < n:
-                        uq = np.uint64(q)
-                        e = E[uq] if q > 0 else 0.0
-                        d = gap(r[uq], r[uq - np.uint64(1)]) if q > 0 else 0.0
-                        ad_run = e * (ad_run + d * inv_alpha * a_run) if e > 0.0 else 0.0
-                        a_run = 1.0 + e * a_run if q > 0 else 1.0
-                        a_win[q & mask] = a_run
-                        ad_win[q & mask] = ad_run
-                P += BATCH
+            F = _move_to_rows(F, M, B, Bd, win_up, win_down)
+            P, a, ad, lo = _moments_up_to(L, P, r, E, inv_alpha, a, ad, lo, a_win, ad_win)
             aL = a_win[L & mask] if L >= 0 else 0.0
             adL = ad_win[L & mask] if L >= 0 else 0.0
-            if el >= 0.0:  # the usual target: target_weights' G and Z
+            if el >= 0.0:  # the usual target: target_weights' G and Z (written out, as in
+                # soft sort's pullback: an inlined helper for it made the loop slower)
                 G = aL * el + b_gr[kk]
                 Z = (b_zl[kk] * aL + adL) * el + b_zr[kk]
                 cj = uj / G
@@ -1002,7 +969,7 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
                     win_down[L & mask] += cj * el
                 alpha_bar += uj * Z / G
                 continue
-            code, term = other_target(
+            code, term = _other_target(
                 r, inv_alpha, b_ra[kk], b_t[kk], L, R, aL, adL, uj, F, B, Bd, win_up, win_down
             )
             if code == _BEYOND:

@@ -247,21 +247,35 @@ def _sort_pullback(r, alpha, inv_alpha, E, B, Bd, anchor, offset, u, inj_up, inj
 
 @helper
 def descending_tables(r, inv_alpha, E, B, Bd):
-    """``E``, ``B``, ``Bd`` of :func:`~softorder.core.lapsum.moment_tables` in one descending
-    pass (the same operations on the same values: the same bits); :func:`sort_row_vjp`
-    computes ``A`` and ``Ad`` where it reads them. ``r`` may be ``E`` itself (each ``r[i]``
-    is read before ``E[i]`` is written).
+    """``E``, ``B``, ``Bd`` of :func:`~softorder.core.lapsum.moment_tables` (the same
+    operations on the same values: the same bits): the decays in their pass
+    (:func:`~softorder.core.rank.decays`, ``exp`` in a loop LLVM vectorizes), then the
+    descending recurrences (:func:`_descending_from_decays`); :func:`sort_row_vjp`
+    computes ``A`` and ``Ad`` where it reads them.
+    """
+    _row_decays(r, inv_alpha, E)
+    _descending_from_decays(r, inv_alpha, E, B, Bd)
+
+
+@helper
+def _descending_from_decays(r, inv_alpha, E, B, Bd):
+    """``B`` and ``Bd`` of :func:`descending_tables` from the decays ``E``
+    (:func:`~softorder.core.rank.decays`): the recurrences alone (the permutation loss's
+    ladder VJP computes its decays itself).
     """
     n = r.shape[0]
     B[n - 1] = 1.0
     Bd[n - 1] = 0.0
-    for i in range(n - 2, -1, -1):
-        d = gap(r[i + 1], r[i])
-        e = math.exp(-d * inv_alpha)
-        E[i + 1] = e
-        B[i] = 1.0 + e * B[i + 1]
-        Bd[i] = e * (Bd[i + 1] + d * inv_alpha * B[i + 1]) if e > 0.0 else 0.0
-    E[0] = 0.0
+    b = 1.0
+    bd = 0.0
+    for k in range(n - 2, -1, -1):
+        i = np.uint64(k)  # (unsigned: no wraparound)
+        d = gap(r[i + np.uint64(1)], r[i])
+        e = E[i + np.uint64(1)]
+        bd = e * (bd + d * inv_alpha * b) if e > 0.0 else 0.0
+        b = 1.0 + e * b
+        B[i] = b
+        Bd[i] = bd
 
 
 #: the per-row helpers of :func:`sort_vjp`, called by symbol
@@ -829,7 +843,7 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
     those go to the points below ``F <= M - 1 <= R``); the third adds the injections in the
     targets' order, ``A`` and ``Ad`` from their recurrence. The other targets (ties,
     rounding, the row's ends, a factor outside ``exp_main``'s range) take
-    :func:`other_target` (a call, compiled once: the rare path).
+    :func:`_other_target` (a call, compiled once: the rare path).
     """
     n = r.shape[0]
     win_up = empty((WINDOW,), np.float64)
@@ -861,7 +875,7 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
             uq = np.uint64(q)
             J += counts[uq]
             an = ladder_anchor(n, w0 + q, J)
-            target_points(r, B, Bd, an, offset[uq], k, left, b_t, b_ra, b_rl, b_rr, b_br, b_bdr)
+            _target_points(r, B, Bd, an, offset[uq], k, left, b_t, b_ra, b_rl, b_rr, b_br, b_bdr)
         _usual_weights(
             alpha, inv_alpha, b_t, b_ra, b_rl, b_rr, b_br, b_bdr, b_el, b_er, b_zl, b_gr, b_zr
         )
@@ -875,29 +889,8 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
             if L < M - 2:  # (never, for counts of a ladder)
                 return alpha_bar, False
             M = L if L > M else M
-            # B, Bd at the points up to M - 2 are read no more: their injections go there
-            while F + BATCH <= M - 1:
-                for i in range(F, F + BATCH):
-                    B[np.uint64(i)] = win_up[i & mask]
-                    Bd[np.uint64(i)] = win_down[i & mask]
-                    win_up[i & mask] = 0.0
-                    win_down[i & mask] = 0.0
-                F += BATCH
-            # A, Ad by their recurrences (moment_step_up), BATCH points at a time (a loop over
-            # the points passed, a random count per target, was mispredicted about once per
-            # target)
-            while P <= L:
-                for i in range(P, P + BATCH):
-                    if i < n:
-                        hi = np.float64(r[np.uint64(i)])
-                        e = E[np.uint64(i)] if i > 0 else 0.0
-                        d = gap(hi, lo) if i > 0 else 0.0
-                        ad = e * (ad + d * inv_alpha * a) if e > 0.0 else 0.0
-                        a = 1.0 + e * a if i > 0 else 1.0
-                        a_win[i & mask] = a
-                        ad_win[i & mask] = ad
-                        lo = hi
-                P += BATCH
+            F = _move_to_rows(F, M, B, Bd, win_up, win_down)
+            P, a, ad, lo = _moments_up_to(L, P, r, E, inv_alpha, a, ad, lo, a_win, ad_win)
             aL = a_win[L & mask] if L >= 0 else 0.0
             adL = ad_win[L & mask] if L >= 0 else 0.0
             if el >= 0.0:  # the usual target: target_weights' G and Z
@@ -911,7 +904,7 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
                     win_down[L & mask] += cj * el
                 alpha_bar += uj * Z / G
                 continue
-            code, term = other_target(
+            code, term = _other_target(
                 r, inv_alpha, b_ra[k], b_t[k], L, R, aL, adL, uj, F, B, Bd, win_up, win_down
             )
             if code == _BEYOND:
@@ -926,7 +919,50 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
 
 
 @inner_helper
-def target_points(r, B, Bd, an, t, k, left, b_t, b_ra, b_rl, b_rr, b_br, b_bdr):
+def _move_to_rows(F, M, B, Bd, win_up, win_down):
+    """A ladder pullback's window moved into the rows :data:`BATCH` points at a time: ``B``,
+    ``Bd`` at the points up to ``M - 2`` are read no more, so their injections go there.
+    Returns the new ``F`` (the points below it hold their injections).
+    """
+    mask = WINDOW - 1
+    while F + BATCH <= M - 1:
+        for i in range(F, F + BATCH):
+            B[np.uint64(i)] = win_up[i & mask]  # (unsigned: no wraparound)
+            Bd[np.uint64(i)] = win_down[i & mask]
+            win_up[i & mask] = 0.0
+            win_down[i & mask] = 0.0
+        F += BATCH
+    return F
+
+
+@inner_helper
+def _moments_up_to(L, P, r, E, inv_alpha, a, ad, lo, a_win, ad_win):
+    """``A`` and ``Ad`` of a ladder pullback by their recurrences
+    (:func:`~softorder.core.lapsum.moment_step_up`) up to point ``L``, :data:`BATCH` points at
+    a time (a loop over the points passed, a random count per target, was mispredicted about
+    once per target), kept in the window rows ``a_win``, ``ad_win``. ``P``: the first point
+    not computed yet; ``a``, ``ad``, ``lo``: ``A``, ``Ad`` and ``r`` at ``P - 1`` (``r`` may be
+    float32: each value widened once). Returns them updated.
+    """
+    n = r.shape[0]
+    mask = WINDOW - 1
+    while P <= L:
+        for i in range(P, P + BATCH):
+            if i < n:
+                hi = np.float64(r[np.uint64(i)])
+                e = E[np.uint64(i)] if i > 0 else 0.0
+                d = gap(hi, lo) if i > 0 else 0.0
+                ad = e * (ad + d * inv_alpha * a) if e > 0.0 else 0.0
+                a = 1.0 + e * a if i > 0 else 1.0
+                a_win[i & mask] = a
+                ad_win[i & mask] = ad
+                lo = hi
+        P += BATCH
+    return P, a, ad, lo
+
+
+@inner_helper
+def _target_points(r, B, Bd, an, t, k, left, b_t, b_ra, b_rl, b_rr, b_br, b_bdr):
     """The first pass of a ladder pullback (:func:`_ladder_pullback`, the permutation loss's)
     for the target anchored at ``an`` with offset ``t``, slot ``k`` of its block: its left
     point ``L`` into ``left``, and the values :func:`_usual_weights` reads into the block's
@@ -1001,7 +1037,7 @@ def _usual_weights(
         b_zr[k] = (zr * bR - b_bdr[k]) * er
 
 
-#: what :func:`other_target` did: nothing to pull back, its injections added (its term of
+#: what :func:`_other_target` did: nothing to pull back, its injections added (its term of
 #: ``alpha_bar`` to add), or a tie beyond the window (the row takes the general path)
 _NOTHING = 0
 _ADDED = 1
@@ -1009,7 +1045,7 @@ _BEYOND = 2
 
 
 @helper
-def other_target(r, inv_alpha, ra, t, L, R, aL, adL, u, F, B, Bd, win_up, win_down):
+def _other_target(r, inv_alpha, ra, t, L, R, aL, adL, u, F, B, Bd, win_up, win_down):
     """A target of a ladder pullback other than the usual one (:func:`_ladder_pullback`, the
     permutation loss's): its weights by :func:`~softorder.core.lapsum.other_target_weights`
     (the row's ends, ties, rounding, a factor outside ``exp_main``'s range), its injections
