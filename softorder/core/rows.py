@@ -52,6 +52,20 @@ if fast_exp._jit_enabled():
         read or write there: ``llvm.prefetch``, which changes no value. The loops that follow
         a row's order read or write one random place per element, and a row larger than the
         caches waits on each; asked for :data:`AHEAD` elements early, they overlap.
+
+        Examples
+        --------
+        >>> import numba, numpy as np
+        >>> from softorder.core.rows import prefetch
+        >>> @numba.njit
+        ... def gathered_sum(values, order):
+        ...     total = 0.0
+        ...     for i in range(order.shape[0]):
+        ...         prefetch(values, order[min(i + 2, order.shape[0] - 1)])
+        ...         total += values[order[i]]
+        ...     return total
+        >>> gathered_sum(np.arange(10.0)[::2], np.array([4, 0, 3]))  # a strided row
+        14.0
         """
         if not (isinstance(array, types.Array) and array.ndim == 1):
             return None
