@@ -217,9 +217,8 @@ def bits(a):
 def test_handler_copies_keep_signs_zeros_and_infinities(case, dtype, callbacks):
     """The handlers copy float32 or float64 rows in and out, negated for ``descending`` and
     ``largest``: -0.0 and +-inf in the input, the results and the cotangent come out as the
-    callbacks' NumPy negation gives them, to the bit; NaN where they have NaN (whose sign the
-    routes do not share: the FFI route negates a NaN row of a descending sort, the callbacks
-    fill it after negating).
+    callbacks' NumPy negation gives them, to the bit, and so do the NaN rows (their signs
+    included: test_nan_rows_have_the_numpy_apis_signs).
     """
     bridge, _, extra, kwargs = CASES[case]
     nan = np.array(np.nan, dtype)
@@ -243,9 +242,64 @@ def test_handler_copies_keep_signs_zeros_and_infinities(case, dtype, callbacks):
         ffi, callback = callbacks(step)
     for a, b in zip(ffi, callback, strict=True):
         assert a.dtype == b.dtype == dtype
-        np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
-        np.testing.assert_array_equal(bits(np.nan_to_num(a)), bits(np.nan_to_num(b)))
+        np.testing.assert_array_equal(bits(a), bits(b))
     assert np.isnan(ffi[0][1:]).all() and not np.isnan(ffi[0][0]).any()
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_nan_rows_have_the_numpy_apis_signs(case, dtype, callbacks):
+    """A NaN row gives NaN values and gradients with the NumPy API's sign bits in both
+    routes: the NumPy API negates a descending sort's result by a product with -1, which
+    keeps a NaN's sign (+NaN), and its gradients by a negation, which flips it.
+    """
+    bridge, numpy_op, extra, kwargs = CASES[case]
+    nan = np.array(np.nan, dtype)
+    x = np.array([[1.0, nan, -2.0, 0.5, 3.0], [1.0, -nan, -2.0, 0.5, 3.0]], dtype)
+    w = np.array([[0.5, -1.0, 2.0, 1.0, -0.25]] * 2, dtype)
+
+    def step():
+        def loss(x):
+            return jnp.sum(bridge(x, *extra, 0.5, **kwargs) * w)
+
+        return jax.jit(lambda x: bridge(x, *extra, 0.5, **kwargs))(x), jax.jit(jax.grad(loss))(x)
+
+    with jax.enable_x64(dtype == np.float64):
+        ffi, callback = callbacks(step)
+    expected, pullback = softorder.vjp(numpy_op, x, *extra, 0.5, **kwargs)
+    for got in (ffi, callback):
+        assert np.isnan(got[0]).all() and np.isnan(got[1]).all()
+        np.testing.assert_array_equal(bits(got[0]), bits(np.asarray(expected)))
+        np.testing.assert_array_equal(bits(got[1]), bits(pullback(w)[0]))
+
+
+@pytest.mark.parametrize("case", ["rank", "sort descending", "topk smallest", "log topk"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_large_row_takes_the_ffi_route_and_matches_the_numpy_api(case, dtype, rng):
+    """A row of 2**17 + 3 (the handlers' radix sort; large rows keep the FFI route, which
+    was never slower than the callbacks there): the NumPy API's values and gradients, to
+    the bit, ties included.
+    """
+    bridge, numpy_op, extra, kwargs = CASES[case]
+    n = 2**17 + 3
+    x = rng.standard_normal(n).astype(dtype)
+    x[::7] = np.round(x[::7], 1)  # ties
+    w = rng.standard_normal(n).astype(dtype)
+
+    def loss(x):
+        return jnp.sum(bridge(x, *extra, 0.5, **kwargs) * w)
+
+    handler = "@softorder_" + {"soft_rank": "rank", "soft_sort": "sort"}.get(
+        bridge.__name__, "topk"
+    )
+    with jax.enable_x64(dtype == np.float64):
+        text = lowered(jax.grad(loss), x)
+        assert text.count(handler + "(") == 2 and CALLBACK not in text
+        value = jax.jit(lambda x: bridge(x, *extra, 0.5, **kwargs))(x)
+        grad = jax.jit(jax.grad(loss))(x)
+    expected, pullback = softorder.vjp(numpy_op, x, *extra, 0.5, **kwargs)
+    np.testing.assert_array_equal(bits(value), bits(flushed(expected)))
+    np.testing.assert_array_equal(bits(grad), bits(flushed(pullback(w)[0])))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -340,7 +340,7 @@ def topk_handler(frame):
         x_bar = empty((rows, n), np.float64)
         w_bar = empty((rows, 1), np.float64)
         alpha_bar = empty((rows,), np.float64)
-        work = empty((rows, topk.GRADIENT_WORK, n), np.float64)
+        work = empty((rows, topk.VJP_WORK, n), np.float64)
         _topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, work)
         narrow(*buffer(frame, RESULTS, 0), x_bar, negate)
         return 0
@@ -399,6 +399,13 @@ def sort_handler(frame):
     out = empty((rows, n), np.float64)
     work = empty((rows, lapsum.SORT_TABLES, n), np.float64)
     _sort_forward(xs, alpha, out, anchor, offset, work)
+    if negate:
+        # the NumPy API negates the result by multiplying it by -1, which leaves a NaN's
+        # sign as it is; narrow flips every sign bit, so a NaN's is flipped once before
+        for r in range(rows):
+            for i in range(n):
+                if out[r, i] != out[r, i]:
+                    out[r, i] = -out[r, i]
     narrow(*buffer(frame, RESULTS, 0), out, negate)
     return 0
 
