@@ -5,7 +5,8 @@ Run from the repository root::
     python benchmarks/bench_jax.py
 
 Options: ``--repeats R`` (default 5), ``--no-ott`` to skip ott-jax, ``--ott-kwargs`` (default
-none: ott's defaults), ``--ott-float32`` (see below), ``--ott-timeout S`` (default 300).
+none: ott's defaults), ``--ott-float32`` (see below), ``--ott-timeout S`` (default 300),
+``--floor-only`` and ``--sizes`` (one table each, below).
 A quick run: ``--repeats 1 --ott-timeout 60``.
 
 What it measures (``time.perf_counter``; every callable runs once first, so JAX compiles and
@@ -43,6 +44,14 @@ operation's with a traced ``alpha``, ``k`` or ``q``) and through ``pure_callback
 (``_IN_PLACE = False``), against the NumPy API's forward + VJP, as ratios to the NumPy API.
 Each call takes the next of 16 different inputs: sorting the same row over and over lets the
 branch predictor learn it, which flatters comparison sorts. ``--floor-only`` prints only this table.
+
+``--sizes`` prints instead a third table: ``jax.jit(jax.grad(...))`` of ``soft_rank``,
+``soft_sort`` and ``soft_topk`` (k = 10) on one row of n = 1e2 to 1e6, float32 and float64
+(``jax_enable_x64``), through the FFI route and through ``buffer_callback``, against the NumPy
+API's forward + VJP: process CPU time (the calls run on the calling thread), best of
+interleaved repeats (fewer at large n), each call on the next of a few different inputs. For
+one thread as in the docs: ``NUMBA_NUM_THREADS=1 XLA_FLAGS="--xla_cpu_multi_thread_eigen=false
+intra_op_parallelism_threads=1"``.
 """
 
 from __future__ import annotations
@@ -219,6 +228,61 @@ def floor_table(repeats):
     print()
 
 
+def sizes_table(repeats):
+    """The FFI route, ``buffer_callback`` and the NumPy API on one row of n = 1e2 .. 1e6."""
+    import itertools
+    import time
+
+    rng = np.random.default_rng(20250103)
+    print(f"one row, alpha = {ALPHA}, CPU time, best of interleaved repeats (at most {repeats})\n")
+    print(
+        "| operation | dtype | n | FFI route us | buffer_callback us | NumPy API us "
+        "| FFI/NumPy | callback/NumPy |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for name in ("soft_rank", "soft_sort", "soft_topk"):
+        bridge, numpy_op = getattr(soj, name), getattr(softorder, name)
+        extra = (10,) if name == "soft_topk" else ()
+        for dtype in ("float32", "float64"):
+            for n in (10**2, 10**3, 10**4, 10**5, 10**6):
+                rounds = max(3, min(repeats, 10**7 // n))
+                host = [rng.standard_normal(n).astype(dtype) for _ in range(8 if n < 10**5 else 3)]
+                w_np = rng.standard_normal(n).astype(dtype)
+                with jax.enable_x64(dtype == "float64"):
+                    w = jnp.asarray(w_np)
+                    steps = []
+                    for ffi in ("auto", False):
+                        soj._FFI_CALLS = ffi  # read when the step is traced
+
+                        def loss(x, bridge=bridge, extra=extra, w=w):
+                            return jnp.sum(bridge(x, *extra, ALPHA) * w)
+
+                        step = jax.jit(jax.grad(loss))
+                        step(jnp.asarray(host[0])).block_until_ready()
+                        steps.append(step)
+                    soj._FFI_CALLS = "auto"
+                    device_inputs = itertools.cycle([jnp.asarray(x) for x in host])
+                    host_inputs = itertools.cycle(host)
+
+                    def numpy_call(numpy_op=numpy_op, extra=extra, inputs=host_inputs, w=w_np):
+                        return softorder.vjp(numpy_op, next(inputs), *extra, ALPHA)[1](w)
+
+                    calls = [
+                        lambda step=step, inputs=device_inputs: step(
+                            next(inputs)
+                        ).block_until_ready()
+                        for step in steps
+                    ]
+                    ffi, callback, t_numpy = best_times(
+                        [*calls, numpy_call], rounds, clock=time.process_time
+                    )
+                print(
+                    f"| {name} | {dtype} | {n:.0e} | {ffi * 1e6:.0f} | {callback * 1e6:.0f} "
+                    f"| {t_numpy * 1e6:.0f} | {ffi / t_numpy:.2f} | {callback / t_numpy:.2f} |"
+                )
+    print()
+
+
 def core_call(x, w):
     def run():
         _, pullback = softorder.vjp(softorder.soft_rank, x, ALPHA)
@@ -255,6 +319,11 @@ def parse_args(argv):
     parser.add_argument(
         "--floor-only", action="store_true", help="only the per-call floor at n = 1e2, 1e3"
     )
+    parser.add_argument(
+        "--sizes",
+        action="store_true",
+        help="only the table of one row of n = 1e2 .. 1e6 (FFI route, buffer_callback, NumPy)",
+    )
     parser.add_argument("--ott-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.repeats < 1:
@@ -285,6 +354,9 @@ def main(argv=None):
         f"numpy {np.__version__}, numba {numba.__version__} ({numba.get_num_threads()} threads), "
         f"Python {platform.python_version()}, {platform.machine()}"
     )
+    if args.sizes:
+        sizes_table(args.repeats * 40)
+        return 0
     floor_table(args.repeats * 40)
     if args.floor_only:
         return 0

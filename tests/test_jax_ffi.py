@@ -276,9 +276,8 @@ def test_nan_rows_have_the_numpy_apis_signs(case, dtype, callbacks):
 @pytest.mark.parametrize("case", ["rank", "sort descending", "topk smallest", "log topk"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_a_large_row_takes_the_ffi_route_and_matches_the_numpy_api(case, dtype, rng):
-    """A row of 2**17 + 3 (the handlers' radix sort; large rows keep the FFI route, which
-    was never slower than the callbacks there): the NumPy API's values and gradients, to
-    the bit, ties included.
+    """A row of 2**17 + 3 (the handlers' radix sort; below ``FFI_MAX_N``, the FFI route):
+    the NumPy API's values and gradients, to the bit, ties included.
     """
     bridge, numpy_op, extra, kwargs = CASES[case]
     n = 2**17 + 3
@@ -410,3 +409,36 @@ def test_shard_map_runs_the_handlers_per_device():
         "equal": True,
         "sharded": ["batch"],
     }
+
+
+def test_rows_longer_than_ffi_max_n_take_the_callbacks(monkeypatch, rng):
+    """The route is chosen by the length of the rows when a call is traced: longer than
+    ``FFI_MAX_N`` (by default 2**20), the callbacks; at most, the FFI route. Both give the
+    NumPy API's values and gradients, to the bit.
+    """
+    for n, route in ((soj.FFI_MAX_N, "@softorder_rank("), (soj.FFI_MAX_N + 1, CALLBACK)):
+        row = jax.ShapeDtypeStruct((n,), np.float32)  # (traced only)
+        text = lowered(jax.grad(lambda x: soj.soft_rank(x, 0.5).sum()), row)
+        assert route in text and ("@softorder_" in text) == (route != CALLBACK)
+    monkeypatch.setattr(soj, "FFI_MAX_N", 300)
+    for case in ("rank descending", "sort descending", "topk", "log topk"):
+        bridge, numpy_op, extra, kwargs = CASES[case]
+        handler = "@softorder_" + {"soft_rank": "rank", "soft_sort": "sort"}.get(
+            bridge.__name__, "topk"
+        )
+        for n, route in ((300, handler), (301, CALLBACK)):
+            x = rng.standard_normal((2, n))
+            x[:, ::5] = np.round(x[:, ::5], 1)  # ties
+            w = rng.standard_normal((2, n))
+
+            def loss(x, bridge=bridge, extra=extra, kwargs=kwargs, w=w):
+                return jnp.sum(bridge(x, *extra, 0.5, **kwargs) * w)
+
+            with jax.enable_x64(True):
+                text = lowered(jax.grad(loss), x)
+                assert text.count(route) == 2 and ("@softorder_" in text) == (route != CALLBACK)
+                value = jax.jit(lambda x, b=bridge, e=extra, k=kwargs: b(x, *e, 0.5, **k))(x)
+                grad = jax.jit(jax.grad(loss))(x)
+            expected, pullback = softorder.vjp(numpy_op, x, *extra, 0.5, **kwargs)
+            np.testing.assert_array_equal(bits(value), bits(flushed(expected)))
+            np.testing.assert_array_equal(bits(grad), bits(flushed(pullback(w)[0])))

@@ -61,6 +61,11 @@ _DEVICE_CALLBACKS: str | bool = "auto"
 _IN_PLACE: bool = True
 #: ``False`` sends every call through the callbacks, not the FFI route
 _FFI_CALLS: str | bool = "auto"
+#: rows longer than this take the callbacks, not the FFI route: there the handlers' own radix
+#: sort costs more than the callbacks' Python beside NumPy's sort (its scratch, 32 bytes per
+#: element, is fresh pages from the C library on every call past 32 MiB; the figures:
+#: ``benchmarks/bench_jax.py --sizes``)
+FFI_MAX_N = 2**20
 
 #: why a softorder function cannot be differentiated twice, or in forward mode
 _SECOND_ORDER = (
@@ -342,6 +347,7 @@ def _ffi_constants(op_name: str, arguments: dict, layout: Layout, compute, route
         or jax.default_backend() != "cpu"
         or not hasattr(jax, "ffi")
         or numba.config.DISABLE_JIT  # (no C function can call Python kernels)
+        or layout.n > FFI_MAX_N
         or layout.n >= 2**31  # the argsort travels as int32
         or not math.prod(layout.batch_shape)
         or any(_is_traced(arguments.get(name)) for name in ("alpha", "k"))
