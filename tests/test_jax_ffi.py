@@ -413,14 +413,15 @@ def test_shard_map_runs_the_handlers_per_device():
 
 def test_rows_longer_than_ffi_max_n_take_the_callbacks(monkeypatch, rng):
     """The route is chosen by the length of the rows when a call is traced: longer than
-    ``FFI_MAX_N`` (by default 2**20), the callbacks; at most, the FFI route. Both give the
-    NumPy API's values and gradients, to the bit.
+    ``FFI_MAX_N`` of the operation (2**20 for rank), the callbacks; at most, the FFI route.
+    Both give the NumPy API's values and gradients, to the bit.
     """
-    for n, route in ((soj.FFI_MAX_N, "@softorder_rank("), (soj.FFI_MAX_N + 1, CALLBACK)):
+    limit = soj.FFI_MAX_N["soft_rank"]
+    for n, route in ((limit, "@softorder_rank("), (limit + 1, CALLBACK)):
         row = jax.ShapeDtypeStruct((n,), np.float32)  # (traced only)
         text = lowered(jax.grad(lambda x: soj.soft_rank(x, 0.5).sum()), row)
         assert route in text and ("@softorder_" in text) == (route != CALLBACK)
-    monkeypatch.setattr(soj, "FFI_MAX_N", 300)
+    monkeypatch.setattr(soj, "FFI_MAX_N", dict.fromkeys(soj.FFI_MAX_N, 300))
     for case in ("rank descending", "sort descending", "topk", "log topk"):
         bridge, numpy_op, extra, kwargs = CASES[case]
         handler = "@softorder_" + {"soft_rank": "rank", "soft_sort": "sort"}.get(

@@ -61,11 +61,12 @@ _DEVICE_CALLBACKS: str | bool = "auto"
 _IN_PLACE: bool = True
 #: ``False`` sends every call through the callbacks, not the FFI route
 _FFI_CALLS: str | bool = "auto"
-#: rows longer than this take the callbacks, not the FFI route: there the handlers' own radix
-#: sort costs more than the callbacks' Python beside NumPy's sort (its scratch, 32 bytes per
-#: element, is fresh pages from the C library on every call past 32 MiB; the figures:
-#: ``benchmarks/bench_jax.py --sizes``)
-FFI_MAX_N = 2**20
+#: per operation, rows longer than this take the callbacks, not the FFI route: there the
+#: handlers' own radix sort costs more than the callbacks' Python beside NumPy's sort (its
+#: scratch, 32 bytes per element, is fresh pages from the C library on every call past 32
+#: MiB), and soft sort's handler runs the general kernels (``sort_kernel``, ``sort_vjp``), not
+#: the NumPy API's ladder ones (the figures: ``benchmarks/bench_jax.py --sizes``)
+FFI_MAX_N = {"soft_rank": 2**20, "soft_topk": 2**20, "log_soft_topk": 2**20, "soft_sort": 2**18}
 
 #: why a softorder function cannot be differentiated twice, or in forward mode
 _SECOND_ORDER = (
@@ -347,7 +348,7 @@ def _ffi_constants(op_name: str, arguments: dict, layout: Layout, compute, route
         or jax.default_backend() != "cpu"
         or not hasattr(jax, "ffi")
         or numba.config.DISABLE_JIT  # (no C function can call Python kernels)
-        or layout.n > FFI_MAX_N
+        or layout.n > FFI_MAX_N[op_name]
         or layout.n >= 2**31  # the argsort travels as int32
         or not math.prod(layout.batch_shape)
         or any(_is_traced(arguments.get(name)) for name in ("alpha", "k"))
