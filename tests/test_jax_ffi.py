@@ -212,6 +212,20 @@ def bits(a):
     return a.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[a.itemsize])
 
 
+def _handler(bridge) -> str:
+    """How the lowered text names the FFI handler of ``bridge``."""
+    return "@softorder_" + {"soft_rank": "rank", "soft_sort": "sort"}.get(bridge.__name__, "topk")
+
+
+def _value_and_gradient(bridge, extra, kwargs, x, w):
+    """The jitted value of ``bridge`` at ``x`` and the jitted gradient of its sum against ``w``."""
+
+    def loss(x):
+        return jnp.sum(bridge(x, *extra, 0.5, **kwargs) * w)
+
+    return jax.jit(lambda x: bridge(x, *extra, 0.5, **kwargs))(x), jax.jit(jax.grad(loss))(x)
+
+
 @pytest.mark.parametrize("case", ["sort", "sort descending", "rank descending", "topk"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_handler_copies_keep_signs_zeros_and_infinities(case, dtype, callbacks):
@@ -233,10 +247,7 @@ def test_handler_copies_keep_signs_zeros_and_infinities(case, dtype, callbacks):
     w = np.array([[0.5, -0.0, 0.0, 1.0, -1.0, 2.0, -0.25, 3.0]] * 3, dtype)
 
     def step():
-        def loss(x):
-            return jnp.sum(bridge(x, *extra, 0.5, **kwargs) * w)
-
-        return jax.jit(lambda x: bridge(x, *extra, 0.5, **kwargs))(x), jax.jit(jax.grad(loss))(x)
+        return _value_and_gradient(bridge, extra, kwargs, x, w)
 
     with jax.enable_x64(dtype == np.float64):
         ffi, callback = callbacks(step)
@@ -259,10 +270,7 @@ def test_nan_rows_have_the_numpy_apis_signs(case, dtype, callbacks):
     w = np.array([[0.5, -1.0, 2.0, 1.0, -0.25]] * 2, dtype)
 
     def step():
-        def loss(x):
-            return jnp.sum(bridge(x, *extra, 0.5, **kwargs) * w)
-
-        return jax.jit(lambda x: bridge(x, *extra, 0.5, **kwargs))(x), jax.jit(jax.grad(loss))(x)
+        return _value_and_gradient(bridge, extra, kwargs, x, w)
 
     with jax.enable_x64(dtype == np.float64):
         ffi, callback = callbacks(step)
@@ -288,14 +296,11 @@ def test_a_large_row_takes_the_ffi_route_and_matches_the_numpy_api(case, dtype, 
     def loss(x):
         return jnp.sum(bridge(x, *extra, 0.5, **kwargs) * w)
 
-    handler = "@softorder_" + {"soft_rank": "rank", "soft_sort": "sort"}.get(
-        bridge.__name__, "topk"
-    )
+    handler = _handler(bridge)
     with jax.enable_x64(dtype == np.float64):
         text = lowered(jax.grad(loss), x)
         assert text.count(handler + "(") == 2 and CALLBACK not in text
-        value = jax.jit(lambda x: bridge(x, *extra, 0.5, **kwargs))(x)
-        grad = jax.jit(jax.grad(loss))(x)
+        value, grad = _value_and_gradient(bridge, extra, kwargs, x, w)
     expected, pullback = softorder.vjp(numpy_op, x, *extra, 0.5, **kwargs)
     np.testing.assert_array_equal(bits(value), bits(flushed(expected)))
     np.testing.assert_array_equal(bits(grad), bits(flushed(pullback(w)[0])))
@@ -424,9 +429,7 @@ def test_rows_longer_than_ffi_max_n_take_the_callbacks(monkeypatch, rng):
     monkeypatch.setattr(soj, "FFI_MAX_N", dict.fromkeys(soj.FFI_MAX_N, 300))
     for case in ("rank descending", "sort descending", "topk", "log topk"):
         bridge, numpy_op, extra, kwargs = CASES[case]
-        handler = "@softorder_" + {"soft_rank": "rank", "soft_sort": "sort"}.get(
-            bridge.__name__, "topk"
-        )
+        handler = _handler(bridge)
         for n, route in ((300, handler), (301, CALLBACK)):
             x = rng.standard_normal((2, n))
             x[:, ::5] = np.round(x[:, ::5], 1)  # ties
@@ -438,8 +441,7 @@ def test_rows_longer_than_ffi_max_n_take_the_callbacks(monkeypatch, rng):
             with jax.enable_x64(True):
                 text = lowered(jax.grad(loss), x)
                 assert text.count(route) == 2 and ("@softorder_" in text) == (route != CALLBACK)
-                value = jax.jit(lambda x, b=bridge, e=extra, k=kwargs: b(x, *e, 0.5, **k))(x)
-                grad = jax.jit(jax.grad(loss))(x)
+                value, grad = _value_and_gradient(bridge, extra, kwargs, x, w)
             expected, pullback = softorder.vjp(numpy_op, x, *extra, 0.5, **kwargs)
             np.testing.assert_array_equal(bits(value), bits(flushed(expected)))
             np.testing.assert_array_equal(bits(grad), bits(flushed(pullback(w)[0])))
