@@ -27,6 +27,7 @@ from decimal import Decimal, localcontext
 from fractions import Fraction
 
 import numpy as np
+from llvmlite import ir
 
 from softorder.core._jit import inner_helper
 
@@ -137,71 +138,99 @@ def _jit_enabled() -> bool:
     return not numba.config.DISABLE_JIT
 
 
+def _reference(x: float) -> float:
+    """:func:`exp_main` in Python, with exact fused multiply-adds: its operations in order
+    (the compiled :func:`exp_main` emits them as LLVM instructions; a test compares the two).
+    """
+
+    def fma(a, b, c):
+        return float(Fraction(a) * Fraction(b) + Fraction(c))
+
+    kd = fma(x, INV_LN2_N, SHIFT)
+    ki = _i64(kd)
+    kd = kd - SHIFT
+    r = fma(kd, NEG_LN2_LO_N, fma(kd, NEG_LN2_HI_N, x))
+    idx = 2 * (ki & 127)
+    p1 = fma(r, C3, C2)
+    tail_r = r + _f64(int(T[idx]) % 2**64)
+    sbits = (int(T[idx + 1]) + (ki << 45)) % 2**64
+    r2 = r * r
+    p2 = fma(r, C5, C4)
+    tmp = fma(r2 * r2, p2, fma(p1, r2, tail_r))
+    scale = _f64(sbits)
+    return fma(scale, tmp, scale)
+
+
+def _emit_exp(builder, x):
+    """Emit the operations of :func:`_reference` (glibc's ``exp`` main path) as LLVM IR, in
+    order, its fused multiply-adds as ``llvm.fma``.
+    """
+    d, i64 = ir.DoubleType(), ir.IntType(64)
+    fma_fn = builder.module.declare_intrinsic("llvm.fma", [d], ir.FunctionType(d, [d, d, d]))
+
+    def c(value):
+        return ir.Constant(d, value)
+
+    def fma(a, b, addend):
+        return builder.call(fma_fn, [a, b, addend])
+
+    def entry(index):
+        at = builder.gep(_table(builder.module), [ir.Constant(i64, 0), index], inbounds=True)
+        return builder.load(at)
+
+    kd = fma(x, c(INV_LN2_N), c(SHIFT))
+    ki = builder.bitcast(kd, i64)
+    kd = builder.fsub(kd, c(SHIFT))
+    r = fma(kd, c(NEG_LN2_LO_N), fma(kd, c(NEG_LN2_HI_N), x))
+    idx = builder.shl(builder.and_(ki, ir.Constant(i64, 127)), ir.Constant(i64, 1))
+    p1 = fma(r, c(C3), c(C2))
+    tail_r = builder.fadd(r, builder.bitcast(entry(idx), d))
+    head = entry(builder.or_(idx, ir.Constant(i64, 1)))
+    sbits = builder.add(head, builder.shl(ki, ir.Constant(i64, 45)))
+    r2 = builder.fmul(r, r)
+    p2 = fma(r, c(C5), c(C4))
+    tmp = fma(builder.fmul(r2, r2), p2, fma(p1, r2, tail_r))
+    scale = builder.bitcast(sbits, d)
+    return fma(scale, tmp, scale)
+
+
+def _table(module):
+    """:data:`T` as a constant of the LLVM module (one per module)."""
+    name = "softorder.fast_exp.T"
+    table = module.globals.get(name)
+    if table is None:
+        kind = ir.ArrayType(ir.IntType(64), T.shape[0])
+        table = ir.GlobalVariable(module, kind, name)
+        table.linkage = "internal"
+        table.global_constant = True
+        table.initializer = ir.Constant(kind, [int(v) for v in T])
+    return table
+
+
 if _jit_enabled():
-    from llvmlite import ir
     from numba import types
     from numba.extending import intrinsic
 
     @intrinsic
-    def float_bits(typingctx, x):
-        """The bits of a double as int64."""
+    def exp_main(typingctx, x):
+        """The ``exp(x)`` of glibc for ``2^-54 <= |x| < 512`` (:func:`in_range`); any double
+        (no trap, no error) elsewhere, where callers take ``math.exp``. Emitted as LLVM IR in
+        place (:func:`_emit_exp`): the same operations as an inlined Python helper took numba
+        longer to compile in every caller.
+        """
+        if x != types.float64:
+            return None
 
         def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], ir.IntType(64))
+            return _emit_exp(builder, args[0])
 
-        return types.int64(types.float64), codegen
+        return types.float64(types.float64), codegen
 
-    @intrinsic
-    def _double(typingctx, x):
-        """The double of int64 bits."""
+else:  # pragma: no cover - NUMBA_DISABLE_JIT: FAST_EXP is off, never called by the kernels
 
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], ir.DoubleType())
-
-        return types.float64(types.int64), codegen
-
-    @intrinsic
-    def _fma(typingctx, a, b, c):
-        """``a * b + c`` rounded once (LLVM's fma: an instruction where the CPU has one)."""
-
-        def codegen(context, builder, signature, args):
-            d = ir.DoubleType()
-            fn = builder.module.declare_intrinsic("llvm.fma", [d], ir.FunctionType(d, [d, d, d]))
-            return builder.call(fn, args)
-
-        return types.float64(types.float64, types.float64, types.float64), codegen
-
-else:  # pragma: no cover - NUMBA_DISABLE_JIT: FAST_EXP is off, these are never called
-
-    def float_bits(x):
-        """The bits of a double as int64."""
-        return _i64(x)
-
-    def _double(x):
-        return _f64(x % 2**64)
-
-    def _fma(a, b, c):
-        return float(Fraction(a) * Fraction(b) + Fraction(c))
-
-
-@inner_helper
-def exp_main(x):
-    """The ``exp(x)`` of glibc for ``2^-54 <= |x| < 512`` (:func:`in_range`); any double (no
-    trap, no error) elsewhere, where callers take ``math.exp``.
-    """
-    kd = _fma(x, INV_LN2_N, SHIFT)
-    ki = float_bits(kd)
-    kd = kd - SHIFT
-    r = _fma(kd, NEG_LN2_LO_N, _fma(kd, NEG_LN2_HI_N, x))
-    idx = 2 * (ki & 127)
-    p1 = _fma(r, C3, C2)
-    tail_r = r + _double(T[idx])
-    sbits = T[idx + 1] + (ki << 45)
-    r2 = r * r
-    p2 = _fma(r, C5, C4)
-    tmp = _fma(r2 * r2, p2, _fma(p1, r2, tail_r))
-    scale = _double(sbits)
-    return _fma(scale, tmp, scale)
+    def exp_main(x):
+        """:func:`_reference` (NUMBA_DISABLE_JIT)."""
+        return _reference(x)
 
 
 @inner_helper
@@ -220,27 +249,6 @@ def exp(x):
     if FAST_EXP and in_range(x):
         return exp_main(x)
     return math.exp(x)
-
-
-def _reference(x: float) -> float:
-    """:func:`exp_main` in Python, with exact fused multiply-adds (for the self-check)."""
-
-    def fma(a, b, c):
-        return float(Fraction(a) * Fraction(b) + Fraction(c))
-
-    kd = fma(x, INV_LN2_N, SHIFT)
-    ki = _i64(kd)
-    kd = kd - SHIFT
-    r = fma(kd, NEG_LN2_LO_N, fma(kd, NEG_LN2_HI_N, x))
-    idx = 2 * (ki & 127)
-    p1 = fma(r, C3, C2)
-    tail_r = r + _f64(int(T[idx]) % 2**64)
-    sbits = (int(T[idx + 1]) + (ki << 45)) % 2**64
-    r2 = r * r
-    p2 = fma(r, C5, C4)
-    tmp = fma(r2 * r2, p2, fma(p1, r2, tail_r))
-    scale = _f64(sbits)
-    return fma(scale, tmp, scale)
 
 
 def _platform_matches() -> bool:
