@@ -194,17 +194,26 @@ def _emit_exp(builder, x):
     return fma(scale, tmp, scale)
 
 
-def _table(module):
-    """:data:`T` as a constant of the LLVM module (one per module)."""
-    name = "softorder.fast_exp.T"
+def _constant_table(module, name: str, element: ir.Type, values: list) -> ir.GlobalVariable:
+    """``values`` (Python numbers) as a constant array of ``element`` in the LLVM ``module``,
+    named ``name``: made once per module, for the intrinsics that read a table.
+    """
     table = module.globals.get(name)
     if table is None:
-        kind = ir.ArrayType(ir.IntType(64), T.shape[0])
+        kind = ir.ArrayType(element, len(values))
         table = ir.GlobalVariable(module, kind, name)
         table.linkage = "internal"
         table.global_constant = True
-        table.initializer = ir.Constant(kind, [int(v) for v in T])
+        table.initializer = ir.Constant(kind, values)
     return table
+
+
+_T_WORDS = [int(v) for v in T]
+
+
+def _table(module):
+    """:data:`T` as a constant of the LLVM module."""
+    return _constant_table(module, "softorder.fast_exp.T", ir.IntType(64), _T_WORDS)
 
 
 if _jit_enabled():

@@ -43,7 +43,7 @@ import numpy as np
 from llvmlite import ir
 
 from softorder.core._jit import inner_helper
-from softorder.core.fast_exp import _f64, _i64, _jit_enabled
+from softorder.core.fast_exp import _constant_table, _f64, _i64, _jit_enabled
 from softorder.core.fast_exp import _platform_matches as _fma_platform
 
 
@@ -207,17 +207,12 @@ def _emit_log(builder, x):
     return builder.select(is_near, near, far)
 
 
+_T_VALUES = [float(v) for v in T]
+
+
 def _table(module):
-    """:data:`T` as a constant of the LLVM module (one per module)."""
-    name = "softorder.fast_log.T"
-    table = module.globals.get(name)
-    if table is None:
-        kind = ir.ArrayType(ir.DoubleType(), T.shape[0])
-        table = ir.GlobalVariable(module, kind, name)
-        table.linkage = "internal"
-        table.global_constant = True
-        table.initializer = ir.Constant(kind, [float(v) for v in T])
-    return table
+    """:data:`T` as a constant of the LLVM module."""
+    return _constant_table(module, "softorder.fast_log.T", ir.DoubleType(), _T_VALUES)
 
 
 if _jit_enabled():
