@@ -226,6 +226,13 @@ if _jit_enabled():
         (no trap, no error) elsewhere, where callers take ``math.exp``. Emitted as LLVM IR in
         place (:func:`_emit_exp`): the same operations as an inlined Python helper took numba
         longer to compile in every caller.
+
+        Examples
+        --------
+        >>> import numba
+        >>> from softorder.core.fast_exp import exp_main
+        >>> numba.njit(lambda x: exp_main(x))(1.0)
+        2.718281828459045
         """
         if x != types.float64:
             return None
