@@ -371,6 +371,66 @@ def test_per_row_p_k_is_checked_like_any_p_k(dtype):
         check_p_k(p_k, (3,), 2)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("batch", [(), (1,), (3,), (2, 3)])
+def test_one_p_k_for_every_row_is_the_tiled_p_k(dtype, batch):
+    """A single distribution (a list, or an array of shape (K,)) is every row's: the same
+    float64 rows as the tiled array, a copy, and the same errors as the general path."""
+    from softorder._engine.checks import check_p_k
+
+    one = np.array([0.25, 0.75], dtype=dtype)
+    tiled = check_p_k(np.tile(one, batch + (1,)), batch, 5)
+    for given in (one, one.tolist(), tuple(one.tolist())):
+        got = check_p_k(given, batch, 5)
+        assert got.shape == batch + (2,) and got.dtype == np.float64
+        assert np.array_equal(got, tiled) and not np.shares_memory(got, one)
+    for bad in ([-0.25, 1.25], [np.nan, 1.0], [np.inf, 0.0], [0.5, 0.6]):
+        with pytest.raises(ValueError, match="p_k must be a probability distribution"):
+            check_p_k(bad, batch, 5)
+    with pytest.raises(TypeError, match="p_k must hold probabilities, not bools"):
+        check_p_k([True, False], batch, 5)
+    with pytest.raises(ValueError, match="top-k needs k < number of classes"):
+        check_p_k(one.tolist(), batch, 2)
+    # a bfloat16-exact distribution off 1 by more than 1e-6 takes the general path's tolerance
+    bf16 = check_p_k([0.2998046875, 0.69921875], batch, 5)
+    assert np.array_equal(bf16[..., 0], np.full(batch, 0.2998046875))
+
+
+@pytest.mark.parametrize("name", ["topk_cross_entropy", "permutation_cross_entropy"])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_a_loss_cotangent_scalar_is_the_per_row_cotangent(name, reduction, dtype):
+    """A scalar cotangent of a reduced loss (Python float, NumPy scalar or 0-d array, as
+    ``np.ones_like`` gives) pulls back as the per-row cotangents of ``reduction="none"`` do:
+    the cotangent widened to float64, times 1/rows for the mean, in one rounding; the loss
+    itself is the float64 reduction rounded once to the input's dtype."""
+    rng = np.random.default_rng(3)
+    rows, n = 3, 6
+    x = rng.standard_normal((rows, n)).astype(dtype)
+    if name == "topk_cross_entropy":
+        extra = (np.array([0, 4, 2]), [0.5, 0.5])
+    else:
+        extra = (np.argsort(rng.standard_normal((rows, n)), axis=-1) + 1,)
+    fn = getattr(softorder, name)
+    per_row, pull_rows = softorder.vjp(fn, x, *extra, alpha=0.3, reduction="none")
+    out, pullback = softorder.vjp(fn, x, *extra, alpha=0.3, reduction=reduction)
+    # (a float32 input's values widen exactly: the float64 call's per-row losses are its own)
+    total = np.sum(fn(x.astype(np.float64), *extra, alpha=0.3, reduction="none"))
+    if reduction == "mean":
+        total = total * (1.0 / rows)
+    assert type(out) is np.dtype(dtype).type and out == dtype(total)
+    scale = 1.0 / rows if reduction == "mean" else 1.0
+    for cotangent in (0.1, np.float64(0.1), np.float32(0.1), np.array(0.1, dtype), 3):
+        expected = pull_rows(np.full(rows, float(cotangent) * scale).astype(per_row.dtype))
+        if dtype == np.float32 and float(cotangent) * scale != float(
+            np.float32(float(cotangent) * scale)
+        ):
+            continue  # (a float32 per-row cotangent cannot hold the float64 product)
+        got = pullback(cotangent)
+        for g, e in zip(got, expected, strict=True):
+            assert _bits(g) == _bits(e)
+
+
 def _bits(value) -> tuple:
     """A gradient's type, dtype, shape and bytes (NaN payloads and signed zeros included)."""
     arr = np.asarray(value)

@@ -232,17 +232,19 @@ def check_p_k(p_k, batch_shape: tuple, n: int) -> np.ndarray:
     is wrong: no trailing K axis, K >= n classes, a shape that does not broadcast, or not a
     probability distribution.
     """
+    given = np.asarray(p_k) if type(p_k) in (list, tuple) else p_k
     if (
-        type(p_k) is np.ndarray
-        and p_k.dtype.kind == "f"
-        and p_k.shape[:-1] == batch_shape
-        and 0 < p_k.shape[-1] < n
-        and p_k.itemsize >= 4
-        and p_k.size  # (an empty batch has nothing to reduce: the general path)
-    ):  # already one distribution per row, as the bridges' callbacks pass it
-        pk = p_k.astype(np.float64)
+        type(given) is np.ndarray
+        and given.dtype.kind == "f"
+        and given.shape[:-1] in (batch_shape, ())
+        and 0 < given.shape[-1] < n
+        and given.itemsize >= 4
+        and given.size  # (an empty batch has nothing to reduce: the general path)
+    ):  # one distribution per row, as the bridges' callbacks pass it, or one for every row
+        pk = given.astype(np.float64)
         if pk.min() >= 0.0 and np.abs(pk.sum(-1) - 1.0).max() <= P_K_TOLERANCE:
-            return pk  # (no entry is NaN or inf: the row sums would not be near 1)
+            # (no entry is NaN or inf: the row sums would not be near 1)
+            return pk if pk.ndim > 1 else np.tile(pk, batch_shape + (1,))
     refuse_masked(p_k, "p_k")
     pk, _ = float_array(p_k, "p_k")
     if pk.dtype.kind == "b":

@@ -37,6 +37,8 @@ _I32 = np.dtype(np.int32)
 _I64 = np.dtype(np.int64)
 _U8 = np.dtype(np.uint8)
 _F32_MAX = float(np.finfo(np.float32).max)
+_WIDE = (_F32, _F64)
+_WIDE_SCALARS = (float, np.float64, np.float32)
 
 
 class Context:
@@ -963,13 +965,20 @@ class LossRule(OrderRule):
         rows, reduction = ctx.rows, ctx.params["reduction"]
         if reduction == "none":
             return rows.to_core(cotangent, "none", (), "cotangent")
+        scale = 1.0 / max(rows.rows, 1) if reduction == "mean" else 1.0
+        kind = type(cotangent)
+        if ctx.backend is NUMPY and (
+            kind in _WIDE_SCALARS
+            or (kind is np.ndarray and cotangent.shape == () and cotangent.dtype in _WIDE)
+        ):  # the common case: float() widens exactly, and one product in float64 rounds
+            # as the general path's below
+            return np.full(rows.rows, float(cotangent) * scale)
         arr, _ = ctx.backend.float_input(cotangent, "cotangent")
         if tuple(arr.shape) != ():
             raise ValueError(
                 f"cotangent must be a scalar for reduction={reduction!r}; "
                 f"got shape {tuple(arr.shape)}"
             )
-        scale = 1.0 / max(rows.rows, 1) if reduction == "mean" else 1.0
         # widened first: a float32 cotangent scaled in float32 was rounded once more
         return ctx.backend.scale(ctx.backend.broadcast_f64(arr, (rows.rows,)), scale)
 

@@ -29,6 +29,8 @@ def float_array(x, name: str) -> tuple[np.ndarray, np.dtype]:
 
 
 _F64 = np.dtype(np.float64)
+_F32 = np.dtype(np.float32)
+_F32_MAX = float(np.finfo(np.float32).max)
 _I32 = np.dtype(np.int32)
 #: From this many elements the host sorts by packed keys (:meth:`NumpyBackend.sort_rows`);
 #: below it, the packed sort's three calls cost more than NumPy's argsort saves
@@ -200,6 +202,11 @@ class NumpyBackend:
         """
         if type(value) is np.ndarray and value.ndim == 0 and value.dtype == dtype:
             return value[()]  # what the cast returns, without its checks
+        if type(value) is np.float64:  # a loss's sum or mean: the cast without its checks
+            if dtype == _F64:
+                return value
+            if dtype == _F32 and not abs(value) > _F32_MAX:
+                return np.float32(value)  # (within float32's range, or NaN: no overflow)
         return cast(value, dtype)[()]
 
     def unbroadcast(self, grad, shape):
