@@ -16,15 +16,17 @@ Every figure of issue 14's table, each measured as users meet it:
 * **import**: ``import softorder`` in a fresh interpreter, and what ``import
   softorder.bridges.torch`` / ``softorder.bridges.jax`` add after ``import torch`` /
   ``import jax`` (best of 3 interpreters).
-* **per-call floor**: forward + backward at one row of n = 1e2 and 1e3, and at batches of rows
-  of 1e2 (1 x 100 and 256 x 100: a training step's class scores) through each API on one
-  thread, best of R interleaved repeats (``softorder._timing.best_times``), with
-  ``np.argsort`` of the same data (along the last axis) as the yardstick.
+* **per-call floor**: forward + backward of each operation (but ``soft_permutation``, whose
+  n x n output is no floor) at one row of n = 1e2 and 1e3, and at batches of rows of 1e2
+  (1 x 100 and 256 x 100: a training step's class scores) through each API on one thread,
+  best of R interleaved repeats (``softorder._timing.best_times``), with ``np.argsort`` of
+  the same data (along the last axis) as the yardstick.
 
 ``--cold-repeats R`` repeats each first-call pair R times and prints the least of each figure
 (on a busy machine other processes only ever add to them); ``--cold-repeats 0`` skips them.
 ``--quick`` (what the tests run) measures ``soft_rank`` through the NumPy API only, cold and
-warm, the import of ``softorder`` and the NumPy floors, with few repeats. A report, not a test.
+warm, the import of ``softorder`` and the NumPy floors of ``soft_rank`` and ``soft_topk``, with
+few repeats. A report, not a test.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import textwrap
 
 import numpy as np
 
-from softorder._precompile import OPERATIONS
+from softorder._precompile import OPERATIONS, _arguments
 
 # One forward + backward of ``op`` through ``api`` in a fresh interpreter, timed after the
 # imports; prints a JSON line.
@@ -158,9 +160,10 @@ def import_times(apis) -> dict:
 FLOOR_SHAPES = {"n=100": (100,), "1x100": (1, 100), "256x100": (256, 100), "n=1000": (1000,)}
 
 
-def floors(apis, repeats: int) -> dict:
-    """Forward + backward at each of :data:`FLOOR_SHAPES` (float64, one thread), microseconds;
-    the ratio is to ``np.argsort`` of the same data (along the last axis).
+def floors(ops, apis, repeats: int) -> dict:
+    """Forward + backward of each operation at each of :data:`FLOOR_SHAPES` (float64, one
+    thread), microseconds; the ratio is to ``np.argsort`` of the same data (along the last
+    axis).
     """
     import softorder
     from softorder._timing import best_times
@@ -169,11 +172,13 @@ def floors(apis, repeats: int) -> dict:
     for tag, shape in FLOOR_SHAPES.items():
         n = shape[-1]
         x = np.random.default_rng(0).standard_normal(shape)
-        v = np.ones(shape)
         calls.append(lambda x=x: np.argsort(x, axis=-1))
         labels.append(f"np.argsort {tag}")
-        for op, extra in (("soft_rank", ()), ("soft_topk", (n // 10,))):
+        for op in (op for op in ops if op != "soft_permutation"):
+            # soft_topk at k = n/10, the others as precompile calls them (alpha 0.5 last)
+            extra = ((x, n // 10, 0.5) if op == "soft_topk" else _arguments(op, x))[1:-1]
             fn = getattr(softorder, op)
+            v = np.ones_like(fn(x, *extra, 0.5))
 
             def numpy_call(fn=fn, x=x, v=v, extra=extra):
                 _, pullback = softorder.vjp(fn, x, *extra, 0.5)
@@ -189,8 +194,9 @@ def floors(apis, repeats: int) -> dict:
                 torch.set_num_threads(1)
                 xt, vt = torch.from_numpy(x), torch.from_numpy(v)
                 top = getattr(sot, op)
+                tensors = tuple(torch.from_numpy(e) if type(e) is np.ndarray else e for e in extra)
 
-                def torch_call(top=top, xt=xt, vt=vt, extra=extra):
+                def torch_call(top=top, xt=xt, vt=vt, extra=tensors):
                     xg = xt.detach().requires_grad_(True)
                     return torch.autograd.grad(top(xg, *extra, 0.5), xg, vt)
 
@@ -252,7 +258,7 @@ def main(argv=None) -> dict:
     return {
         "first_calls": first_calls(ops, apis, args.cold_repeats),
         "imports": import_times(apis),
-        "floors": floors(apis, repeats),
+        "floors": floors(("soft_rank", "soft_topk") if args.quick else ops, apis, repeats),
     }
 
 

@@ -23,8 +23,10 @@ APIS = ("numpy", "torch", "jax")
 
 
 def _arguments(name: str, x: np.ndarray) -> tuple:
-    """Positional arguments of a small valid call of ``name`` on the (rows, n) input ``x``."""
-    rows, n = x.shape
+    """Positional arguments of a small valid call of ``name`` on the input ``x`` (its rows
+    along the last axis).
+    """
+    batch, n = x.shape[:-1], x.shape[-1]
     if name in ("soft_rank", "soft_sort", "soft_permutation"):
         return (x, 0.5)
     if name == "soft_quantile":
@@ -32,8 +34,8 @@ def _arguments(name: str, x: np.ndarray) -> tuple:
     if name in ("soft_topk", "log_soft_topk"):
         return (x, 2, 0.5)
     if name == "topk_cross_entropy":
-        return (x, np.zeros(rows, dtype=np.int64), [0.5, 0.5], 0.5)
-    ranks = np.tile(np.arange(1, n + 1), (rows, 1))
+        return (x, np.zeros(batch, dtype=np.int64), [0.5, 0.5], 0.5)
+    ranks = np.tile(np.arange(1, n + 1), batch + (1,))
     return (x, ranks, 0.5)
 
 

@@ -8,13 +8,44 @@ prints the same figures next to ``np.argsort``, plus the first-call and import t
 cannot measure (they need fresh processes).
 """
 
-from ._common import ALPHA, _Base, _jax_callables, cotangent_like, make_input, require, torch
+import numpy as np
 
-OPS = ("soft_rank", "soft_topk", "soft_sort")
+from ._common import (
+    ALPHA,
+    SEED,
+    _Base,
+    _jax_callables,
+    cotangent_like,
+    make_input,
+    require,
+    torch,
+)
+
+OPS = (
+    "soft_rank",
+    "soft_topk",
+    "soft_sort",
+    "soft_quantile",
+    "topk_cross_entropy",
+    "permutation_cross_entropy",
+)
 
 
-def _extra(op: str, n: int) -> tuple:
-    return (n // 10,) if op == "soft_topk" else ()
+def _extra(op: str, shape: tuple) -> tuple:
+    """The arguments of ``op`` between the input of ``shape`` and alpha: k = n/10, the median,
+    a label and a two-entry ``p_k`` per row, or a random permutation per row.
+    """
+    batch, n = shape[:-1], shape[-1]
+    if op == "soft_topk":
+        return (n // 10,)
+    if op == "soft_quantile":
+        return (0.5,)
+    if op == "topk_cross_entropy":
+        return (np.zeros(batch, dtype=np.int64), [0.5, 0.5])
+    if op == "permutation_cross_entropy":
+        noise = np.random.default_rng(SEED).standard_normal(shape)
+        return (np.argsort(noise, axis=-1) + 1,)
+    return ()
 
 
 def _numpy_callables(op: str, x, extra: tuple) -> tuple:
@@ -40,6 +71,7 @@ def _torch_callables(op: str, x, extra: tuple) -> tuple:
     torch_.set_num_threads(1)
     xt = torch_.from_numpy(x)
     xg = xt.clone().requires_grad_(True)
+    extra = tuple(torch_.from_numpy(e) if type(e) is np.ndarray else e for e in extra)
     v = torch_.from_numpy(cotangent_like(fn(xt, *extra, ALPHA).numpy()))
 
     def forward():
@@ -59,7 +91,7 @@ class PerCallFloor(_Base):
 
     def setup(self, op, api, n):
         self._threads = None
-        extra = _extra(op, n)
+        extra = _extra(op, (n,))
         if api == "numpy":
             self.prepare(*_numpy_callables(op, make_input("random", (n,)), extra))
         elif api == "torch":
@@ -102,7 +134,7 @@ class BatchedPerCallFloor(_Base):
             torch(), require("softorder.bridges.torch")
         self._parallel = softorder.core.set_parallel(False)
         dims = tuple(int(s) for s in shape.split("x"))
-        x, extra = make_input("random", dims), _extra(op, dims[-1])
+        x, extra = make_input("random", dims), _extra(op, dims)
         if api == "numpy":
             self.prepare(*_numpy_callables(op, x, extra))
         else:
