@@ -269,3 +269,30 @@ def test_a_narrow_p_k_is_accepted_as_the_numpy_api_accepts_it(dtype):
     )
     loss = sot.TopKCrossEntropyLoss([0.2, 0.3, 0.5], alpha=0.5).to(dtype)
     assert loss(X.to(dtype), LABELS).dtype == dtype
+
+
+@pytest.mark.parametrize("p_k", [[0.5, 0.5], (0.5, 0.5), P_K, P_K.float()])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_losses_common_case_takes_labels_ranks_and_p_k_as_data(p_k, dtype, monkeypatch):
+    """Integer labels and ranks, and a p_k list or buffer, reach the rules as NumPy data (no
+    split of the arguments, one autograd input): the values and gradients of the NumPy API,
+    bit for bit, and the caller's tensors changed after the forward pass change nothing."""
+    monkeypatch.setattr(sot.checks, "split_arguments", None)  # (the general path's first step)
+    x = X.to(dtype)
+    labels, ranks = LABELS.clone(), RANKS.clone()
+    logits = x.clone().requires_grad_()
+    loss = sot.topk_cross_entropy(logits, labels, p_k, 0.5)
+    scores = x.clone().requires_grad_()
+    perm = sot.permutation_cross_entropy(scores, ranks, 0.5, reduction="sum")
+    labels[:] = 1  # (in place, between the forward and backward passes)
+    ranks[:] = ranks.flip(-1)
+    (loss + perm).backward()
+    p = np.asarray(p_k if isinstance(p_k, list | tuple) else p_k.numpy())
+    value, pullback = so.vjp(so.topk_cross_entropy, x.numpy(), LABELS.numpy(), p, 0.5)
+    assert loss.item() == value and loss.dtype == dtype
+    assert np.array_equal(logits.grad.numpy(), pullback(np.ones((), x.numpy().dtype))[0])
+    value, pullback = so.vjp(
+        so.permutation_cross_entropy, x.numpy(), RANKS.numpy(), 0.5, reduction="sum"
+    )
+    assert perm.item() == value
+    assert np.array_equal(scores.grad.numpy(), pullback(np.ones((), x.numpy().dtype))[0])

@@ -526,9 +526,16 @@ def _run(name: str, x, arguments: dict) -> Tensor:
     tensor of a wide float dtype, a valid int ``dim``, no transform) is decided first, in few
     steps: this is the per-call floor.
     """
-    for value in arguments.values():
-        if type(value) not in _PLAIN_TYPES:
+    statics = arguments
+    for arg, value in arguments.items():
+        if type(value) in _PLAIN_TYPES:
+            continue
+        data = _plain_data(value)
+        if data is None:
             break
+        if statics is arguments:
+            statics = dict(arguments)
+        statics[arg] = data
     else:
         if (
             type(x) is Tensor
@@ -546,7 +553,7 @@ def _run(name: str, x, arguments: dict) -> Tensor:
                 raise
             dim = arguments.get("axis", -1)
             if type(dim) is int and -len(shape) <= dim < len(shape) and shape[dim]:
-                call = _Call(name, (_INPUT_NAMES[name],), arguments)
+                call = _Call(name, (_INPUT_NAMES[name],), statics)
                 if x.requires_grad and torch.is_grad_enabled():
                     return _PlainOperation.c_apply(call, x)
                 return _values(None, call, x)  # nothing to differentiate: no Function
@@ -578,6 +585,31 @@ def _run(name: str, x, arguments: dict) -> Tensor:
         else:
             out = _PlainOperation.c_apply(call, *tensors)
     return out if out.dtype == x.dtype else out.to(x.dtype)
+
+
+def _plain_data(value):
+    """An argument that the common case passes to the rules as data, with nothing to
+    differentiate: a CPU tensor that does not require grad (labels, ranks, ``p_k``, of an
+    integer or a wide float dtype) as a NumPy view, a list or tuple of plain values as it is;
+    ``None`` for anything else (the general path's), under ``torch.compile`` (dynamo cannot
+    trace ``is_wrapped``) and under torch.func transforms (where even ``detach`` wraps).
+    """
+    if torch.compiler.is_compiling() or compat.transforms_active():
+        return None
+    if type(value) is Tensor:
+        if (
+            value.is_cpu
+            and value.layout is _STRIDED
+            and not value.requires_grad
+            and (value.dtype in _WIDE_FLOATS or not value.is_floating_point())
+            and not value.is_nested
+            and not compat.is_wrapped(value)
+        ):
+            return value.numpy(force=True)
+        return None
+    if type(value) in (list, tuple) and all(type(v) in _PLAIN_TYPES for v in value):
+        return value
+    return None
 
 
 def _is_tensor(value) -> bool:
