@@ -208,17 +208,23 @@ def _loss_by_rank_unblocked(r, inv_alpha, anchor, offset, byrank):
             ra_lo = r[anchor[k]]
             z1 = perm.offset_z(ra_lo, ri, inv_alpha, t_lo)
         d = z1 - z0
-        if perm.PRODUCT_MIN_GAP <= d < perm.SERIES_GAP and (z1 <= 0.0 or z0 >= 0.0):
-            near = z1 if z1 <= 0.0 else -z0
+        one_side = z1 <= 0.0 or z0 >= 0.0
+        near = z1 if z1 <= 0.0 else -z0
+        if perm.PRODUCT_MIN_GAP <= d < perm.SERIES_GAP and one_side:
             loss -= (perm.LOG_HALF + near) + (perm._log1mexp_even(d) - 0.5 * d)
-            product *= d
-            count += 1
-            if count == perm.LOG_GROUP:
-                logs += np.log(product)
-                product = 1.0
-                count = 0
+            factor = d
+        elif perm.SERIES_GAP <= d < perm.WIDE_GAP and one_side:  # log(1 - exp(-d)) grouped
+            loss -= perm.LOG_HALF + near
+            factor = 1.0 - np.exp(-d)
         else:
             loss -= perm.log_rank_probability(z0, z1)
+            continue
+        product *= factor
+        count += 1
+        if count == perm.LOG_GROUP:
+            logs += np.log(product)
+            product = 1.0
+            count = 0
     return loss - (logs + np.log(product))
 
 

@@ -99,14 +99,24 @@ def _ladder_loss(x, target, alpha):
 
 
 @pytest.mark.parametrize(
-    "n, alpha, ties", [(60, 20.0, False), (300, 0.5, False), (2000, 5.0, False), (2000, 0.5, True)]
+    "n, alpha, ties",
+    [
+        (60, 20.0, False),
+        (300, 0.5, False),
+        (2000, 5.0, False),
+        (2000, 0.5, True),
+        (100, 0.02, False),  # wide gaps (n alpha small): log(1 - exp(-d)) grouped
+        (1000, 0.002, False),
+    ],
 )
 def test_loss_against_extended_precision(rng, n, alpha, ties):
-    """The loss takes the ``log d`` of LOG_GROUP ranks in the tails' series as one log of
-    their product: within 16 eps (relative; every term is positive) of the 40-digit sum of
-    the exact ``-log P`` at the same boundaries, where most gaps are in the series' range
-    (n alpha large). The element-by-element sum of log_rank_probability, which it replaced,
-    was 4.6 eps off on average there (18 cases, up to 17), the grouped sum 2.0 (up to 7).
+    """The loss takes the ``log d`` of LOG_GROUP ranks in the tails' series (and the
+    ``log(1 - exp(-d))`` of wider gaps) as one log of their product: within 16 eps (relative;
+    every term is positive) of the 40-digit sum of the exact ``-log P`` at the same
+    boundaries, where most gaps are grouped. The element-by-element sum of
+    log_rank_probability, which it replaced, was 4.6 eps off on average in the series' range
+    (18 cases, up to 17), the grouped sum 2.0 (up to 7); with wide gaps, 1.8 (up to 5.8)
+    against 1.4 (up to 6.7), 15 cases.
     """
     x = rng.normal(size=(1, n))
     if ties:
@@ -123,7 +133,7 @@ def test_loss_against_extended_precision(rng, n, alpha, ties):
             ri = byrank[k]
             z0 = _offset_z(r[anchor[0, k - 1]], ri, inv_alpha, offset[0, k - 1]) if k else -np.inf
             z1 = _offset_z(r[anchor[0, k]], ri, inv_alpha, offset[0, k]) if k < n - 1 else np.inf
-            grouped += perm.PRODUCT_MIN_GAP <= z1 - z0 < SERIES_GAP
+            grouped += perm.PRODUCT_MIN_GAP <= z1 - z0 < perm.WIDE_GAP and (z1 <= 0 or z0 >= 0)
             if z0 == -np.inf or z1 == np.inf:
                 exact -= mpmath.log(_exact(max(z0, -1e4), min(z1, 1e4))[2])
             else:
@@ -134,14 +144,14 @@ def test_loss_against_extended_precision(rng, n, alpha, ties):
 
 def test_loss_of_a_constant_row():
     """Equal values: every rank has probability 1/n, the loss is n log n (the grouped logs of
-    the gaps' products give it within 4 eps; the element-by-element sum was 38 eps off at
-    n = 500).
+    the gaps' products give it within 6 eps, 4.9 at n = 4000, where the tails' wide gaps are
+    grouped too; the element-by-element sum was 38 eps off at n = 500).
     """
     for n, alpha in ((500, 0.3), (4000, 20.0), (64, 1e-3)):
         target = np.arange(1, n + 1)[None, :]
         out = _ladder_loss(np.full((1, n), 1.5), target, alpha)[0]
         want = n * math.log(n)
-        assert abs(out[0] - want) <= 4 * EPS * want, (n, out[0], want)
+        assert abs(out[0] - want) <= 6 * EPS * want, (n, out[0], want)
 
 
 @pytest.mark.parametrize("z0, z1", PAIRS)

@@ -16,6 +16,7 @@ import math
 import numpy as np
 from numba import prange, types
 
+from softorder.core import fast_exp
 from softorder.core._jit import NativeCalls, SymbolCalls, helper, inner_helper, kernel
 from softorder.core.kernel_sums import carry_both_ways_inline
 from softorder.core.laplace import (
@@ -186,10 +187,30 @@ def _inv_expm1_series(d):
 
 @helper
 def _inv_expm1(d):
-    """``1 / expm1(d)`` for ``d > 0`` (0 once ``expm1`` overflows)."""
+    """``1 / expm1(d)`` for ``d > 0``: its series below :data:`SERIES_GAP`, else
+    ``e / (1 - e)`` with ``e = exp(-d)`` (0 once ``e`` underflows), whose operations the
+    block loop repeats (:func:`_usual_rank_terms`): within 7 eps from ``SERIES_GAP`` on.
+    """
     if d < SERIES_GAP:
         return _inv_expm1_series(d)
-    return 1.0 / math.expm1(d)
+    e = math.exp(-d)
+    return e / (1.0 - e)
+
+
+#: the widest gap whose rank the block loops take: ``exp(-d)`` is then
+#: :func:`~softorder.core.fast_exp.exp_main`'s (``|x| < LARGE``)
+WIDE_GAP = fast_exp.LARGE
+
+
+@inner_helper
+def _decay(d):
+    """``math.exp(-d)`` for ``SERIES_GAP <= d < WIDE_GAP`` (any double elsewhere): the
+    factor of a wide gap, in a loop LLVM vectorizes where
+    :data:`~softorder.core.fast_exp.FAST_EXP`.
+    """
+    if fast_exp.FAST_EXP:
+        return fast_exp.exp_main(-d)
+    return math.exp(-d) if SERIES_GAP <= d < WIDE_GAP else 0.0
 
 
 @helper
@@ -217,8 +238,9 @@ def density_ratios(z0, z1):
     derivatives ``d(-log P)/dz0`` and ``-d(-log P)/dz1`` in closed form, without ``log P``.
 
     With both on one side of 0 (an element away from its two boundaries, the usual case) the
-    ratios are ``1/u`` and ``1 + 1/u``, ``u = expm1(z1 - z0)`` (:func:`_inv_expm1`), where
-    ``exp(log f(z) - log P)`` took four transcendentals. Both are inf where ``P = 0``
+    ratios are ``1/u`` and ``1 + 1/u``, ``u = expm1(z1 - z0)`` (:func:`_inv_expm1`: a series,
+    or ``exp(-d) / (1 - exp(-d))``), where ``exp(log f(z) - log P)`` took four
+    transcendentals. Both are inf where ``P = 0``
     (``z0 == z1``), as that form gives; the ratio of an infinite ``z`` is 0 (callers skip it).
     """
     if z0 == z1:
@@ -253,11 +275,13 @@ def _loss_by_rank(r, inv_alpha, anchor, offset, byrank):
     """``-sum_k log P_k`` of one row whose target ranks are a permutation, from the values by
     rank ``byrank`` (:func:`_values_by_rank`) and the boundaries ``anchor``, ``offset``.
 
-    ``log P_k`` is :func:`log_rank_probability`, but where its tails' series apply (both
-    boundaries on one side of the element, gap ``d = z1 - z0`` in [PRODUCT_MIN_GAP,
-    SERIES_GAP): the usual case) it is ``log(1/2) - |z| + log d - d/2 + even(d)`` (``z`` the
-    nearer boundary), and the ``log d`` of :data:`LOG_GROUP` such ranks are one log of their
-    product, summed apart: one ``log`` per 8 ranks instead of one each. The product's 7
+    ``log P_k`` is :func:`log_rank_probability`. Where both boundaries are on one side of the
+    element (the usual case) it is ``log(1/2) - |z| + log(1 - exp(-d))`` (``z`` the nearer
+    boundary, ``d = z1 - z0`` the gap), with :func:`_log1mexp`'s operations for a gap in
+    [SERIES_GAP, WIDE_GAP); for a gap in [PRODUCT_MIN_GAP, SERIES_GAP) it is its series
+    ``log(1/2) - |z| + log d - d/2 + even(d)``, and the ``log d`` of :data:`LOG_GROUP` such
+    ranks are one log of their product, summed apart: one ``log`` per 8 ranks instead of one
+    each. The product's 7
     roundings move its log by at most 3.5 eps, less than the roundings of the 8 logs it
     replaces; every part is positive, so nothing cancels (tests: within 16 eps of 40 digits,
     closer on average than the element-by-element sum).
@@ -308,20 +332,45 @@ def _loss_by_rank(r, inv_alpha, anchor, offset, byrank):
 def _usual_log_terms(inv_alpha, b_t, b_ra, b_ri, b_term, b_gap):
     """The usual ranks' terms of :func:`_loss_by_rank` from its block's rows alone (slot
     ``kk`` a rank's value and its lower boundary, ``kk + 1`` its upper one), with its
-    operations, so their values to the bit: ``b_term`` the term less ``log d``, ``b_gap``
-    the gap ``d``, NaN for the other ranks. A loop LLVM vectorizes (a short last block's
-    extra slots hold values never used).
+    operations, so their values to the bit: ``b_term`` the term less the log of ``b_gap``,
+    which is the gap ``d`` below SERIES_GAP and ``1 - exp(-d)`` above, NaN for the other
+    ranks. Loops LLVM vectorizes (a short last block's extra slots hold values never used);
+    the second, for wide gaps' ``exp`` (:func:`_decay`), runs only where a block has one.
     """
+    wide_gaps = False
     for kk in range(TBLOCK):
         ri = b_ri[kk]
         z0 = _offset_z_select(b_ra[kk], ri, inv_alpha, b_t[kk])
         z1 = _offset_z_select(b_ra[kk + 1], ri, inv_alpha, b_t[kk + 1])
         d = z1 - z0
         below = z1 <= 0.0
-        usual = (PRODUCT_MIN_GAP <= d) & (d < SERIES_GAP) & (below | (z0 >= 0.0))
+        one_side = below | (z0 >= 0.0)
+        series = (PRODUCT_MIN_GAP <= d) & (d < SERIES_GAP) & one_side
+        wide = (d >= SERIES_GAP) & (d < WIDE_GAP) & one_side
+        wide_gaps |= wide
         near = z1 if below else -z0  # -|z| of the boundary nearer the element
-        b_term[kk] = (LOG_HALF + near) + (_log1mexp_even(d) - 0.5 * d)
-        b_gap[kk] = d if usual else np.nan
+        b_term[kk] = (
+            (LOG_HALF + near) + (_log1mexp_even(d) - 0.5 * d) if series else LOG_HALF + near
+        )
+        b_gap[kk] = d if series else (-d if wide else np.nan)  # (a wide gap marked by its sign)
+    if wide_gaps:
+        for kk in range(TBLOCK):
+            g = b_gap[kk]
+            e = _decay(-g)  # (for every slot, then a select: the loop stays vectorized)
+            b_gap[kk] = 1.0 - e if g < 0.0 else g
+
+
+@inner_helper
+def _decays(inv_alpha, b_t, b_ra, b_ri, b_decay):
+    """:func:`_decay` of each rank's gap into ``b_decay``, from the block's rows: a loop of
+    its own, which LLVM vectorizes (inside the loops that use the decays, it kept ``exp``
+    scalar).
+    """
+    for kk in range(TBLOCK):
+        ri = b_ri[kk]
+        z0 = _offset_z_select(b_ra[kk], ri, inv_alpha, b_t[kk])
+        z1 = _offset_z_select(b_ra[kk + 1], ri, inv_alpha, b_t[kk + 1])
+        b_decay[kk] = _decay(z1 - z0)
 
 
 @helper
@@ -989,14 +1038,17 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
 def _usual_rank_terms(inv_alpha, c, b_t, b_ra, b_ri, b_rb, b_up, b_down, b_upz, b_downz, b_usual):
     """The second pass of :func:`_ladder_loss_row_vjp` over its block of ranks: the direct
     terms of :func:`_rank_terms` of the usual rank (a finite element on one side of its two
-    finite boundaries, their gap ``d`` below :data:`SERIES_GAP`: :func:`density_ratios`'
-    ratios ``1/u`` and ``1 + 1/u`` from the series :func:`_inv_expm1_series`) with their
-    operations, so their values to the bit, from the block's rows alone (slot ``kk`` the
-    rank's lower boundary, ``kk + 1`` its upper one); ``b_usual`` 1 for those ranks, 0 for
-    the others (the third pass takes :func:`_rank_terms` for them).
-    :func:`~softorder.core.laplace.offset_z` is written with selects: a loop LLVM vectorizes
-    (a short last block's extra slots hold values never used).
+    finite boundaries, their gap ``d`` below :data:`WIDE_GAP`: :func:`density_ratios`'
+    ratios ``1/u`` and ``1 + 1/u`` from :func:`_inv_expm1`) with their operations, so their
+    values to the bit, from the block's rows alone (slot ``kk`` the rank's lower boundary,
+    ``kk + 1`` its upper one); ``b_usual`` 1 for those ranks, 0 for the others (the third
+    pass takes :func:`_rank_terms` for them). :func:`~softorder.core.laplace.offset_z` is
+    written with selects: loops LLVM vectorizes (a short last block's extra slots hold values
+    never used). Gaps from SERIES_GAP on, whose ratios take an ``exp``, are marked in the
+    first loop (``b_usual`` ``-d``) and done in two more, which run only where a block has
+    one (:func:`_wide_rank_terms`).
     """
+    wide_gaps = False
     for kk in range(TBLOCK):
         ri = b_ri[kk]
         z0 = _offset_z_select(b_ra[kk], ri, inv_alpha, b_t[kk])
@@ -1004,22 +1056,61 @@ def _usual_rank_terms(inv_alpha, c, b_t, b_ra, b_ri, b_rb, b_up, b_down, b_upz, 
         d = z1 - z0
         below = z1 <= 0.0
         usual = (abs(ri) != INF) & (abs(z0) != INF) & (abs(z1) != INF) & (z0 != z1)
-        usual = usual & (below | (z0 >= 0.0)) & (d < SERIES_GAP)
-        far = _inv_expm1_series(d)
-        near = 1.0 + far
-        g0 = far if below else near
-        g1 = near if below else far
-        up = -g1 * c * inv_alpha
-        down = g0 * c * inv_alpha
-        rb = 0.0
-        rb -= up
-        rb -= down
+        usual = usual & (below | (z0 >= 0.0))
+        wide = usual & (d >= SERIES_GAP) & (d < WIDE_GAP)
+        wide_gaps |= wide
+        rb, up, down, up_z1, down_z0 = _ratio_terms(
+            _inv_expm1_series(d), below, z0, z1, c, inv_alpha
+        )
         b_rb[kk] = rb
         b_up[kk] = up
         b_down[kk] = down
-        b_upz[kk] = up * z1
-        b_downz[kk] = down * z0
-        b_usual[kk] = 1.0 if usual else 0.0
+        b_upz[kk] = up_z1
+        b_downz[kk] = down_z0
+        b_usual[kk] = 1.0 if usual & (d < SERIES_GAP) else (-d if wide else 0.0)
+    if wide_gaps:
+        _wide_rank_terms(inv_alpha, c, b_t, b_ra, b_ri, b_rb, b_up, b_down, b_upz, b_downz, b_usual)
+
+
+@inner_helper
+def _ratio_terms(far, below, z0, z1, c, inv_alpha):
+    """:func:`_rank_terms` of a usual rank from its ratio ``far`` (:func:`density_ratios`'
+    ``1/u``; ``below``: both boundaries at or below the element's 0), with its operations.
+    """
+    near = 1.0 + far
+    g0 = far if below else near
+    g1 = near if below else far
+    up = -g1 * c * inv_alpha
+    down = g0 * c * inv_alpha
+    rb = 0.0
+    rb -= up
+    rb -= down
+    return rb, up, down, up * z1, down * z0
+
+
+@inner_helper
+def _wide_rank_terms(inv_alpha, c, b_t, b_ra, b_ri, b_rb, b_up, b_down, b_upz, b_downz, b_usual):
+    """The terms of :func:`_usual_rank_terms`' wide gaps (``b_usual`` ``-d``): their
+    :func:`_decay` into ``b_usual`` in a loop of its own (inside the next, LLVM kept ``exp``
+    scalar), then their ratios ``e / (1 - e)`` (:func:`_inv_expm1`) and terms, ``b_usual`` 1.
+    """
+    for kk in range(TBLOCK):
+        g = b_usual[kk]
+        e = _decay(-g)  # (for every slot, then a select: the loop stays vectorized)
+        b_usual[kk] = e if g < 0.0 else g  # (a decay lies in (0, 1): still told apart)
+    for kk in range(TBLOCK):
+        e = b_usual[kk]
+        wide = (e > 0.0) & (e < 1.0)
+        ri = b_ri[kk]
+        z0 = _offset_z_select(b_ra[kk], ri, inv_alpha, b_t[kk])
+        z1 = _offset_z_select(b_ra[kk + 1], ri, inv_alpha, b_t[kk + 1])
+        rb, up, down, up_z1, down_z0 = _ratio_terms(e / (1.0 - e), z1 <= 0.0, z0, z1, c, inv_alpha)
+        b_rb[kk] = rb if wide else b_rb[kk]
+        b_up[kk] = up if wide else b_up[kk]
+        b_down[kk] = down if wide else b_down[kk]
+        b_upz[kk] = up_z1 if wide else b_upz[kk]
+        b_downz[kk] = down_z0 if wide else b_downz[kk]
+        b_usual[kk] = 1.0 if wide else e
 
 
 @helper
