@@ -238,9 +238,8 @@ def density_ratios(z0, z1):
     derivatives ``d(-log P)/dz0`` and ``-d(-log P)/dz1`` in closed form, without ``log P``.
 
     With both on one side of 0 (an element away from its two boundaries, the usual case) the
-    ratios are ``1/u`` and ``1 + 1/u``, ``u = expm1(z1 - z0)`` (:func:`_inv_expm1`: a series,
-    or ``exp(-d) / (1 - exp(-d))``), where ``exp(log f(z) - log P)`` took four
-    transcendentals. Both are inf where ``P = 0``
+    ratios are ``1/u`` and ``1 + 1/u``, ``u = expm1(z1 - z0)`` (:func:`_inv_expm1`), where
+    ``exp(log f(z) - log P)`` took four transcendentals. Both are inf where ``P = 0``
     (``z0 == z1``), as that form gives; the ratio of an infinite ``z`` is 0 (callers skip it).
     """
     if z0 == z1:
@@ -277,14 +276,13 @@ def _loss_by_rank(r, inv_alpha, anchor, offset, byrank):
 
     ``log P_k`` is :func:`log_rank_probability`. Where both boundaries are on one side of the
     element (the usual case) it is ``log(1/2) - |z| + log(1 - exp(-d))`` (``z`` the nearer
-    boundary, ``d = z1 - z0`` the gap), with :func:`_log1mexp`'s operations for a gap in
-    [SERIES_GAP, WIDE_GAP); for a gap in [PRODUCT_MIN_GAP, SERIES_GAP) it is its series
-    ``log(1/2) - |z| + log d - d/2 + even(d)``, and the ``log d`` of :data:`LOG_GROUP` such
-    ranks are one log of their product, summed apart: one ``log`` per 8 ranks instead of one
-    each. The product's 7
-    roundings move its log by at most 3.5 eps, less than the roundings of the 8 logs it
-    replaces; every part is positive, so nothing cancels (tests: within 16 eps of 40 digits,
-    closer on average than the element-by-element sum).
+    boundary, ``d = z1 - z0`` the gap): for a gap in [PRODUCT_MIN_GAP, SERIES_GAP) by the
+    series ``log d - d/2 + even(d)``, for a gap in [SERIES_GAP, WIDE_GAP) as it is. The logs
+    of :data:`LOG_GROUP` such ranks' factors (``d``, or ``1 - exp(-d)``, at least 0.095) are
+    one log of their product, summed apart: one ``log`` per 8 ranks instead of one each. The
+    product's 7 roundings move its log by at most 3.5 eps, less than the roundings of the 8
+    logs it replaces; every part is positive, so nothing cancels (tests: within 16 eps of 40
+    digits, closer on average than the element-by-element sum).
 
     The ranks come :data:`~softorder.core.sort.TBLOCK` at a time: their values and their
     boundaries' anchor values and offsets into rows on the stack, then the usual ranks' terms
@@ -358,19 +356,6 @@ def _usual_log_terms(inv_alpha, b_t, b_ra, b_ri, b_term, b_gap):
             g = b_gap[kk]
             e = _decay(-g)  # (for every slot, then a select: the loop stays vectorized)
             b_gap[kk] = 1.0 - e if g < 0.0 else g
-
-
-@inner_helper
-def _decays(inv_alpha, b_t, b_ra, b_ri, b_decay):
-    """:func:`_decay` of each rank's gap into ``b_decay``, from the block's rows: a loop of
-    its own, which LLVM vectorizes (inside the loops that use the decays, it kept ``exp``
-    scalar).
-    """
-    for kk in range(TBLOCK):
-        ri = b_ri[kk]
-        z0 = _offset_z_select(b_ra[kk], ri, inv_alpha, b_t[kk])
-        z1 = _offset_z_select(b_ra[kk + 1], ri, inv_alpha, b_t[kk + 1])
-        b_decay[kk] = _decay(z1 - z0)
 
 
 @helper
