@@ -18,6 +18,8 @@ def _rows(rng, n):
     x = rng.standard_normal((6, n))
     x[1] = np.round(x[1] * 2) / 2  # ties
     x[2] = np.cumsum(np.abs(x[2])) * 1e3  # far gaps
+    m = len(x[2, 1::4])
+    x[2, 1::4] = x[2, 0::4][:m] + 0.6 + 0.12 * rng.random(m)  # 600-720 alpha at alpha = 1e-3
     x[3] = 1.0 + np.arange(n) * 2.0**-52 * rng.integers(1, 4, n)  # tiny gaps
     x[4, : n // 3] = -np.inf
     x[4, -(n // 4) :] = np.inf
@@ -70,11 +72,14 @@ def test_decays_and_ranks_to_the_bit(rng, dtype, n, alpha):
 
 
 def test_the_rows_reach_both_passes():
-    """The rows above hold decays on the main path of ``exp`` and off it (far and tiny gaps,
-    ties and infinities), so both passes of the decays run where :data:`FAST_EXP` is on."""
+    """The rows above hold decays on the main path of ``exp``, beyond ``UNDERFLOW`` (0
+    without a call) and between (libm's ``exp`` in the second pass), besides tiny gaps, ties
+    and infinities, so every branch of the decays runs where :data:`FAST_EXP` is on."""
     x = _rows(np.random.default_rng(0), 200)
     xs = np.sort(x, axis=-1)
     with np.errstate(all="ignore"):  # inf - inf between equal infinities
         z = np.abs(np.diff(xs, axis=-1) / 1e-3)
         inside = (z >= fast_exp.TINY) & (z < fast_exp.LARGE)
-    assert inside.any() and (~inside).any()
+        between = (z >= fast_exp.LARGE) & (z <= -fast_exp.UNDERFLOW)
+        under = np.isfinite(z) & (z > -fast_exp.UNDERFLOW)
+    assert inside.any() and between.any() and under.any() and (z < fast_exp.TINY).any()

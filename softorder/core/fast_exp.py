@@ -53,6 +53,8 @@ SHIFT = _f64(0x4338000000000000)
 #: the main path's range: 2^-54 <= |x| < 512
 TINY = 2.0**-54
 LARGE = 512.0
+#: below this ``math.exp`` is 0 (its least positive value is at -745.13...)
+UNDERFLOW = -746.0
 
 
 def table() -> np.ndarray:
@@ -259,11 +261,13 @@ def in_range(x):
 @inner_helper
 def exp(x):
     """``math.exp(x)``, the same value: :func:`exp_main` in its range where :data:`FAST_EXP`
-    (no call: inlined beside a recurrence, its operations overlap the recurrence's), else
-    ``math.exp``.
+    (no call: inlined beside a recurrence, its operations overlap the recurrence's), 0 below
+    :data:`UNDERFLOW`, else ``math.exp``.
     """
     if FAST_EXP and in_range(x):
         return exp_main(x)
+    if x < UNDERFLOW:
+        return 0.0  # (math.exp's value, without the call)
     return math.exp(x)
 
 
