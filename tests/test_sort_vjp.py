@@ -528,7 +528,8 @@ def test_ladder_vjp_blocks_equal_inverse_vjp_bitwise(rng, kind, n, scale):
     # _ladder_pullback's blocks of TBLOCK targets (a short last block), the usual weights
     # computed ahead and the others by other_target_weights: targets far apart (factors of
     # 0 below UNDERFLOW, or between it and exp_main's range: gaps of 600 alpha), close ones
-    # and ties, float64 and float32 cotangents with zeros
+    # and ties, beyond the row's ends (most targets at scale 1e8: alpha far above the
+    # values), float64 and float32 cotangents with zeros
     assert core.sort.TBLOCK == 64
     xs, order = _rows(rng, kind, 3, n)
     if kind == "normal":

@@ -905,8 +905,8 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
     points below ``F <= M - 1 <= R``); the third sums the terms in the ranks' order and adds
     the injections in the boundaries' order. The other ranks (a row's ends, an element
     between or far from its boundaries, an infinite value) take :func:`_rank_terms` there,
-    the other boundaries (ties, rounding, the row's ends, a factor outside ``exp_main``'s
-    range) :func:`~softorder.core.sort._other_target` (a call, compiled once: the rare path).
+    the other boundaries (ties, rounding, a factor outside ``exp_main``'s range)
+    :func:`~softorder.core.sort._other_target` (a call, compiled once: the rare path).
     """
     n = r.shape[0]
     win_up = empty((WINDOW,), np.float64)
@@ -996,11 +996,14 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
                 G = aL * el + b_gr[kk]
                 Z = (b_zl[kk] * aL + adL) * el + b_zr[kk]
                 cj = uj / G
-                win_up[R & mask] += cj * b_er[kk]
-                if L < F:
-                    Bd[np.uint64(L)] += cj * el
-                else:
-                    win_down[L & mask] += cj * el
+                # (a boundary beyond a row's end has one point)
+                if R < n:
+                    win_up[R & mask] += cj * b_er[kk]
+                if L >= 0:
+                    if L < F:
+                        Bd[np.uint64(L)] += cj * el
+                    else:
+                        win_down[L & mask] += cj * el
                 alpha_bar += uj * Z / G
                 continue
             code, term = _other_target(

@@ -841,8 +841,9 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
     vectorizes it), with the terms of ``G`` and ``Z`` at ``R`` (``B[R]`` and ``Bd[R]`` are
     read ahead before the injections of the block's earlier targets overwrite a slot, but
     those go to the points below ``F <= M - 1 <= R``); the third adds the injections in the
-    targets' order, ``A`` and ``Ad`` from their recurrence. The other targets (ties,
-    rounding, the row's ends, a factor outside ``exp_main``'s range) take
+    targets' order, ``A`` and ``Ad`` from their recurrence (a target beyond a row's end, the
+    most of them for an alpha far above the row's spread, has one point to inject at). The
+    other targets (ties, rounding, a factor outside ``exp_main``'s range) take
     :func:`_other_target` (a call, compiled once: the rare path).
     """
     n = r.shape[0]
@@ -897,11 +898,14 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
                 G = aL * el + b_gr[k]
                 Z = (b_zl[k] * aL + adL) * el + b_zr[k]
                 cj = uj / G
-                win_up[R & mask] += cj * b_er[k]
-                if L < F:
-                    Bd[np.uint64(L)] += cj * el
-                else:
-                    win_down[L & mask] += cj * el
+                # (a target beyond a row's end has one point)
+                if R < n:
+                    win_up[R & mask] += cj * b_er[k]
+                if L >= 0:
+                    if L < F:
+                        Bd[np.uint64(L)] += cj * el
+                    else:
+                        win_down[L & mask] += cj * el
                 alpha_bar += uj * Z / G
                 continue
             code, term = _other_target(
@@ -966,21 +970,22 @@ def _target_points(r, B, Bd, an, t, k, left, b_t, b_ra, b_rl, b_rr, b_br, b_bdr)
     """The first pass of a ladder pullback (:func:`_ladder_pullback`, the permutation loss's)
     for the target anchored at ``an`` with offset ``t``, slot ``k`` of its block: its left
     point ``L`` into ``left``, and the values :func:`_usual_weights` reads into the block's
-    rows (at a row's end a NaN ``r[L]``: not the usual target; ``R`` is then a point read,
-    its values not used).
+    rows; beyond a row's end, ``r[L]`` is ``-inf`` or ``r[R]`` ``+inf`` (the distances
+    :func:`~softorder.core.lapsum.other_target_weights` takes there), ``B[R]`` and ``Bd[R]``
+    zero.
     """
     n = r.shape[0]
     L = an - 1 if t <= 0.0 else an
-    inside = L >= 0 and L + 1 < n
     # (indices that are never negative as unsigned: no wraparound to compile)
-    R = np.uint64(L + 1 if inside else an)
+    R = np.uint64(L + 1 if L + 1 < n else an)
     left[k] = L
     b_t[k] = t
     b_ra[k] = r[np.uint64(an)]
-    b_rl[k] = r[np.uint64(L)] if inside else np.nan
-    b_rr[k] = r[R]
-    b_br[k] = B[R]
-    b_bdr[k] = Bd[R]
+    # beyond a row's end, a point at -inf or +inf: its distance is other_target_weights' there
+    b_rl[k] = r[np.uint64(L)] if L >= 0 else -INF
+    b_rr[k] = r[R] if L + 1 < n else INF
+    b_br[k] = B[R] if L + 1 < n else 0.0
+    b_bdr[k] = Bd[R] if L + 1 < n else 0.0
 
 
 @inner_helper
@@ -1006,6 +1011,11 @@ def _usual_weights(
     outputs: a zero ``zl`` is not usual, and a zero ``zr`` of the other sign needs
     ``t = +-0`` with the anchor at ``L``, whose ``zl`` is then a zero
     (``tests/test_sort_vjp.py``).
+
+    A target beyond a row's end (an infinite ``zl`` or ``zr``: :func:`_target_points`) with
+    its point on the far side is usual too: ``other_target_weights`` gives it the factors 0
+    and 1 at its two sides, as here, and its zero term's finite stand-ins (``zl`` or the
+    term at ``R`` 0) add 0 to ``Z`` as its sums leave it.
     """
     for k in range(TBLOCK):
         t = b_t[k]
@@ -1017,6 +1027,9 @@ def _usual_weights(
         # below UNDERFLOW; the few usual targets between (or at |x| < 2^-54) take
         # other_target_weights, whose operations give the same weights
         usual = (zl > 0.0) & (zl != INF) & (zr <= 0.0) & (zr != -INF)
+        # beyond a row's end (or past a point at -inf or +inf): its factors 0 and 1, no exp
+        left_end = (zl == INF) & (zr <= 0.0) & (zr != -INF)
+        right_end = (zr == -INF) & (zl > 0.0) & (zl != INF)
         if fast_exp.FAST_EXP:
             under = x < UNDERFLOW
             usual = usual & (fast_exp.in_range(x) | under)
@@ -1028,13 +1041,13 @@ def _usual_weights(
         el = 1.0 if left_nearer else e
         er = e if left_nearer else 1.0
         position = ra if (t == 0.0) | (abs(ra) == INF) else ra + alpha * t  # target_position
-        code = el if usual else _OTHER
+        code = el if usual | left_end | right_end else _OTHER
         b_el[k] = _SKIP if abs(position) == INF else code
         bR = b_br[k]
         b_er[k] = er
-        b_zl[k] = zl
+        b_zl[k] = 0.0 if left_end else zl  # (a term of factor 0: finite, so it adds 0)
         b_gr[k] = bR * er
-        b_zr[k] = (zr * bR - b_bdr[k]) * er
+        b_zr[k] = 0.0 if right_end else (zr * bR - b_bdr[k]) * er
 
 
 #: what :func:`_other_target` did: nothing to pull back, its injections added (its term of
@@ -1048,7 +1061,7 @@ _BEYOND = 2
 def _other_target(r, inv_alpha, ra, t, L, R, aL, adL, u, F, B, Bd, win_up, win_down):
     """A target of a ladder pullback other than the usual one (:func:`_ladder_pullback`, the
     permutation loss's): its weights by :func:`~softorder.core.lapsum.other_target_weights`
-    (the row's ends, ties, rounding, a factor outside ``exp_main``'s range), its injections
+    (ties, rounding, a factor outside ``exp_main``'s range), its injections
     of cotangent ``u`` into the rows ``B`` and ``Bd`` below ``F`` or into the window, ties
     and rounding by :func:`_inject_in_window`; the operations the pullbacks had in their
     loops, so the same bits. Returns ``(code, term)``: :data:`_NOTHING`, :data:`_ADDED` with
