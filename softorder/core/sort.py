@@ -563,8 +563,6 @@ BATCH = 8
 #: ``el`` (or a code below 0), ``er``, ``zl`` and the terms of ``G`` and ``Z`` at ``R``
 TBLOCK = 64
 _BLOCK_ROWS = 11
-#: below this ``math.exp`` is 0 (its least positive value is at -745.13...)
-UNDERFLOW = -746.0
 #: the codes in the row of ``el``: a target skipped (its value is infinite), one whose
 #: weights come from :func:`~softorder.core.lapsum.other_target_weights`
 _SKIP = -2.0
@@ -1031,7 +1029,7 @@ def _usual_weights(
         left_end = (zl == INF) & (zr <= 0.0) & (zr != -INF)
         right_end = (zr == -INF) & (zl > 0.0) & (zl != INF)
         if fast_exp.FAST_EXP:
-            under = x < UNDERFLOW
+            under = x < fast_exp.UNDERFLOW
             usual = usual & (fast_exp.in_range(x) | under)
             e = fast_exp.exp_main(x)  # (a select after it: the loop stays vectorized)
             e = 0.0 if under else e
