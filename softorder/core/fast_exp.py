@@ -259,6 +259,25 @@ def in_range(x):
 
 
 @inner_helper
+def exp_or_zero(x):
+    """:func:`exp_main` at ``x``, or ``math.exp``'s 0 below :data:`UNDERFLOW`: ``math.exp``'s
+    value wherever :func:`needs_libm` is false. Computed at every ``x``, then a select: a loop
+    of it vectorizes (the passes that take libm's ``exp`` where ``needs_libm`` come after).
+    """
+    e = exp_main(x)
+    return 0.0 if x < UNDERFLOW else e
+
+
+@inner_helper
+def needs_libm(x):
+    """Whether ``math.exp(x)`` is neither :func:`exp_or_zero`'s value nor 1 at ``x = 0``
+    (``exp_main`` is 1 there exactly): NaN, a tiny ``|x|``, or ``x`` between ``UNDERFLOW`` and
+    the main path's range.
+    """
+    return x != 0.0 and not (in_range(x) or x < UNDERFLOW)
+
+
+@inner_helper
 def exp(x):
     """``math.exp(x)``, the same value: :func:`exp_main` in its range where :data:`FAST_EXP`
     (no call: inlined beside a recurrence, its operations overlap the recurrence's), 0 below

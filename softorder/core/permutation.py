@@ -193,7 +193,12 @@ def _inv_expm1(d):
     """
     if d < SERIES_GAP:
         return _inv_expm1_series(d)
-    e = math.exp(-d)
+    return _inv_expm1_of_decay(math.exp(-d))
+
+
+@inner_helper
+def _inv_expm1_of_decay(e):
+    """``1 / expm1(d)`` from ``e = exp(-d)``: :func:`_inv_expm1`'s and the block loop's."""
     return e / (1.0 - e)
 
 
@@ -1092,7 +1097,8 @@ def _wide_rank_terms(inv_alpha, c, b_t, b_ra, b_ri, b_rb, b_up, b_down, b_upz, b
         ri = b_ri[kk]
         z0 = _offset_z_select(b_ra[kk], ri, inv_alpha, b_t[kk])
         z1 = _offset_z_select(b_ra[kk + 1], ri, inv_alpha, b_t[kk + 1])
-        rb, up, down, up_z1, down_z0 = _ratio_terms(e / (1.0 - e), z1 <= 0.0, z0, z1, c, inv_alpha)
+        far = _inv_expm1_of_decay(e)
+        rb, up, down, up_z1, down_z0 = _ratio_terms(far, z1 <= 0.0, z0, z1, c, inv_alpha)
         b_rb[kk] = rb if wide else b_rb[kk]
         b_up[kk] = up if wide else b_up[kk]
         b_down[kk] = down if wide else b_down[kk]

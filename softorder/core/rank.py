@@ -18,7 +18,7 @@ import numpy as np
 from numba import prange
 
 from softorder.core._jit import helper, inner_helper, kernel
-from softorder.core.fast_exp import FAST_EXP, UNDERFLOW, exp_main, in_range
+from softorder.core.fast_exp import FAST_EXP, exp_or_zero, needs_libm
 from softorder.core.laplace import gap
 from softorder.core.rows import (
     AHEAD,
@@ -55,14 +55,12 @@ def decays(r, inv_alpha, E):
     far = False
     for i in range(1, n):
         x = -gap(np.float64(r[i]), np.float64(r[i - 1])) * inv_alpha
-        under = x < UNDERFLOW  # (math.exp's 0: no call for the far gaps of a small alpha)
-        far |= x != 0.0 and not (in_range(x) or under)
-        e = exp_main(x)
-        E[i] = 0.0 if under else e
+        far |= needs_libm(x)
+        E[i] = exp_or_zero(x)
     if far:
         for i in range(1, n):
             x = -gap(np.float64(r[i]), np.float64(r[i - 1])) * inv_alpha
-            if x != 0.0 and not (in_range(x) or x < UNDERFLOW):
+            if needs_libm(x):
                 E[i] = math.exp(x)
 
 

@@ -1029,10 +1029,8 @@ def _usual_weights(
         left_end = (zl == INF) & (zr <= 0.0) & (zr != -INF)
         right_end = (zr == -INF) & (zl > 0.0) & (zl != INF)
         if fast_exp.FAST_EXP:
-            under = x < fast_exp.UNDERFLOW
-            usual = usual & (fast_exp.in_range(x) | under)
-            e = fast_exp.exp_main(x)  # (a select after it: the loop stays vectorized)
-            e = 0.0 if under else e
+            usual = usual & (fast_exp.in_range(x) | (x < fast_exp.UNDERFLOW))
+            e = fast_exp.exp_or_zero(x)
         else:
             e = math.exp(x)
         left_nearer = zl <= -zr

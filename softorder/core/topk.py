@@ -17,7 +17,7 @@ import numpy as np
 from numba import prange, types
 
 from softorder.core._jit import SymbolCalls, helper, inner_helper, kernel
-from softorder.core.fast_exp import FAST_EXP, UNDERFLOW, exp_main, in_range
+from softorder.core.fast_exp import FAST_EXP, exp_or_zero, needs_libm
 from softorder.core.laplace import (
     INF,
     cdf,
@@ -217,14 +217,12 @@ def _exp_pass(r, ra, t, inv_alpha, shift, out):
     far = False
     for i in range(n):
         x = shift - abs(finite_z(ra, r[i], inv_alpha, t))
-        under = x < UNDERFLOW  # (math.exp's 0: no call for the far elements of a small alpha)
-        far |= x != 0.0 and not (in_range(x) or under)
-        e = exp_main(x)
-        out[i] = 0.0 if under else e
+        far |= needs_libm(x)
+        out[i] = exp_or_zero(x)
     if far:
         for i in range(n):
             x = shift - abs(finite_z(ra, r[i], inv_alpha, t))
-            if x != 0.0 and not (in_range(x) or x < UNDERFLOW):
+            if needs_libm(x):
                 out[i] = math.exp(x)
 
 
