@@ -70,6 +70,32 @@ def test_reference_is_exp_main(rng, compiled):
         assert fast_exp._reference(float(xi)) == mi
 
 
+@pytest.mark.skipif(not fast_exp.FAST_EXP, reason="libm's exp is not glibc's FMA variant here")
+def test_exp_or_zero_is_libm_exp_where_no_call_is_needed(rng):
+    """Wherever ``needs_libm`` is false (the main path's range, below UNDERFLOW, 0), the
+    vectorized passes' ``exp_or_zero`` is ``math.exp`` to the bit; where it is true, the
+    passes call libm."""
+    import numba
+
+    @numba.njit
+    def run(x, value, needs):
+        for i in range(x.shape[0]):
+            value[i] = fast_exp.exp_or_zero(x[i])
+            needs[i] = fast_exp.needs_libm(x[i])
+
+    x = np.concatenate([_inputs(rng, 100_000), rng.uniform(-1e4, -500.0, 100_000)])
+    x = np.concatenate([x, [-746.0, np.nextafter(-746.0, 0.0), -745.2, -1e308]])
+    value, needs = np.empty_like(x), np.zeros(x.shape, bool)
+    run(x, value, needs)
+    with np.errstate(over="ignore"):
+        libm = np.array([math.exp(v) if v < 709.0 else INF for v in x])
+    assert needs.any() and (~needs).any() and (x < fast_exp.UNDERFLOW).any()
+    np.testing.assert_array_equal(value[~needs].view(np.int64), libm[~needs].view(np.int64))
+    with np.errstate(invalid="ignore"):
+        want = (x != 0.0) & ~((np.abs(x) >= 2.0**-54) & (np.abs(x) < 512.0)) & ~(x < -746.0)
+    np.testing.assert_array_equal(needs, want)
+
+
 @pytest.fixture(scope="module")
 def passes():
     import numba

@@ -263,6 +263,14 @@ def exp_or_zero(x):
     """:func:`exp_main` at ``x``, or ``math.exp``'s 0 below :data:`UNDERFLOW`: ``math.exp``'s
     value wherever :func:`needs_libm` is false. Computed at every ``x``, then a select: a loop
     of it vectorizes (the passes that take libm's ``exp`` where ``needs_libm`` come after).
+
+    Examples
+    --------
+    >>> import numba
+    >>> from softorder.core.fast_exp import exp_or_zero
+    >>> f = numba.njit(lambda x: exp_or_zero(x))  # (compiled code only: an inlined helper)
+    >>> f(0.0), f(-800.0)
+    (1.0, 0.0)
     """
     e = exp_main(x)
     return 0.0 if x < UNDERFLOW else e
@@ -273,6 +281,14 @@ def needs_libm(x):
     """Whether ``math.exp(x)`` is neither :func:`exp_or_zero`'s value nor 1 at ``x = 0``
     (``exp_main`` is 1 there exactly): NaN, a tiny ``|x|``, or ``x`` between ``UNDERFLOW`` and
     the main path's range.
+
+    Examples
+    --------
+    >>> import numba
+    >>> from softorder.core.fast_exp import needs_libm
+    >>> f = numba.njit(lambda x: needs_libm(x))  # (compiled code only: an inlined helper)
+    >>> [f(x) for x in (-1.0, -600.0, -800.0, 1e-20)]
+    [False, True, False, True]
     """
     return x != 0.0 and not (in_range(x) or x < UNDERFLOW)
 
