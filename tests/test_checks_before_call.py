@@ -135,3 +135,19 @@ def test_row_values():
     assert k.shape == (2, 1) and k.dtype == np.float64
     np.testing.assert_array_equal(k, 2.5)
     assert checks.row_values("k", [[1.0, 2.0], [3.0, 4.0]], LAYOUT, np.float64) is None
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda x: softorder.soft_rank([[1.0], [1.0, 2.0]]), "x"),
+        (lambda x: softorder.soft_topk(x, [[1.0], [1.0, 2.0], [2.0]]), "k"),
+        (lambda x: softorder.topk_cross_entropy(x, np.zeros(3, int), [[0.5], [0.5, 0.5]]), "p_k"),
+    ],
+)
+def test_a_ragged_sequence_raises_naming_its_argument(call, name):
+    """NumPy refuses a ragged nested sequence in words that name no argument; softorder's
+    error names it."""
+    x = np.random.default_rng(0).standard_normal((3, 6))
+    with pytest.raises(ValueError, match=f"^{name} must be a rectangular array of numbers"):
+        call(x)

@@ -232,7 +232,7 @@ def check_p_k(p_k, batch_shape: tuple, n: int) -> np.ndarray:
     is wrong: no trailing K axis, K >= n classes, a shape that does not broadcast, or not a
     probability distribution.
     """
-    given = np.asarray(p_k) if type(p_k) in (list, tuple) else p_k
+    given = float_array(p_k, "p_k")[0] if type(p_k) in (list, tuple) else p_k
     if (
         type(given) is np.ndarray
         and given.dtype.kind == "f"

@@ -16,7 +16,13 @@ def float_array(x, name: str) -> tuple[np.ndarray, np.dtype]:
     Integers and booleans give float64, float16 gives float16 (computed in float64).
     Complex, object and string arrays raise ``TypeError`` naming the argument.
     """
-    arr = x if type(x) is np.ndarray else np.asarray(x)
+    if type(x) is np.ndarray:
+        arr = x
+    else:
+        try:
+            arr = np.asarray(x)
+        except ValueError as error:  # (NumPy's words name no argument)
+            raise ValueError(f"{name} must be a rectangular array of numbers: {error}") from None
     kind = arr.dtype.kind
     if kind == "f":  # the common case first
         return arr, arr.dtype
