@@ -226,25 +226,29 @@ def test_soft_sort_gradient_with_zero_cotangents_matches_finite_differences(rng,
     np.testing.assert_allclose(x_bar @ d, u @ (plus - minus) / (2 * h), rtol=1e-5, atol=1e-7)
 
 
-def _ladder_forward(xs, alpha, out_dtype=np.float64):
+def _ladder_forward(xs, alpha, out_dtype=np.float64, keep=True):
     """:func:`~softorder.core.sort.ladder_forward`'s values and offsets (``xs`` float32 or
-    float64).
+    float64; without ``keep``, the offsets' array has no columns: soft sort's forward).
     """
     rows, n = xs.shape
-    out, offset = np.empty((rows, n), out_dtype), np.empty((rows, n))
+    out, offset = np.empty((rows, n), out_dtype), np.empty((rows, n if keep else 0))
     counts = out.view(np.int32 if out_dtype == np.float32 else np.int64)
-    wide = offset if xs.dtype == np.float32 else xs
     work = core.workspace(rows, core.sort.LADDER_WORK, n)
+    wide = work.reshape(rows, -1) if xs.dtype == np.float32 else xs
     core.sort.ladder_forward(xs, alpha, out, counts, offset, wide, work, True)
     return out, offset
 
 
 def _ladder_vjp(xs, order, alpha, offset, u, x_bar_dtype=np.float64):
+    """:func:`~softorder.core.sort.ladder_vjp`'s gradients and ``redo``, with the forward
+    pass's offsets, or solving them again where ``offset`` is None.
+    """
     rows, n = xs.shape
     x_bar, alpha_bar = np.empty((rows, n), x_bar_dtype), np.empty(rows)
     counts = x_bar.view(np.int32 if x_bar_dtype == np.float32 else np.int64)
     work = core.workspace(rows, core.sort.LADDER_WORK, n)
     redo = np.empty(rows, np.uint8)
+    offset = np.empty((rows, 0)) if offset is None else offset
     core.sort.ladder_vjp(xs, order, alpha, offset, u, x_bar, counts, alpha_bar, work, redo)
     return x_bar, alpha_bar, redo
 
@@ -267,11 +271,14 @@ def test_ladder_kernels_equal_sort_forward_and_inverse_vjp_bitwise(rng, kind, sh
         out, got_offset = _ladder_forward(xs, alpha, out_dtype)
         np.testing.assert_array_equal(out.view(np.uint8), want.view(np.uint8))
         np.testing.assert_array_equal(got_offset.view(np.uint8), offset.view(np.uint8))
+        # soft sort's forward keeps no offsets: the same values
+        out = _ladder_forward(xs, alpha, out_dtype, keep=False)[0]
+        np.testing.assert_array_equal(out.view(np.uint8), want.view(np.uint8))
         # without the values, the anchors stay where the counts were
         counts = np.empty((rows, n), np.int32 if out_dtype == np.float32 else np.int64)
         plain, kept = counts.view(out_dtype), np.empty((rows, n))
-        wide_row = kept if xs.dtype == np.float32 else xs
         work = core.workspace(rows, core.sort.LADDER_WORK, n)
+        wide_row = work.reshape(rows, -1) if xs.dtype == np.float32 else xs
         core.sort.ladder_forward(xs, alpha, plain, counts, kept, wide_row, work, False)
         np.testing.assert_array_equal(counts, anchor)
         np.testing.assert_array_equal(kept.view(np.uint8), offset.view(np.uint8))
@@ -279,15 +286,17 @@ def test_ladder_kernels_equal_sort_forward_and_inverse_vjp_bitwise(rng, kind, sh
     u = rng.normal(size=(rows, n))
     u[:, ::5] = 0.0  # skipped targets
     x_bar, alpha_bar = _inverse_vjp(wide, order, alpha, anchor, offset, u)
-    got, got_alpha, redo = _ladder_vjp(xs, order, alpha, got_offset, u)
-    assert not redo.any()
-    np.testing.assert_array_equal(got, x_bar)
-    np.testing.assert_array_equal(got_alpha, alpha_bar)
     u32 = u.astype(np.float32)
-    x_bar, alpha_bar = _inverse_vjp(wide, order, alpha, anchor, offset, u32.astype(np.float64))
-    got, got_alpha, redo = _ladder_vjp(xs, order, alpha, got_offset, u32, np.float32)
-    np.testing.assert_array_equal(got.view(np.int32), x_bar.astype(np.float32).view(np.int32))
-    np.testing.assert_array_equal(got_alpha, alpha_bar)
+    x_bar32, alpha_bar32 = _inverse_vjp(wide, order, alpha, anchor, offset, u32.astype(np.float64))
+    for kept in (got_offset, None):  # the forward pass's offsets, or solved again
+        got, got_alpha, redo = _ladder_vjp(xs, order, alpha, kept, u)
+        assert not redo.any()
+        np.testing.assert_array_equal(got, x_bar)
+        np.testing.assert_array_equal(got_alpha, alpha_bar)
+        got, got_alpha, redo = _ladder_vjp(xs, order, alpha, kept, u32, np.float32)
+        want = x_bar32.astype(np.float32).view(np.int32)
+        np.testing.assert_array_equal(got.view(np.int32), want)
+        np.testing.assert_array_equal(got_alpha, alpha_bar32)
 
 
 @pytest.mark.parametrize("zeros", ["head", "tail", "middle", "all"])
@@ -302,24 +311,36 @@ def test_ladder_vjp_with_zero_cotangents_leaves_no_table_values(rng, zeros):
     part = {"head": np.s_[:, : n - 3], "tail": np.s_[:, 3:], "middle": np.s_[:, 50:450]}
     u[part.get(zeros, np.s_[:, :])] = 0.0
     want, want_alpha = _inverse_vjp(xs, order, alpha, anchor, offset, u)
-    got, got_alpha, redo = _ladder_vjp(xs, order, alpha, offset, u)
-    assert not redo.any()
-    np.testing.assert_array_equal(got, want)
-    np.testing.assert_array_equal(got_alpha, want_alpha)
+    for kept in (offset, None):  # the forward pass's offsets, or solved again
+        got, got_alpha, redo = _ladder_vjp(xs, order, alpha, kept, u)
+        assert not redo.any()
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got_alpha, want_alpha)
 
 
-def test_ladder_vjp_hands_back_a_row_with_an_injection_beyond_its_window(rng):
-    # a target moved above a block of 40 points (its offset made larger): the first point at
-    # or above it is far beyond the window of injections, so the row is handed back
-    n = 200
-    x = np.sort(rng.normal(size=n))
-    xs, order = np.stack([x, x]), np.stack([np.arange(n), np.arange(n)])
-    alpha = np.array([0.05, 0.05])
-    offset = _ladder_forward(xs, alpha)[1]
-    q = 100
-    offset[0, q] += (x[q + 40] - x[q]) / 0.05
-    got, got_alpha, redo = _ladder_vjp(xs, order, alpha, offset, rng.normal(size=(2, n)))
-    assert list(redo) == [1, 0]
+def test_ladder_injection_beyond_the_window_is_refused():
+    # ladder_vjp hands a row back (redo) when a tie's injection would land beyond the window
+    # of injections (a safety net: solved offsets put the point at or above a target at its
+    # right point): _inject_in_window then refuses it and injects nothing
+    import numba
+
+    @numba.njit
+    def inject(r, t, win_up, win_down, B, Bd):
+        # (inv_alpha 1, ra = r[0], no shift, cotangent 1, from point 0, F = 0)
+        inject_in_window = core.sort._inject_in_window
+        return inject_in_window(r, 1.0, r[0], t, 0.0, 1.0, 0, 0, B, Bd, win_up, win_down)
+
+    r = np.arange(100.0)
+    window = core.sort.WINDOW
+    for t, inside in ((5.5, True), (window - 1.5, True), (window - 0.5, False), (40.0, False)):
+        win_up, win_down, B, Bd = np.zeros(window), np.zeros(window), np.zeros(100), np.zeros(100)
+        assert inject(r, t, win_up, win_down, B, Bd) == inside
+        if inside:  # the points at and below the target: slots of the window
+            i = int(np.ceil(t))
+            assert win_up[i % window] > 0.0 and win_down[(i - 1) % window] > 0.0
+            assert np.count_nonzero(win_up) == 1 and np.count_nonzero(win_down) == 1
+        else:
+            assert not (win_up.any() or win_down.any() or B.any() or Bd.any())
 
 
 @pytest.mark.parametrize("shape, row", [((3, 60), 1), ((1, 60), 0), ((60,), 0)])
@@ -378,6 +399,32 @@ def test_soft_sort_residuals_and_jvp_solve_the_anchors_again(rng, dtype):
     plus = softorder.soft_sort(x.astype(np.float64) + h * tangent, alpha=0.2)
     minus = softorder.soft_sort(x.astype(np.float64) - h * tangent, alpha=0.2)
     np.testing.assert_allclose(jvp, (plus - minus) / (2 * h), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("descending", [False, True])
+def test_soft_sort_of_long_rows_keeps_no_offsets(rng, monkeypatch, dtype, descending):
+    # rows of SOLVE_AGAIN_N or more: the forward pass keeps no offsets and the VJP solves
+    # them again, the same gradients to the bit (rows made "long" here by lowering the
+    # bound: the kernels do not look at it)
+    from softorder._engine.autodiff import rule_named
+
+    x = rng.normal(size=(3, 200)).astype(dtype)
+    x[1, 50:90] = x[1, 50]  # ties
+    x[2, 7] = np.inf
+    u = rng.normal(size=x.shape).astype(dtype)
+    alpha = np.array([[0.01], [0.3], [30.0]])
+    want = softorder.vjp(softorder.soft_sort, x, alpha=alpha, descending=descending)
+    monkeypatch.setattr(core.sort, "SOLVE_AGAIN_N", 200)
+    rule = rule_named("soft_sort")
+    ctx = rule.prepare(x=x, alpha=alpha, axis=-1, descending=descending)
+    rule.forward(ctx)
+    assert "offset" not in ctx.saved
+    got = softorder.vjp(softorder.soft_sort, x, alpha=alpha, descending=descending)
+    np.testing.assert_array_equal(got[0], want[0])
+    for g, w in zip(got[1](u), want[1](u), strict=True):
+        assert g.dtype == w.dtype
+        np.testing.assert_array_equal(np.asarray(g).view(np.uint8), np.asarray(w).view(np.uint8))
 
 
 @pytest.mark.parametrize("kind", ["normal", "ties", "infinite", "spread", "clusters"])
@@ -539,17 +586,18 @@ def test_ladder_vjp_blocks_equal_inverse_vjp_bitwise(rng, kind, n, scale):
     u = rng.normal(size=(3, n))
     u[:, ::7] = 0.0
     x_bar, alpha_bar = _inverse_vjp(xs, order, alpha, anchor, offset, u)
-    got, got_alpha, redo = _ladder_vjp(xs, order, alpha, offset, u)
-    done = redo == 0
-    np.testing.assert_array_equal(got[done].view(np.uint64), x_bar[done].view(np.uint64))
-    np.testing.assert_array_equal(got_alpha[done], alpha_bar[done])
     u32 = u.astype(np.float32)
-    x_bar, alpha_bar = _inverse_vjp(xs, order, alpha, anchor, offset, u32.astype(np.float64))
-    got, got_alpha, redo = _ladder_vjp(xs, order, alpha, offset, u32, np.float32)
-    done = redo == 0
-    want = x_bar.astype(np.float32)[done].view(np.int32)
-    np.testing.assert_array_equal(got[done].view(np.int32), want)
-    np.testing.assert_array_equal(got_alpha[done], alpha_bar[done])
+    x_bar32, alpha_bar32 = _inverse_vjp(xs, order, alpha, anchor, offset, u32.astype(np.float64))
+    for kept in (offset, None):  # the forward pass's offsets, or solved again
+        got, got_alpha, redo = _ladder_vjp(xs, order, alpha, kept, u)
+        done = redo == 0
+        np.testing.assert_array_equal(got[done].view(np.uint64), x_bar[done].view(np.uint64))
+        np.testing.assert_array_equal(got_alpha[done], alpha_bar[done])
+        got, got_alpha, redo = _ladder_vjp(xs, order, alpha, kept, u32, np.float32)
+        done = redo == 0
+        want = x_bar32.astype(np.float32)[done].view(np.int32)
+        np.testing.assert_array_equal(got[done].view(np.int32), want)
+        np.testing.assert_array_equal(got_alpha[done], alpha_bar32[done])
 
 
 def test_other_target_weights_give_a_usual_target_its_weights(rng):

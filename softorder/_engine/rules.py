@@ -435,6 +435,14 @@ def _same_row(ctx: Context, row: np.ndarray) -> np.ndarray:
     return ctx.backend.tile_rows(row, ctx.rows.rows)
 
 
+def _ladder_wide(xs: np.ndarray, work: np.ndarray) -> np.ndarray:
+    """The ``wide`` rows of :func:`~softorder.core.sort.ladder_forward`: ``xs`` itself when
+    float64; for float32 ``xs``, ``work`` seen as (rows, ``LADDER_WORK * n``), whose row of
+    ``B`` takes each widened row (no array beside the scratch).
+    """
+    return xs if xs.dtype != _F32 else work.reshape(xs.shape[0], -1)
+
+
 def _signed(ctx: Context, a):
     """``sign * a`` of the sorted variable ``r = sign * x``: ``a`` itself for ascending rows
     (the kernels only read it; a copy was one more array of n per call).
@@ -446,9 +454,10 @@ class SortRule(InverseRule):
     """Soft sort. On the CPU (rows shorter than 2**31) the forward pass keeps each target's
     offset but not its anchor (:func:`~softorder.core.sort.ladder_forward`), which the VJP
     counts again (:func:`~softorder.core.sort.ladder_vjp`, also after a restore from
-    residuals); the anchors are solved (:meth:`_solved_targets`, by the forward kernel) only
-    where they are handed out or read: the bridges' residuals, the JVP, rows the ladder VJP
-    hands back.
+    residuals); rows of :data:`~softorder.core.sort.SOLVE_AGAIN_N` or more keep no offsets
+    either, which the VJP solves again. Anchors and offsets are solved
+    (:meth:`_solved_targets`, by the forward kernel) where they are handed out or read: the
+    bridges' residuals, the JVP, rows the ladder VJP hands back.
     """
 
     differentiable = ("x", "alpha")
@@ -501,8 +510,12 @@ class SortRule(InverseRule):
             else:
                 out = np.empty(shape)
                 counts = out.view(_I64)
-            ctx.saved["offset"] = offset = np.empty(shape)
-            wide = offset if xs.dtype == _F32 else xs
+            # long rows keep no offsets: ladder_vjp solves them again (8 bytes per element)
+            keep = rows.n < core.sort.SOLVE_AGAIN_N
+            offset = np.empty(shape if keep else (shape[0], 0))
+            if keep:
+                ctx.saved["offset"] = offset
+            wide = _ladder_wide(xs, work)
             core.sort.ladder_forward(xs, ctx.alpha, out, counts, offset, wide, work, True)
             if rows.sign < 0:  # _signed's product, in place: no copy beside the scratch
                 np.multiply(out, rows.sign, out=out)
@@ -527,16 +540,16 @@ class SortRule(InverseRule):
         anchor, offset = np.empty(shape, np.int32 if narrow else np.int64), np.empty(shape)
         values = anchor.view(np.float32 if narrow else np.float64)
         work = np.empty((shape[0], core.sort.LADDER_WORK, max(shape[1], 1)))
-        wide = offset if narrow else xs
-        core.sort.ladder_forward(xs, alpha, values, anchor, offset, wide, work, False)
+        core.sort.ladder_forward(
+            xs, alpha, values, anchor, offset, _ladder_wide(xs, work), work, False
+        )
         return xs, alpha, anchor, offset
 
     def residuals(self, ctx):
         s = ctx.saved
         if ctx.kernels is core and "anchor" not in s:
-            offset = s.pop("offset")  # (residual_names' order: anchor, then offset)
-            s["anchor"] = self._solved_targets(ctx)[2]
-            s["offset"] = offset
+            s.pop("offset", None)  # (residual_names' order: anchor, then offset)
+            s["anchor"], s["offset"] = self._solved_targets(ctx)[2:]
         return super().residuals(ctx)
 
     def vjp(self, ctx, cotangent):
@@ -566,11 +579,12 @@ class SortRule(InverseRule):
             counts = x_bar.view(_I32 if v is not None else _I64)
             redo = np.empty(rows.rows, _U8)
             work = ctx.work(core.sort.LADDER_WORK)
+            offset = s.get("offset")  # (none kept: solved again)
             core.sort.ladder_vjp(
                 rows.xs,
                 rows.order,
                 ctx.alpha,
-                s["offset"],
+                np.empty((rows.rows, 0)) if offset is None else offset,
                 u,
                 x_bar,
                 counts,
@@ -622,15 +636,18 @@ class SortRule(InverseRule):
         rows, s = ctx.rows, ctx.saved
         cpu = ctx.kernels is core
         solved = cpu and "anchor" not in s
+        kept = s.get("offset")
         if solved:  # for this call only: the forward pass's memory stays what it was
-            s["anchor"] = self._solved_targets(ctx)[2]
+            s["anchor"], s["offset"] = self._solved_targets(ctx)[2:]
         if cpu:
             self._widened(ctx)  # (inverse_jvp reads float64 rows)
         try:
             out = self._pushforward(ctx, tangents, ctx.zeros(rows.xs.shape))
         finally:
             if solved:
-                del s["anchor"]
+                del s["anchor"], s["offset"]
+                if kept is not None:
+                    s["offset"] = kept
         return rows.to_user(_signed(ctx, out), "row")
 
 

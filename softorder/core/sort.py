@@ -547,12 +547,16 @@ def _carry_beside(E, rbar, up_at, up, by_point, S):
     E[0] = rbar[0] + S[0]
 
 
-# --- soft sort's CPU passes with each target's offset kept and its anchor counted again (issue
-# 13: memory)
+# --- soft sort's CPU passes: nothing kept between them, the VJP counting the anchors and
+# solving the offsets again (issue 13: memory)
 
 #: rows of scratch of :func:`ladder_forward` (E, A, B) and of :func:`ladder_vjp` (E, B, Bd;
 #: the injections go into the rows of B and Bd behind the ascending targets)
 LADDER_WORK = 3
+#: rows at least this long keep no offsets from soft sort's forward pass: :func:`ladder_vjp`
+#: solves them again (8 bytes per element less between the passes, for about a third more
+#: time in the VJP, which shorter rows, whose time is nearer its target, do not pay)
+SOLVE_AGAIN_N = 1 << 16
 #: injections kept aside while their points' ``B``, ``Bd`` may still be read
 #: (:func:`_ladder_pullback`): a power of 2, moved into the rows BATCH at a time
 WINDOW = 16
@@ -683,53 +687,88 @@ def ladder_anchor(n, w, J):
     return an if J < n else n - 1
 
 
+@inner_helper
+def _ladder_ratio(J, n, w, a, b, e, d):
+    """:func:`~softorder.core.lapsum.solve_ladder`'s operations for the target ``w`` in
+    interval ``J`` of a row of ``n``, from scalars (an inlined helper taking the tables
+    would pay their reference counting at every target): ``a = A[J - 1]`` (for ``J > 0``),
+    ``b = B[J]`` (for ``J < n``), ``e = E[J]`` and ``d = gap(r[J], r[J - 1]) / alpha``
+    (read only for ``e < SMALL_E``). Returns ``(code, t)``: a ratio ``t`` and its anchor as
+    the code, whose log :data:`~softorder.core.fast_log.take_logs` takes, or a final offset
+    ``t`` with the code ``-1 - anchor``. :func:`_ladder_values` and :func:`_ladder_pullback`
+    both solve with it, so the same offsets to the bit.
+    """
+    if J == 0:
+        return -1, math.log(2.0 * w / b)
+    if J == n:
+        return -n, -math.log(2.0 * (n - w) / a)
+    if e < SMALL_E:
+        an, t = invert_far(a, b, d, w - J, J)
+        return -1 - an, t
+    c = w - J
+    d = math.sqrt(c * c + a * b * e)
+    up = c >= 0.0
+    num = c + d if up else a
+    den = b if up else d - c
+    an = J if up else J - 1
+    t = num / den
+    if not (t >= fast_log.TINY and t < INF):  # (never: A, B >= 1, E >= SMALL_E)
+        return -1 - an, math.log(t)
+    return an, t
+
+
 @helper
 def _ladder_values(r, alpha, inv_alpha, E, A, B, w0, counts, offset, out, values):
-    """The targets ``w0 + q`` of one row from their counts (:func:`prefix_counts`):
-    :func:`~softorder.core.lapsum.solve_ladder`'s operations (its logs in a pass of their
-    own, :data:`~softorder.core.fast_log.take_logs`), each offset into ``offset[q]`` and its
-    anchor over its count, then, with ``values``, in a pass of its own as in
-    ``solve_ladder``, its value :func:`~softorder.core.lapsum.target_position` into
-    ``out[q]`` (rounded once for a float32 ``out``). ``counts`` may be ``out`` itself seen as
-    integers: each slot is read before it is written.
+    """The targets ``w0 + q`` of one row from their counts (:func:`prefix_counts`): each
+    one's anchor and offset (:func:`_ladder_ratio`, the logs in a pass of their own,
+    :data:`~softorder.core.fast_log.take_logs`), then, with ``values``, its value
+    :func:`~softorder.core.lapsum.target_position` into ``out[q]`` (rounded once for a
+    float32 ``out``), else its anchor into ``counts[q]``. ``counts`` may be ``out`` itself
+    seen as integers: each slot is read before it is written.
+
+    The offsets go into ``offset`` where it has a slot per target (``sort_forward``'s, and
+    what :func:`ladder_vjp` reads); where it is empty (long rows: the VJP solves them
+    again), the targets come :data:`TBLOCK` at a time, their anchors and offsets on the
+    stack (a pass over the whole row, as with ``offset``, measured faster where it can).
     """
     n = r.shape[0]
     m = out.shape[0]
     J = 0
-    for q in range(m):
-        J += counts[q]
-        uJ = np.uint64(J)  # (0 < J < n below; unsigned: no wraparound)
-        w = w0 + q
-        # a final offset gets the anchor -1 - anchor, a ratio the anchor (fast_log.take_logs)
-        if J == 0:
-            an = -1
-            t = math.log(2.0 * w / B[0])
-        elif J == n:
-            an = -n
-            t = -math.log(2.0 * (n - w) / A[n - 1])
-        elif E[uJ] < SMALL_E:
-            d = gap(np.float64(r[uJ]), np.float64(r[uJ - np.uint64(1)]))
-            an, t = invert_far(A[uJ - np.uint64(1)], B[uJ], d * inv_alpha, w - J, J)
-            an = -1 - an
-        else:
-            c = w - J
-            a = A[uJ - np.uint64(1)]
-            b = B[uJ]
-            d = math.sqrt(c * c + a * b * E[uJ])
-            up = c >= 0.0
-            num = c + d if up else a
-            den = b if up else d - c
-            an = J if up else J - 1
-            t = num / den
-            if not (t >= fast_log.TINY and t < INF):  # (never: A, B >= 1, E >= SMALL_E)
-                an = -1 - an
-                t = math.log(t)
-        counts[q] = an
-        offset[q] = t
-    fast_log.take_logs(counts, offset)
-    if values:
+    if offset.shape[0] == m:
         for q in range(m):
-            out[q] = target_position(r, alpha, counts[q], offset[q])
+            J += counts[q]
+            # (indices that are never negative as unsigned: no wraparound to compile)
+            uJ = np.uint64(J if J < n else n - 1)
+            e = E[uJ] if J > 0 else 0.0
+            far = (e < SMALL_E) & (J > 0) & (J < n)
+            d = gap(np.float64(r[uJ]), np.float64(r[uJ - np.uint64(1)])) if far else 0.0
+            a = A[np.uint64(J - 1)] if J > 0 else 1.0
+            counts[q], offset[q] = _ladder_ratio(J, n, w0 + q, a, B[uJ], e, d * inv_alpha)
+        fast_log.take_logs(counts, offset)
+        if values:
+            for q in range(m):
+                out[q] = target_position(r, alpha, counts[q], offset[q])
+        return
+    codes = stack_rows(1, TBLOCK, np.int64)[0]
+    ratios = stack_rows(1, TBLOCK, np.float64)[0]
+    for q0 in range(0, m, TBLOCK):
+        kn = TBLOCK if m - q0 >= TBLOCK else m - q0
+        for k in range(kn):
+            q = q0 + k
+            J += counts[q]
+            uJ = np.uint64(J if J < n else n - 1)
+            e = E[uJ] if J > 0 else 0.0
+            far = (e < SMALL_E) & (J > 0) & (J < n)
+            d = gap(np.float64(r[uJ]), np.float64(r[uJ - np.uint64(1)])) if far else 0.0
+            a = A[np.uint64(J - 1)] if J > 0 else 1.0
+            codes[k], ratios[k] = _ladder_ratio(J, n, w0 + q, a, B[uJ], e, d * inv_alpha)
+        fast_log.take_logs(codes[:kn], ratios[:kn])
+        for k in range(kn):
+            q = q0 + k
+            if values:
+                out[q] = target_position(r, alpha, codes[k], ratios[k])
+            else:
+                counts[q] = codes[k]
 
 
 @kernel
@@ -737,13 +776,16 @@ def ladder_forward(xs, alpha, out, counts, offset, wide, work, values):
     """Soft sort (:func:`~softorder.core.lapsum.sort_forward`'s values and offsets, the same
     to the bit) without anchors: ``out`` (rows, n) float32 or float64, ``counts`` the same
     memory seen as integers of its width (int32 or int64: each row's counts, then its
-    anchors wait in its slots, :func:`_ladder_values`), ``offset`` (rows, n), ``work`` (rows,
-    :data:`LADDER_WORK`, n). The VJP (:func:`ladder_vjp`) counts the anchors again. Without
-    ``values`` the anchors stay in ``counts`` (``sort_forward``'s, for what reads them).
+    anchors wait in its slots, :func:`_ladder_values`), ``offset`` (rows, n) for the
+    offsets, or (rows, 0) for none (soft sort's forward: :func:`ladder_vjp` computes them
+    again), ``work`` (rows, :data:`LADDER_WORK`, n). The VJP counts the anchors again.
+    Without ``values`` the anchors stay in ``counts`` (``sort_forward``'s, for what reads
+    them).
 
     ``xs`` may be float32 (a float32 input's sorted values: each one widens exactly, so the
-    results are a float64 row's): ``wide`` is then ``offset``, into which each row is
-    widened for the prefix sums before the offsets overwrite it; for float64 ``xs`` it is
+    results are a float64 row's): ``wide`` is then ``work`` seen as (rows,
+    ``LADDER_WORK * n``), whose last ``n`` slots of a row (the row of ``B``) take the widened
+    row for the decays before :func:`prefix_counts` writes ``B``; for float64 ``xs`` it is
     ``xs`` itself.
     """
     rows, n = xs.shape
@@ -756,7 +798,7 @@ def ladder_forward(xs, alpha, out, counts, offset, wide, work, values):
                 counts[row, :] = 0  # (sort_forward's anchors of a NaN row)
             offset[row, :] = np.nan
             continue
-        rw = wide[row]
+        rw = wide[row, wide.shape[1] - n :]
         if xs.itemsize == 4:
             for i in range(n):
                 rw[i] = r[i]
@@ -772,17 +814,19 @@ def ladder_forward(xs, alpha, out, counts, offset, wide, work, values):
 
 @kernel
 def ladder_vjp(xs, order, alpha, offset, u, x_bar, counts, alpha_bar, work, redo):
-    """Soft sort's VJP (:func:`sort_vjp`'s values, the same to the bit) from the offsets of
-    :func:`ladder_forward`, its anchors counted again (:func:`descending_counts`,
-    :func:`ladder_anchor`). ``u`` (rows, n) float32 or float64, ``x_bar`` (rows, n) of the
-    same dtype, never ``u``; ``counts``: ``x_bar``'s memory seen as integers of its width
-    (the counts wait there until the gradient is scattered into it); ``work`` (rows,
-    :data:`LADDER_WORK`, n): ``E``, ``B``, ``Bd`` (:func:`descending_counts`), then the
-    injections in the rows of ``B`` and ``Bd`` (:func:`_ladder_pullback`), then their
-    carried sums (:func:`~softorder.core.kernel_sums.carry_both_ways`), whose totals are
-    scattered into ``x_bar``. A row whose ties throw an injection beyond the window gets
-    ``redo[row] = 1`` and an unwritten ``x_bar`` row: the caller runs :func:`sort_vjp` on it
-    (a kernel compiled only when a row needs it).
+    """Soft sort's VJP (:func:`sort_vjp`'s values, the same to the bit) with the anchors of
+    :func:`ladder_forward` counted again (:func:`descending_counts`), and its offsets read
+    from ``offset`` (rows, n) or, where it has no columns, solved again
+    (:func:`_ladder_pullback`). ``u`` (rows, n) float32
+    or float64, ``x_bar`` (rows, n) of the same dtype, never ``u``; ``counts``: ``x_bar``'s
+    memory seen as integers of its width (the counts wait there until the gradient is
+    scattered into it); ``work`` (rows, :data:`LADDER_WORK`, n): ``E``, ``B``, ``Bd``
+    (:func:`descending_counts`), then the injections in the rows of ``B`` and ``Bd``
+    (:func:`_ladder_pullback`), then their carried sums
+    (:func:`~softorder.core.kernel_sums.carry_both_ways`), whose totals are scattered into
+    ``x_bar``. A row whose ties throw an injection beyond the window gets ``redo[row] = 1``
+    and an unwritten ``x_bar`` row: the caller runs :func:`sort_vjp` on it (a kernel
+    compiled only when a row needs it).
 
     ``xs`` may be float32 (:func:`ladder_forward`): :func:`descending_counts` widens each
     value as it reads it.
@@ -818,7 +862,7 @@ def ladder_vjp(xs, order, alpha, offset, u, x_bar, counts, alpha_bar, work, redo
 
 @helper
 def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
-    """:func:`_sort_pullback` of the targets ``w0 + q`` anchored from their counts, with the
+    """:func:`_sort_pullback` of the targets ``w0 + q`` solved from their counts, with the
     injections in the rows of ``B`` (upward) and ``Bd`` (downward) instead of rows of their
     own, and ``A``, ``Ad`` computed :data:`BATCH` points at a time and kept for
     :data:`WINDOW` points. Returns ``(alpha_bar, done)``.
@@ -833,8 +877,12 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
     sends an injection beyond the window stops the loop with ``done`` false (``B``, ``Bd``
     then hold neither tables nor injections).
 
-    The targets come :data:`TBLOCK` at a time, in three passes: the first reads what each
-    needs at its points into the block's rows; the second computes the usual target's
+    The targets come :data:`TBLOCK` at a time, in three passes: the first takes each one's
+    offset from ``offset`` (its anchor :func:`ladder_anchor`), or, where ``offset`` is
+    empty, solves it as :func:`_ladder_values` does (:func:`_ladder_ratio`: from ``A`` at
+    ``J - 1``, by its recurrence, and ``E`` and ``B`` at ``J``, which no injection has
+    reached: the same anchors and offsets to the bit), then reads what each needs at its
+    points into the block's rows; the second computes the usual target's
     weights from those rows alone (:func:`_usual_weights`: no reads beside them, so LLVM
     vectorizes it), with the terms of ``G`` and ``Z`` at ``R`` (``B[R]`` and ``Bd[R]`` are
     read ahead before the injections of the block's earlier targets overwrite a slot, but
@@ -865,16 +913,44 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
     ad = 0.0
     lo = np.float64(r[0])  # r[P - 1] once P > 0
     alpha_bar = 0.0
+    codes = stack_rows(1, TBLOCK, np.int64)[0]
+    ratios = stack_rows(1, TBLOCK, np.float64)[0]
+    PA = 0  # A is known at the points up to PA - 1 (pa_win: from PA - WINDOW on)
+    pa_win = empty((WINDOW,), np.float64)
+    pa = 1.0
     J = 0
+    keep = offset.shape[0] == n
     for q0 in range(0, n, TBLOCK):
         kn = TBLOCK if n - q0 >= TBLOCK else n - q0
-        for k in range(kn):  # each target's points and the values there
-            q = q0 + k
-            # (indices that are never negative as unsigned: no wraparound to compile)
-            uq = np.uint64(q)
-            J += counts[uq]
-            an = ladder_anchor(n, w0 + q, J)
-            _target_points(r, B, Bd, an, offset[uq], k, left, b_t, b_ra, b_rl, b_rr, b_br, b_bdr)
+        if keep:
+            for k in range(kn):  # each target's points and the values there
+                q = q0 + k
+                # (indices that are never negative as unsigned: no wraparound to compile)
+                uq = np.uint64(q)
+                J += counts[uq]
+                an = ladder_anchor(n, w0 + q, J)
+                t = offset[uq]
+                _target_points(r, B, Bd, an, t, k, left, b_t, b_ra, b_rl, b_rr, b_br, b_bdr)
+        else:
+            for k in range(kn):  # each target solved (_ladder_values' operations)
+                q = q0 + k
+                J += counts[np.uint64(q)]
+                while PA < J:  # A up to J - 1, BATCH points at a time (_moments_up_to's A)
+                    for i in range(PA, PA + BATCH):
+                        if i < n:
+                            pa = 1.0 + E[np.uint64(i)] * pa if i > 0 else 1.0
+                            pa_win[i & mask] = pa
+                    PA += BATCH
+                uJ = np.uint64(J if J < n else n - 1)
+                eJ = E[uJ] if J > 0 else 0.0
+                far = (eJ < SMALL_E) & (J > 0) & (J < n)
+                dJ = gap(np.float64(r[uJ]), np.float64(r[uJ - np.uint64(1)])) if far else 0.0
+                aJ = pa_win[(J - 1) & mask] if J > 0 else 1.0
+                codes[k], ratios[k] = _ladder_ratio(J, n, w0 + q, aJ, B[uJ], eJ, dJ * inv_alpha)
+            fast_log.take_logs(codes[:kn], ratios[:kn])
+            for k in range(kn):  # each target's points and the values there
+                an, t = codes[k], ratios[k]
+                _target_points(r, B, Bd, an, t, k, left, b_t, b_ra, b_rl, b_rr, b_br, b_bdr)
         _usual_weights(
             alpha, inv_alpha, b_t, b_ra, b_rl, b_rr, b_br, b_bdr, b_el, b_er, b_zl, b_gr, b_zr
         )
