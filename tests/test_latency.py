@@ -105,6 +105,21 @@ def test_precompile_covers_what_calls_need(tmp_path):
     assert "compiling" not in second.stderr
 
 
+def test_precompile_compiles_soft_sorts_long_rows(monkeypatch):
+    """Rows of ``core.sort.SOLVE_AGAIN_N`` or more keep no offsets: their forward and VJP are
+    specializations of their own (no ``offset``), which ``precompile`` compiles too (the
+    bound lowered here so that its row is short).
+    """
+    import softorder
+    from softorder import core
+
+    monkeypatch.setattr(core.sort, "SOLVE_AGAIN_N", 16)
+    softorder.precompile("soft_sort", progress=False)
+    for kernel, at in ((core.sort.ladder_forward, 4), (core.sort.ladder_vjp, 3)):
+        kinds = {str(signature[at]) for signature in kernel.serial.signatures}
+        assert "none" in kinds and any(k.startswith("array(float64") for k in kinds), kinds
+
+
 def test_precompile_takes_one_name_and_refuses_bad_arguments():
     import softorder
 

@@ -231,11 +231,14 @@ def _ladder_forward(xs, alpha, out_dtype=np.float64, keep=True):
     float64; without ``keep``, the offsets' array has no columns: soft sort's forward).
     """
     rows, n = xs.shape
-    out, offset = np.empty((rows, n), out_dtype), np.empty((rows, n if keep else 0))
+    out = np.empty((rows, n), out_dtype)
+    offset, ratios = (
+        (np.empty((rows, n)), None) if keep else (None, np.empty((rows, core.sort.TBLOCK)))
+    )
     counts = out.view(np.int32 if out_dtype == np.float32 else np.int64)
     work = core.workspace(rows, core.sort.LADDER_WORK, n)
     wide = work.reshape(rows, -1) if xs.dtype == np.float32 else xs
-    core.sort.ladder_forward(xs, alpha, out, counts, offset, wide, work, True)
+    core.sort.ladder_forward(xs, alpha, out, counts, offset, ratios, wide, work, True)
     return out, offset
 
 
@@ -248,8 +251,8 @@ def _ladder_vjp(xs, order, alpha, offset, u, x_bar_dtype=np.float64):
     counts = x_bar.view(np.int32 if x_bar_dtype == np.float32 else np.int64)
     work = core.workspace(rows, core.sort.LADDER_WORK, n)
     redo = np.empty(rows, np.uint8)
-    offset = np.empty((rows, 0)) if offset is None else offset
-    core.sort.ladder_vjp(xs, order, alpha, offset, u, x_bar, counts, alpha_bar, work, redo)
+    ring = np.empty((rows, core.sort.WINDOW)) if offset is None else None
+    core.sort.ladder_vjp(xs, order, alpha, offset, ring, u, x_bar, counts, alpha_bar, work, redo)
     return x_bar, alpha_bar, redo
 
 
@@ -279,7 +282,7 @@ def test_ladder_kernels_equal_sort_forward_and_inverse_vjp_bitwise(rng, kind, sh
         plain, kept = counts.view(out_dtype), np.empty((rows, n))
         work = core.workspace(rows, core.sort.LADDER_WORK, n)
         wide_row = work.reshape(rows, -1) if xs.dtype == np.float32 else xs
-        core.sort.ladder_forward(xs, alpha, plain, counts, kept, wide_row, work, False)
+        core.sort.ladder_forward(xs, alpha, plain, counts, kept, None, wide_row, work, False)
         np.testing.assert_array_equal(counts, anchor)
         np.testing.assert_array_equal(kept.view(np.uint8), offset.view(np.uint8))
     anchor = anchor.astype(np.int64)  # (inverse_vjp's type)

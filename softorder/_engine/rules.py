@@ -511,12 +511,13 @@ class SortRule(InverseRule):
                 out = np.empty(shape)
                 counts = out.view(_I64)
             # long rows keep no offsets: ladder_vjp solves them again (8 bytes per element)
-            keep = rows.n < core.sort.SOLVE_AGAIN_N
-            offset = np.empty(shape if keep else (shape[0], 0))
-            if keep:
-                ctx.saved["offset"] = offset
+            offset = ratios = None  # (exactly one: each a specialization of the kernel)
+            if rows.n < core.sort.SOLVE_AGAIN_N:
+                ctx.saved["offset"] = offset = np.empty(shape)
+            else:
+                ratios = np.empty((shape[0], core.sort.TBLOCK))
             wide = _ladder_wide(xs, work)
-            core.sort.ladder_forward(xs, ctx.alpha, out, counts, offset, wide, work, True)
+            core.sort.ladder_forward(xs, ctx.alpha, out, counts, offset, ratios, wide, work, True)
             if rows.sign < 0:  # _signed's product, in place: no copy beside the scratch
                 np.multiply(out, rows.sign, out=out)
             return rows.to_user(out, "row")
@@ -540,9 +541,8 @@ class SortRule(InverseRule):
         anchor, offset = np.empty(shape, np.int32 if narrow else np.int64), np.empty(shape)
         values = anchor.view(np.float32 if narrow else np.float64)
         work = np.empty((shape[0], core.sort.LADDER_WORK, max(shape[1], 1)))
-        core.sort.ladder_forward(
-            xs, alpha, values, anchor, offset, _ladder_wide(xs, work), work, False
-        )
+        wide = _ladder_wide(xs, work)
+        core.sort.ladder_forward(xs, alpha, values, anchor, offset, None, wide, work, False)
         return xs, alpha, anchor, offset
 
     def residuals(self, ctx):
@@ -579,12 +579,14 @@ class SortRule(InverseRule):
             counts = x_bar.view(_I32 if v is not None else _I64)
             redo = np.empty(rows.rows, _U8)
             work = ctx.work(core.sort.LADDER_WORK)
-            offset = s.get("offset")  # (none kept: solved again)
+            offset = s.get("offset")  # (none kept: solved again, A's window in ring)
+            ring = np.empty((rows.rows, core.sort.WINDOW)) if offset is None else None
             core.sort.ladder_vjp(
                 rows.xs,
                 rows.order,
                 ctx.alpha,
-                np.empty((rows.rows, 0)) if offset is None else offset,
+                offset,
+                ring,
                 u,
                 x_bar,
                 counts,

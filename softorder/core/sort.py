@@ -547,15 +547,15 @@ def _carry_beside(E, rbar, up_at, up, by_point, S):
     E[0] = rbar[0] + S[0]
 
 
-# --- soft sort's CPU passes: nothing kept between them, the VJP counting the anchors and
-# solving the offsets again (issue 13: memory)
+# --- soft sort's CPU passes: the VJP counts the anchors again, and reads the offsets the
+# forward pass kept or, for long rows, solves them again (issue 13: memory)
 
 #: rows of scratch of :func:`ladder_forward` (E, A, B) and of :func:`ladder_vjp` (E, B, Bd;
 #: the injections go into the rows of B and Bd behind the ascending targets)
 LADDER_WORK = 3
 #: rows at least this long keep no offsets from soft sort's forward pass: :func:`ladder_vjp`
-#: solves them again (8 bytes per element less between the passes, for about a third more
-#: time in the VJP, which shorter rows, whose time is nearer its target, do not pay)
+#: solves them again (8 bytes per element less between the passes, for more time in the VJP,
+#: which shorter rows, whose time is nearer its target, do not pay: CHANGELOG.md)
 SOLVE_AGAIN_N = 1 << 16
 #: injections kept aside while their points' ``B``, ``Bd`` may still be read
 #: (:func:`_ladder_pullback`): a power of 2, moved into the rows BATCH at a time
@@ -718,7 +718,7 @@ def _ladder_ratio(J, n, w, a, b, e, d):
 
 
 @helper
-def _ladder_values(r, alpha, inv_alpha, E, A, B, w0, counts, offset, out, values):
+def _ladder_values(r, alpha, inv_alpha, E, A, B, w0, counts, offset, ratios, out, values):
     """The targets ``w0 + q`` of one row from their counts (:func:`prefix_counts`): each
     one's anchor and offset (:func:`_ladder_ratio`, the logs in a pass of their own,
     :data:`~softorder.core.fast_log.take_logs`), then, with ``values``, its value
@@ -726,15 +726,17 @@ def _ladder_values(r, alpha, inv_alpha, E, A, B, w0, counts, offset, out, values
     float32 ``out``), else its anchor into ``counts[q]``. ``counts`` may be ``out`` itself
     seen as integers: each slot is read before it is written.
 
-    The offsets go into ``offset`` where it has a slot per target (``sort_forward``'s, and
-    what :func:`ladder_vjp` reads); where it is empty (long rows: the VJP solves them
-    again), the targets come :data:`TBLOCK` at a time, their anchors and offsets on the
-    stack (a pass over the whole row, as with ``offset``, measured faster where it can).
+    The offsets go into ``offset`` (``sort_forward``'s, and what :func:`ladder_vjp` reads);
+    where it is None (long rows: the VJP solves them again), the targets come
+    :data:`TBLOCK` at a time, their offsets in ``ratios`` (:data:`TBLOCK`) and their anchors
+    on the stack (a pass over the whole row, as with ``offset``, measured faster where it
+    can). Exactly one of ``offset`` and ``ratios`` is None: numba prunes the path of the
+    other by its type, so that each specialization compiles only its own.
     """
     n = r.shape[0]
     m = out.shape[0]
     J = 0
-    if offset.shape[0] == m:
+    if offset is not None:
         for q in range(m):
             J += counts[q]
             # (indices that are never negative as unsigned: no wraparound to compile)
@@ -748,39 +750,39 @@ def _ladder_values(r, alpha, inv_alpha, E, A, B, w0, counts, offset, out, values
         if values:
             for q in range(m):
                 out[q] = target_position(r, alpha, counts[q], offset[q])
-        return
-    codes = stack_rows(1, TBLOCK, np.int64)[0]
-    ratios = stack_rows(1, TBLOCK, np.float64)[0]
-    for q0 in range(0, m, TBLOCK):
-        kn = TBLOCK if m - q0 >= TBLOCK else m - q0
-        for k in range(kn):
-            q = q0 + k
-            J += counts[q]
-            uJ = np.uint64(J if J < n else n - 1)
-            e = E[uJ] if J > 0 else 0.0
-            far = (e < SMALL_E) & (J > 0) & (J < n)
-            d = gap(np.float64(r[uJ]), np.float64(r[uJ - np.uint64(1)])) if far else 0.0
-            a = A[np.uint64(J - 1)] if J > 0 else 1.0
-            codes[k], ratios[k] = _ladder_ratio(J, n, w0 + q, a, B[uJ], e, d * inv_alpha)
-        fast_log.take_logs(codes[:kn], ratios[:kn])
-        for k in range(kn):
-            q = q0 + k
-            if values:
-                out[q] = target_position(r, alpha, codes[k], ratios[k])
-            else:
-                counts[q] = codes[k]
+    if ratios is not None:
+        codes = stack_rows(1, TBLOCK, np.int64)[0]
+        for q0 in range(0, m, TBLOCK):
+            kn = TBLOCK if m - q0 >= TBLOCK else m - q0
+            for k in range(kn):
+                q = q0 + k
+                J += counts[q]
+                uJ = np.uint64(J if J < n else n - 1)
+                e = E[uJ] if J > 0 else 0.0
+                far = (e < SMALL_E) & (J > 0) & (J < n)
+                d = gap(np.float64(r[uJ]), np.float64(r[uJ - np.uint64(1)])) if far else 0.0
+                a = A[np.uint64(J - 1)] if J > 0 else 1.0
+                codes[k], ratios[k] = _ladder_ratio(J, n, w0 + q, a, B[uJ], e, d * inv_alpha)
+            fast_log.take_logs(codes[:kn], ratios[:kn])
+            for k in range(kn):
+                q = q0 + k
+                if values:
+                    out[q] = target_position(r, alpha, codes[k], ratios[k])
+                else:
+                    counts[q] = codes[k]
 
 
 @kernel
-def ladder_forward(xs, alpha, out, counts, offset, wide, work, values):
+def ladder_forward(xs, alpha, out, counts, offset, ratios, wide, work, values):
     """Soft sort (:func:`~softorder.core.lapsum.sort_forward`'s values and offsets, the same
     to the bit) without anchors: ``out`` (rows, n) float32 or float64, ``counts`` the same
     memory seen as integers of its width (int32 or int64: each row's counts, then its
     anchors wait in its slots, :func:`_ladder_values`), ``offset`` (rows, n) for the
-    offsets, or (rows, 0) for none (soft sort's forward: :func:`ladder_vjp` computes them
-    again), ``work`` (rows, :data:`LADDER_WORK`, n). The VJP counts the anchors again.
-    Without ``values`` the anchors stay in ``counts`` (``sort_forward``'s, for what reads
-    them).
+    offsets and ``ratios`` None, or for none (soft sort's forward on long rows:
+    :func:`ladder_vjp` solves them again) ``offset`` None and ``ratios`` (rows,
+    :data:`TBLOCK`), through which they pass; ``work`` (rows, :data:`LADDER_WORK`, n). The
+    VJP counts the anchors again. Without ``values`` the anchors stay in ``counts``
+    (``sort_forward``'s, for what reads them).
 
     ``xs`` may be float32 (a float32 input's sorted values: each one widens exactly, so the
     results are a float64 row's): ``wide`` is then ``work`` seen as (rows,
@@ -796,7 +798,8 @@ def ladder_forward(xs, alpha, out, counts, offset, wide, work, values):
                 out[row, :] = np.nan
             else:
                 counts[row, :] = 0  # (sort_forward's anchors of a NaN row)
-            offset[row, :] = np.nan
+            if offset is not None:
+                offset[row, :] = np.nan
             continue
         rw = wide[row, wide.shape[1] - n :]
         if xs.itemsize == 4:
@@ -809,15 +812,20 @@ def ladder_forward(xs, alpha, out, counts, offset, wide, work, values):
         c = counts[row, :n]
         _call_row_decays(rw, 1.0 / a, E)
         prefix_counts(rw, 1.0 / a, E, A, B, 0.5, c)
-        _ladder_values(r, a, 1.0 / a, E, A, B, 0.5, c, offset[row], out[row], values)
+        # (one call or the other, pruned by the types: None or an array)
+        if offset is not None:
+            _ladder_values(r, a, 1.0 / a, E, A, B, 0.5, c, offset[row], None, out[row], values)
+        if ratios is not None:
+            _ladder_values(r, a, 1.0 / a, E, A, B, 0.5, c, None, ratios[row], out[row], values)
 
 
 @kernel
-def ladder_vjp(xs, order, alpha, offset, u, x_bar, counts, alpha_bar, work, redo):
+def ladder_vjp(xs, order, alpha, offset, ring, u, x_bar, counts, alpha_bar, work, redo):
     """Soft sort's VJP (:func:`sort_vjp`'s values, the same to the bit) with the anchors of
     :func:`ladder_forward` counted again (:func:`descending_counts`), and its offsets read
-    from ``offset`` (rows, n) or, where it has no columns, solved again
-    (:func:`_ladder_pullback`). ``u`` (rows, n) float32
+    from ``offset`` (rows, n), or, where it is None, solved again (:func:`_ladder_pullback`)
+    with ``ring`` (rows, :data:`WINDOW`): exactly one of the two is None (each path a
+    specialization of its own: numba prunes the other by the types). ``u`` (rows, n) float32
     or float64, ``x_bar`` (rows, n) of the same dtype, never ``u``; ``counts``: ``x_bar``'s
     memory seen as integers of its width (the counts wait there until the gradient is
     scattered into it); ``work`` (rows, :data:`LADDER_WORK`, n): ``E``, ``B``, ``Bd``
@@ -848,7 +856,13 @@ def ladder_vjp(xs, order, alpha, offset, u, x_bar, counts, alpha_bar, work, redo
         c = counts[row, :n]
         _row_decays(r, inv_alpha, E)
         descending_counts(r, inv_alpha, E, B, Bd, 0.5, c)
-        ab, done = _ladder_pullback(r, a, inv_alpha, E, B, Bd, c, offset[row], u[row], 0.5)
+        # (one call or the other, pruned by the types: None or an array)
+        if offset is not None:
+            ab, done = _ladder_pullback(
+                r, a, inv_alpha, E, B, Bd, c, offset[row], None, u[row], 0.5
+            )
+        if ring is not None:
+            ab, done = _ladder_pullback(r, a, inv_alpha, E, B, Bd, c, None, ring[row], u[row], 0.5)
         if not done:
             redo[row] = 1
             continue
@@ -861,7 +875,7 @@ def ladder_vjp(xs, order, alpha, offset, u, x_bar, counts, alpha_bar, work, redo
 
 
 @helper
-def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
+def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, ring, u, w0):
     """:func:`_sort_pullback` of the targets ``w0 + q`` solved from their counts, with the
     injections in the rows of ``B`` (upward) and ``Bd`` (downward) instead of rows of their
     own, and ``A``, ``Ad`` computed :data:`BATCH` points at a time and kept for
@@ -879,11 +893,11 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
 
     The targets come :data:`TBLOCK` at a time, in three passes: the first takes each one's
     offset from ``offset`` (its anchor :func:`ladder_anchor`), or, where ``offset`` is
-    empty, solves it as :func:`_ladder_values` does (:func:`_ladder_ratio`: from ``A`` at
-    ``J - 1``, by its recurrence, and ``E`` and ``B`` at ``J``, which no injection has
-    reached: the same anchors and offsets to the bit), then reads what each needs at its
-    points into the block's rows; the second computes the usual target's
-    weights from those rows alone (:func:`_usual_weights`: no reads beside them, so LLVM
+    None, solves it as :func:`_ladder_values` does (:func:`_ladder_ratio`: from ``A`` at
+    ``J - 1``, by its recurrence, kept in the window row ``ring``, and ``E`` and ``B`` at
+    ``J``, which no injection has reached: the same anchors and offsets to the bit), then
+    reads what each needs at its points into the block's rows; the second computes the usual
+    target's weights from those rows alone (:func:`_usual_weights`: no reads beside them, so LLVM
     vectorizes it), with the terms of ``G`` and ``Z`` at ``R`` (``B[R]`` and ``Bd[R]`` are
     read ahead before the injections of the block's earlier targets overwrite a slot, but
     those go to the points below ``F <= M - 1 <= R``); the third adds the injections in the
@@ -915,14 +929,12 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
     alpha_bar = 0.0
     codes = stack_rows(1, TBLOCK, np.int64)[0]
     ratios = stack_rows(1, TBLOCK, np.float64)[0]
-    PA = 0  # A is known at the points up to PA - 1 (pa_win: from PA - WINDOW on)
-    pa_win = empty((WINDOW,), np.float64)
+    PA = 0  # A is known at the points up to PA - 1 (ring: from PA - WINDOW on)
     pa = 1.0
     J = 0
-    keep = offset.shape[0] == n
     for q0 in range(0, n, TBLOCK):
         kn = TBLOCK if n - q0 >= TBLOCK else n - q0
-        if keep:
+        if offset is not None:  # (this path or the other, pruned by the types)
             for k in range(kn):  # each target's points and the values there
                 q = q0 + k
                 # (indices that are never negative as unsigned: no wraparound to compile)
@@ -931,7 +943,7 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
                 an = ladder_anchor(n, w0 + q, J)
                 t = offset[uq]
                 _target_points(r, B, Bd, an, t, k, left, b_t, b_ra, b_rl, b_rr, b_br, b_bdr)
-        else:
+        if ring is not None:
             for k in range(kn):  # each target solved (_ladder_values' operations)
                 q = q0 + k
                 J += counts[np.uint64(q)]
@@ -939,13 +951,13 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, u, w0):
                     for i in range(PA, PA + BATCH):
                         if i < n:
                             pa = 1.0 + E[np.uint64(i)] * pa if i > 0 else 1.0
-                            pa_win[i & mask] = pa
+                            ring[i & mask] = pa
                     PA += BATCH
                 uJ = np.uint64(J if J < n else n - 1)
                 eJ = E[uJ] if J > 0 else 0.0
                 far = (eJ < SMALL_E) & (J > 0) & (J < n)
                 dJ = gap(np.float64(r[uJ]), np.float64(r[uJ - np.uint64(1)])) if far else 0.0
-                aJ = pa_win[(J - 1) & mask] if J > 0 else 1.0
+                aJ = ring[(J - 1) & mask] if J > 0 else 1.0
                 codes[k], ratios[k] = _ladder_ratio(J, n, w0 + q, aJ, B[uJ], eJ, dJ * inv_alpha)
             fast_log.take_logs(codes[:kn], ratios[:kn])
             for k in range(kn):  # each target's points and the values there
