@@ -351,6 +351,25 @@ def test_per_row_targets_are_checked_like_any_targets(dtype, shape):
             check_targets(wrong, (2,), "q", 1.0, "1")
 
 
+@pytest.mark.parametrize("value", [[0.25, 0.5, 0.75], (0.5,), [1, 0.5], [0.3, 0.3]])
+def test_a_list_of_targets_of_one_row_is_checked_like_any_targets(value):
+    """One row's targets as a list of numbers (``soft_quantile(x, [0.25, 0.5, 0.75])``): the
+    same values, flag and shape as the general path gives (NumPy numbers in the list take
+    it), and the same errors for an entry out of range or a bool."""
+    from softorder._engine.checks import check_targets
+
+    high = 2.0
+    fast = check_targets(value, (), "k", high, "n=2")
+    general = check_targets([np.float64(v) for v in value], (), "k", high, "n=2")
+    assert np.array_equal(fast[0], general[0]) and fast[1:] == general[1:]
+    assert fast[0].dtype == np.float64 and fast[0].shape == (1, len(value))
+    for bad in (0, 2.0, -0.5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="k must lie strictly between 0 and n=2"):
+            check_targets([*value, bad], (), "k", high, "n=2")
+    with pytest.raises(TypeError, match="not a bool"):
+        check_targets([True, False], (), "k", high, "n=2")
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_per_row_p_k_is_checked_like_any_p_k(dtype):
     """``p_k`` already one distribution per row (as the bridges' callbacks pass it): the same

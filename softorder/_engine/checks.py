@@ -313,6 +313,15 @@ def check_targets(
         values = value.astype(np.float64).reshape(math.prod(batch_shape), m)
         if values.min() > 0.0 and values.max() < high:
             return values, value.ndim > nb, value.shape
+    if (
+        not nb
+        and type(value) in (list, tuple)
+        and value
+        and all(type(v) in (float, int) for v in value)
+    ):  # several targets of one row as a list of numbers, the usual call: no broadcast
+        values = np.array(value, dtype=np.float64)
+        if values.min() > 0.0 and values.max() < high:  # (NaN fails both)
+            return values.reshape(1, -1), True, values.shape
     refuse_masked(value, name)
     arr, _ = float_array(value, name)
     if arr.dtype.kind == "b":  # True would silently be 1
