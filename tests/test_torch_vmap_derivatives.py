@@ -23,6 +23,9 @@ OPERATIONS = {
     "soft_rank": lambda x: sot.soft_rank(x, 0.5, descending=True),
     "soft_sort": lambda x: sot.soft_sort(x, 0.4),
     "soft_quantile_many": lambda x: sot.soft_quantile(x, torch.tensor([[0.2, 0.7]]), 0.5),
+    # several targets per row as nested lists (static values, not tensors)
+    "soft_quantile_many_listed": lambda x: sot.soft_quantile(x, [[0.2, 0.7]], 0.5),
+    "soft_topk_several_k_listed": lambda x: sot.soft_topk(x, [[1.0, 2.5]], 0.6),
     "soft_permutation": lambda x: sot.soft_permutation(x, 0.5),
     "topk_cross_entropy_mean": lambda x: sot.topk_cross_entropy(x, LABELS, P_K, 0.5),
     "topk_cross_entropy_none": lambda x: sot.topk_cross_entropy(
@@ -94,6 +97,27 @@ def test_the_issue_reproductions():
     jac = jacfwd(lambda r: sot.soft_rank(r, 0.5))(x[0])
     torch.testing.assert_close(jac, jacrev(lambda r: sot.soft_rank(r, 0.5))(x[0]))
     torch.testing.assert_close(jac, _jacobian_by_backward(lambda r: sot.soft_rank(r, 0.5), x[0]))
+
+
+def test_one_rows_targets_as_a_list():
+    """``soft_quantile(row, [0.25, 0.75])``: a list of several targets of one row stays several
+    per row under vmap (the vmapped axis must not read it as one target per row)."""
+    q = [0.25, 0.75]
+    as_tensor = torch.tensor(q, dtype=torch.float64)
+    jac = jacrev(lambda r: sot.soft_quantile(r, q, 0.5))(ROW)
+    torch.testing.assert_close(jac, jacrev(lambda r: sot.soft_quantile(r, as_tensor, 0.5))(ROW))
+    torch.testing.assert_close(
+        jac, _jacobian_by_backward(lambda r: sot.soft_quantile(r, q, 0.5), ROW)
+    )
+    xs = _x()
+    rows = vmap(lambda r: sot.soft_topk(r, (1.0, 2.5), 0.6))(xs)
+    torch.testing.assert_close(rows, torch.stack([sot.soft_topk(r, (1.0, 2.5), 0.6) for r in xs]))
+    assert rows.shape == (3, 2, 5)
+    jacobians = vmap(jacrev(lambda r: sot.soft_quantile(r, q, 0.5)))(xs)
+    for jacobian, row in zip(jacobians, xs, strict=True):
+        torch.testing.assert_close(
+            jacobian, _jacobian_by_backward(lambda r: sot.soft_quantile(r, q, 0.5), row)
+        )
 
 
 def test_jacobians_in_alpha_k_and_q():

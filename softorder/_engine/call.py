@@ -27,7 +27,7 @@ import numpy as np
 
 from softorder._engine.autodiff import Rule, rule_named
 from softorder._engine.checks import check_input_dtype
-from softorder._engine.layout import axes_after_leading
+from softorder._engine.layout import axes_after_leading, several_per_row
 
 #: the arguments a callback may receive as 0-d arrays that pass to the rules as numbers
 _SCALARS = frozenset(("alpha", "k", "q"))
@@ -138,6 +138,11 @@ class CallSpec(NamedTuple):
             statics["axis"] = statics["axis"] % (batch_ndim + 1) - (batch_ndim + 1)
         if "reduction" in statics:
             statics["reduction"] = "none"
+        for name, value in statics.items():
+            if isinstance(value, (list, tuple)) and several_per_row(name, value, batch_ndim):
+                # several targets per row as a plain sequence (k, q): one more leading axis,
+                # or the vmapped axis would read them as one target per row
+                statics[name] = [value] if isinstance(value, list) else (value,)
         return self._replace(statics=tuple(statics.items()))
 
     def inserts(self, ndims, batch_ndim: int) -> tuple:

@@ -358,6 +358,27 @@ class Targets:
 _TRAILING_AXES = {"alpha": 0, "labels": 0, "p_k": 1, "target_ranks": 1, "k": None, "q": None}
 
 
+def several_per_row(name: str, value, batch_ndim: int) -> bool:
+    """Whether the targets ``value`` of argument ``name`` (``k`` or ``q``) list several per row
+    of an input with ``batch_ndim`` batch axes: a trailing axis beyond them, as
+    :func:`~softorder._engine.checks.check_targets` reads it. False for other arguments and
+    for a ragged ``value`` (which the checks refuse).
+
+    Examples
+    --------
+    >>> several_per_row("q", [0.25, 0.75], 0), several_per_row("q", [0.25, 0.75], 1)
+    (True, False)
+    >>> several_per_row("alpha", [0.5, 1.0], 0)
+    False
+    """
+    if _TRAILING_AXES.get(name, 0) is not None:
+        return False
+    try:
+        return np.ndim(value) == batch_ndim + 1
+    except ValueError:  # ragged
+        return False
+
+
 def axes_after_leading(name: str, ndim: int, batch_ndim: int) -> int:
     """Unit axes to insert after new leading batch axes (a framework's ``vmap``) in the
     argument ``name`` of ``ndim`` dimensions (without those axes), so that it still lines up
