@@ -34,6 +34,11 @@ OPERATIONS = {
     "permutation_cross_entropy_sum": lambda x: sot.permutation_cross_entropy(
         x, torch.tensor([[2, 1, 5, 4, 3]] * 3), 0.5, reduction="sum"
     ),
+    # labels and ranks as plain lists (static values, shaped like the batch)
+    "topk_cross_entropy_listed_labels": lambda x: sot.topk_cross_entropy(x, [1, 4, 0], P_K, 0.5),
+    "permutation_cross_entropy_listed_ranks": lambda x: sot.permutation_cross_entropy(
+        x, [[2, 1, 5, 4, 3], [1, 2, 3, 4, 5], (5, 4, 3, 2, 1)], 0.5
+    ),
 }
 
 
@@ -118,6 +123,31 @@ def test_one_rows_targets_as_a_list():
         torch.testing.assert_close(
             jacobian, _jacobian_by_backward(lambda r: sot.soft_quantile(r, q, 0.5), row)
         )
+
+
+def test_listed_labels_and_ranks_under_nested_vmap():
+    """Labels and ranks given as plain lists are shaped like each vmapped element's batch: the
+    vmapped call gets one copy per element, at every level."""
+    xs = torch.randn(2, 4, 3, 5, generator=GEN, dtype=torch.float64)
+    ranks = [[2, 1, 5, 4, 3], [1, 2, 3, 4, 5], [5, 4, 3, 2, 1]]
+
+    def losses(x):
+        top = sot.topk_cross_entropy(x, [1, 4, 0], P_K, 0.5, reduction="none")
+        return top, sot.permutation_cross_entropy(x, ranks, 0.5, reduction="sum")
+
+    def gradients(x):
+        return grad(lambda r: sum(loss.sum() for loss in losses(r)))(x)
+
+    got, got_grads = vmap(vmap(losses))(xs), vmap(vmap(gradients))(xs)
+    assert got[0].shape == (2, 4, 3) and got[1].shape == (2, 4)
+    for i in range(2):
+        for j in range(4):
+            leaf = xs[i, j].clone().requires_grad_()
+            top, perm = losses(leaf)
+            torch.testing.assert_close(got[0][i, j], top)
+            torch.testing.assert_close(got[1][i, j], perm)
+            (top.sum() + perm).backward()
+            torch.testing.assert_close(got_grads[i, j], leaf.grad)
 
 
 def test_jacobians_in_alpha_k_and_q():

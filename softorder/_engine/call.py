@@ -27,7 +27,7 @@ import numpy as np
 
 from softorder._engine.autodiff import Rule, rule_named
 from softorder._engine.checks import check_input_dtype
-from softorder._engine.layout import axes_after_leading, several_per_row
+from softorder._engine.layout import BATCH_SHAPED, axes_after_leading, several_per_row
 
 #: the arguments a callback may receive as 0-d arrays that pass to the rules as numbers
 _SCALARS = frozenset(("alpha", "k", "q"))
@@ -75,6 +75,9 @@ class CallSpec(NamedTuple):
     True
     >>> spec.vmapped(1).statics  # one more leading axis: the axis counts from the end
     (('axis', -1), ('descending', False))
+    >>> loss = CallSpec("permutation_cross_entropy", ("x",), (("target_ranks", [2, 1]),))
+    >>> loss.vmapped(0, size=3).statics  # the ranks of each of 3 rows
+    (('target_ranks', [[2, 1], [2, 1], [2, 1]]),)
     """
 
     op: str  # the operation's name in the NumPy API
@@ -128,10 +131,13 @@ class CallSpec(NamedTuple):
             out[i] = grad if needs_grad[i] else None
         return out
 
-    def vmapped(self, batch_ndim: int) -> CallSpec:
-        """The spec of the call that takes the arrays with one or more leading (vmapped) axes
-        in front: the axis counted from the end (the input has ``batch_ndim + 1`` axes per
-        vmapped element) and a loss computed per row (the bridge reduces per element).
+    def vmapped(self, batch_ndim: int, size: int | None = None) -> CallSpec:
+        """The spec of the call that takes the arrays with one more leading (vmapped) axis of
+        ``size`` in front: the axis counted from the end (the input has ``batch_ndim + 1`` axes
+        per vmapped element) and a loss computed per row (the bridge reduces per element).
+        Static sequences follow the arrays: several targets of a row get one more leading
+        axis, and labels or ranks (shaped like the batch, never broadcast) one copy per
+        vmapped element, which needs ``size``.
         """
         statics = dict(self.statics)
         if "axis" in statics:
@@ -143,6 +149,8 @@ class CallSpec(NamedTuple):
                 # several targets per row as a plain sequence (k, q): one more leading axis,
                 # or the vmapped axis would read them as one target per row
                 statics[name] = [value] if isinstance(value, list) else (value,)
+            elif name in BATCH_SHAPED and isinstance(value, (list, tuple)) and size is not None:
+                statics[name] = [value] * size
         return self._replace(statics=tuple(statics.items()))
 
     def inserts(self, ndims, batch_ndim: int) -> tuple:

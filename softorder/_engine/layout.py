@@ -356,6 +356,8 @@ class Targets:
 #: axes after the batch axes that each array argument other than the input has; ``None``: one
 #: when it lists several targets per row (``k`` and ``q`` with ``batch_ndim + 1`` axes)
 _TRAILING_AXES = {"alpha": 0, "labels": 0, "p_k": 1, "target_ranks": 1, "k": None, "q": None}
+#: array arguments whose batch axes are the input's exactly (never broadcast)
+BATCH_SHAPED = frozenset(("labels", "target_ranks"))
 
 
 def several_per_row(name: str, value, batch_ndim: int) -> bool:

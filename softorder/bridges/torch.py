@@ -311,7 +311,7 @@ class _Batched:
         }
         ndims = [len(s) for s in self.shapes.values()]
         self.inserts = dict(zip(self.names, call.inserts(ndims, batch_ndim), strict=True))
-        self.call = call.vmapped(batch_ndim)
+        self.call = call.vmapped(batch_ndim, size)
         self.spec = _encode(*self.call)
         self.tensors = [
             self.move(a, t, d) for a, t, d in zip(self.names, tensors, in_dims, strict=True)
