@@ -14,11 +14,12 @@ be one chunk (``x.rechunk({-1: -1})``); the batch axes before it may be chunked 
 split over several chunks raises ``ValueError``; it is never computed in pieces.
 
 Arguments
-    Arguments that are dask arrays are per-row arguments (a per-row ``alpha``, ``k`` or
-    ``q``, several ``k`` per row, ``labels``, ``target_ranks``, a per-row ``p_k``): their
-    leading axes must be the input's batch axes, and they are split like the input's
-    chunks. Everything else (scalars, NumPy arrays such as ``p_k`` of shape ``(K,)``) goes
-    whole to every task, so it must be what the operation takes for any number of rows.
+    Per-row arguments (a per-row ``alpha``, ``k`` or ``q``, several ``k`` per row, ``labels``,
+    ``target_ranks``, a per-row ``p_k``) are split like the input's chunks: dask arrays,
+    whose leading axes must be the input's batch axes, and NumPy arrays or lists whose
+    leading axes are those batch axes. Everything else (scalars, ``p_k`` of shape ``(K,)``,
+    ``q`` of shape ``(1, m)``) goes whole to every task, so it must be what the operation
+    takes for any number of rows.
 Losses
     Each task returns its rows' losses; ``reduction="mean"`` and ``"sum"`` are taken over all
     rows by dask, so they equal the NumPy call on the whole batch.
@@ -47,6 +48,7 @@ import numpy as np
 
 from softorder._engine.autodiff import bind, rule_of
 from softorder._engine.autodiff import vjp as _vjp
+from softorder._engine.layout import row_aligned
 
 __all__ = ["apply", "vjp"]
 
@@ -100,6 +102,9 @@ class _Plan:
         self.per_row = {self.input_name: x}
         for name in names[1:]:
             value = arguments[name]
+            if not isinstance(value, da.Array) and row_aligned(name, value, x.shape[:-1]):
+                # one entry per row as NumPy data (labels, a per-row alpha): split with the rows
+                value = da.from_array(np.asarray(value), chunks=-1)
             if isinstance(value, da.Array):
                 if value.shape[: self.nb] != x.shape[:-1]:
                     raise ValueError(
@@ -173,8 +178,9 @@ def apply(op: Callable, x: da.Array, *args: Any, **kwargs: Any) -> da.Array:
     x : dask.array.Array
         Its input, with the rows along the last axis, which must be one chunk.
     *args, **kwargs
-        Its other arguments, as for ``op``: dask arrays are per-row arguments, split like
-        ``x``'s chunks; anything else goes whole to every task.
+        Its other arguments, as for ``op``: dask arrays, and NumPy arrays or lists whose
+        leading axes are ``x``'s batch axes, are per-row arguments, split like ``x``'s
+        chunks; anything else goes whole to every task.
 
     Returns
     -------

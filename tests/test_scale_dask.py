@@ -25,8 +25,10 @@ def data():
     return x
 
 
-def _cases(x):
-    """(op, NumPy arguments, dask arguments) for each operation and kind of argument."""
+def _cases(x, given: str = "dask"):
+    """(op, NumPy arguments, dask arguments) for each operation and kind of argument; the
+    per-row arguments of the dask call ``given`` as dask arrays, NumPy arrays or lists.
+    """
     rng = np.random.default_rng(4)
     batch = x.shape[:-1]
     chunks = (2, 3, N)
@@ -39,7 +41,11 @@ def _cases(x):
     target_ranks = np.argsort(rng.random(x.shape), axis=-1) + 1
     p_k_rows = rng.dirichlet(np.ones(3), size=batch)
 
-    def d(a):  # per-row arguments, chunked otherwise than x
+    def d(a):  # per-row arguments (dask arrays chunked otherwise than x)
+        if given == "numpy":
+            return a.copy()
+        if given == "list":
+            return a.tolist()
         return da.from_array(a, chunks=(3, 2) + a.shape[2:])
 
     return [
@@ -81,9 +87,10 @@ def _ids():
     ]
 
 
+@pytest.mark.parametrize("given", ["dask", "numpy", "list"])
 @pytest.mark.parametrize("case", range(len(_ids())), ids=_ids())
-def test_values_and_gradients_equal_the_whole_batch(data, case):
-    op, np_args, dask_args, kwargs = _cases(data)[case]
+def test_values_and_gradients_equal_the_whole_batch(data, case, given):
+    op, np_args, dask_args, kwargs = _cases(data, given)[case]
     expected, reference = softorder.vjp(op, *np_args, **kwargs)
     out = sdask.apply(op, *dask_args, **kwargs)
     if out.ndim:

@@ -381,6 +381,30 @@ def several_per_row(name: str, value, batch_ndim: int) -> bool:
         return False
 
 
+def row_aligned(name: str, value, batch_shape: tuple) -> bool:
+    """Whether ``value`` of argument ``name`` lists one entry per row of the batch
+    ``batch_shape`` (its leading axes are those batch axes, its own trailing axes after them)
+    rather than one for every row: how a caller that splits a batch into groups of rows (dask's
+    chunks) tells the arguments to split with them. False for the input's other arguments, for
+    no batch axes, and for a ragged ``value`` (which the checks refuse).
+
+    Examples
+    --------
+    >>> row_aligned("alpha", [0.5, 1.0], (2,)), row_aligned("alpha", 0.5, (2,))
+    (True, False)
+    >>> row_aligned("p_k", [0.5, 0.5], (2,)), row_aligned("p_k", [[0.5, 0.5]] * 2, (2,))
+    (False, True)
+    """
+    if name not in _TRAILING_AXES or not batch_shape:
+        return False
+    try:
+        shape = np.shape(value)
+    except ValueError:  # ragged
+        return False
+    nb = len(batch_shape)
+    return len(shape) >= nb + (_TRAILING_AXES[name] or 0) and shape[:nb] == tuple(batch_shape)
+
+
 def axes_after_leading(name: str, ndim: int, batch_ndim: int) -> int:
     """Unit axes to insert after new leading batch axes (a framework's ``vmap``) in the
     argument ``name`` of ``ndim`` dimensions (without those axes), so that it still lines up
