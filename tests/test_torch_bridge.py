@@ -275,6 +275,52 @@ def test_torch_compile_with_inductor_runs():
     assert x.grad.abs().sum() > 0
 
 
+def _operator_calls(x, dim=-1):
+    """The three custom operators' calls for soft_rank of ``x`` (with a per-row alpha)."""
+    import json
+
+    from softorder.bridges.torch import _encode, _forward_op
+
+    spec = _encode("soft_rank", ("x", "alpha"), (("axis", dim), ("descending", False)))
+    rows = x.shape[0] if dim == -1 else x.shape[1]
+    alpha = torch.full((rows,), 0.5, dtype=x.dtype)
+    out, *residuals = _forward_op(spec, [x, alpha])
+    ops = torch.ops.softorder
+    tangent = torch.ones_like(out)
+    return [
+        (ops.forward.default, (spec, [x, alpha])),
+        (ops.backward.default, (spec, [x, alpha], residuals, tangent)),
+        (ops.pushforward.default, (spec, [x, alpha], residuals, json.dumps(["x"]), [x], alpha)),
+    ]
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_custom_operators_fakes_match_the_real_outputs(transposed):
+    # what torch.compile traces with: a fake's shape and strides must be the real output's
+    # (the backward's fake had a transposed input's strides, the pushforward's alpha's shape)
+    x = _randn(5, 3).T if transposed else _randn(3, 5)
+    for op, args in _operator_calls(x) + _operator_calls(x, dim=0):
+        result = torch.library.opcheck(op, args, test_utils=("test_faketensor",))
+        assert result == {"test_faketensor": "SUCCESS"}, op
+
+
+def test_torch_compile_with_inductor_on_a_transposed_input():
+    # inductor asserts the backward operator's strides against its fake's (this raised
+    # "expected size 6==6, stride 3==1" for any operation on x.T)
+    def f(x, alpha):
+        return (sot.soft_sort(x.T, alpha, dim=0) * torch.arange(3.0, dtype=x.dtype)).sum()
+
+    x1, x2 = X.clone().requires_grad_(), X.clone().requires_grad_()
+    a1, a2 = _f64([0.5, 1.0, 2.0]), _f64([0.5, 1.0, 2.0])
+    torch._dynamo.reset()
+    comp, eager = torch.compile(f, fullgraph=True)(x2, a2), f(x1, a1)
+    comp.backward()
+    eager.backward()
+    torch.testing.assert_close(comp, eager)
+    torch.testing.assert_close(x2.grad, x1.grad)
+    torch.testing.assert_close(a2.grad, a1.grad)
+
+
 def test_torch_compile_with_dynamic_shapes_and_changing_numbers():
     def model(x, k, q):
         return (sot.soft_topk(x, k, 0.3) * sot.soft_rank(x, 0.2)).sum() + sot.soft_quantile(

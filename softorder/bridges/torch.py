@@ -132,7 +132,10 @@ def _gradient(grad, like: Tensor) -> Tensor:
 def _forward_op(spec: str, tensors: list[Tensor]) -> list[Tensor]:
     call = CallSpec.decode(spec)
     ctx, out = call.run(_arrays(call, tensors))
-    return [_as_tensor(out), *(_as_tensor(a) for a in call.rule.residuals(ctx).values())]
+    # contiguous, as the fake says (a device result along another dim is a moved view, which
+    # inductor would assert against the fake's strides)
+    outs = [out, *call.rule.residuals(ctx).values()]
+    return [_as_tensor(a).contiguous() for a in outs]
 
 
 @_forward_op.register_fake
@@ -163,13 +166,18 @@ def _backward_op(
     call, ctx = _restore(spec, tensors, residuals)
     grads = call.gradients(ctx, _as_array(cotangent))
     wanted = call.differentiable()
-    return [_gradient(g, tensors[call.names.index(n)]) for n, g in zip(wanted, grads, strict=True)]
+    # contiguous, as the fake says (not the argument's strides: a transposed input's)
+    return [
+        _gradient(g, tensors[call.names.index(n)]).contiguous()
+        for n, g in zip(wanted, grads, strict=True)
+    ]
 
 
 @_backward_op.register_fake
 def _(spec, tensors, residuals, cotangent):
     call = CallSpec.decode(spec)
-    return [torch.empty_like(tensors[call.names.index(n)]) for n in call.differentiable()]
+    like = [tensors[call.names.index(n)] for n in call.differentiable()]
+    return [t.new_empty(t.shape) for t in like]
 
 
 @compat.custom_op(
@@ -187,12 +195,15 @@ def _pushforward_op(
 ) -> Tensor:
     call, ctx = _restore(spec, tensors, residuals)
     tangent_of = dict(zip(json.loads(tangent_names), map(_as_array, tangents), strict=True))
-    return _as_tensor(call.rule.jvp(ctx, tangent_of), like.dtype)
+    return _as_tensor(call.rule.jvp(ctx, tangent_of), like.dtype).contiguous()
 
 
 @_pushforward_op.register_fake
 def _(spec, tensors, residuals, tangent_names, tangents, like):
-    return torch.empty_like(like)
+    # the tangent has the result's shape (``like`` gives only its dtype and device)
+    call = CallSpec.decode(spec)
+    shape, _ = call.rule.describe(call.arguments(_arrays(call, tensors, fakes=True)))
+    return like.new_empty(shape)
 
 
 # --- second derivatives: refused, never silently zero ----------------------------------------
