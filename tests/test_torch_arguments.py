@@ -181,6 +181,26 @@ def test_forward_mode_under_torch_compile_is_refused_naming_softorder():
     torch.testing.assert_close(eager, central, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("transform", ["vmap", "grad", "jacrev"])
+def test_torch_func_transforms_under_torch_compile_are_refused_naming_softorder(transform):
+    """The compiled path's custom operators take no torch.func transform: PyTorch raised
+    "RuntimeError when making fake tensor call ... Batching rule not implemented for
+    softorder::forward" (or "must override the setup_context staticmethod"), with or without
+    fullgraph; now softorder's NotImplementedError, and the same transform eager still works.
+    """
+    f = {
+        "vmap": torch.func.vmap(lambda x: sot.soft_rank(x, 0.5)),
+        "grad": torch.func.grad(lambda x: sot.soft_rank(x, 0.5).square().sum()),
+        "jacrev": torch.func.jacrev(lambda x: sot.soft_topk(x, 2, 0.5)),
+    }[transform]
+    message = "^NotImplementedError: softorder under torch.compile: torch.func transforms"
+    for fullgraph in (False, True):
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match=message):
+            torch.compile(f, backend="eager", fullgraph=fullgraph)(X)
+    assert f(X).shape[0] == X.shape[0]
+
+
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
 def test_every_narrow_float_is_computed_in_float32(dtype):
     # the engine's dtype policy (compute_dtype): float8 too, not only float16 and bfloat16

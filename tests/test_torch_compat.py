@@ -213,3 +213,16 @@ def test_direct_backward_leaves_other_functions_alone():
         assert cls._backward_cls.apply is apply
     without_node = type("NoNode", (), {"backward": staticmethod(lambda c, g: g)})
     assert compat.direct_backward(without_node) is without_node  # a torch without the class
+
+
+def test_transforms_traced_under_any_torch_func_transform_only():
+    seen = []
+
+    def f(t):
+        seen.append(compat.transforms_traced())
+        return t * 2
+
+    torch.func.vmap(f)(torch.ones(2, 3))
+    torch.func.grad(lambda t: f(t).sum())(torch.ones(3))
+    f(torch.ones(3))
+    assert seen == [True, True, False]

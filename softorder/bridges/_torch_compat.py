@@ -28,6 +28,7 @@ __all__ = [
     "transforms_active",
     "forward_mode_active",
     "forward_mode_possible",
+    "transforms_traced",
     "unwrap_dead_wrappers",
 ]
 
@@ -87,6 +88,14 @@ def forward_mode_active() -> bool:
         return False
     jvp = torch._C._functorch.TransformType.Jvp
     return any(i.key() == jvp for i in _interpreters())
+
+
+def transforms_traced() -> bool:
+    """Whether a torch.func transform is on functorch's interpreter stack (under
+    torch.compile: one being traced; ``retrieve_all_functorch_interpreters``, without it not
+    checked).
+    """
+    return _interpreters is not None and bool(_interpreters())
 
 
 def forward_mode_possible() -> bool:

@@ -685,7 +685,7 @@ def _traceable(name: str, arguments: dict) -> None:
     traces as arrays) and numbers that are data (which it may turn into symbols, which the
     constant spec cannot hold) as tensors; settings given as NumPy values refused.
     """
-    _no_forward_mode_when_compiling()
+    _no_transforms_when_compiling()
     for arg, value in arguments.items():
         numpy = isinstance(value, (np.ndarray, np.generic))
         if arg not in _POSITIONAL[name]:  # a setting
@@ -702,15 +702,24 @@ def _traceable(name: str, arguments: dict) -> None:
 
 
 @compat.mark_constant  # run, not traced, by torch.compile
-def _no_forward_mode_when_compiling() -> None:
+def _no_transforms_when_compiling() -> None:
     """Refuse forward mode in compiled code, where the custom operators would give zero
-    tangents (run at trace time, where functorch's stack holds the transforms traced).
+    tangents, and the other torch.func transforms, which the compiled path's operators do not
+    support (PyTorch's own error there speaks of fake tensors and setup_context). Run at
+    trace time, where functorch's stack holds the transforms traced.
     """
     if compat.forward_mode_active():
         raise NotImplementedError(
             "softorder under torch.compile: forward-mode derivatives (torch.func.jvp, "
             "jacfwd, forward_ad) are not supported in compiled code; call the softorder "
             "operation outside torch.compile, where forward mode works"
+        )
+    if compat.transforms_traced():
+        raise NotImplementedError(
+            "softorder under torch.compile: torch.func transforms (vmap, grad, vjp, jacrev) "
+            "are not supported in compiled code; apply them outside torch.compile, where "
+            "they work, or compile the function without the transform (torch.autograd "
+            "gradients and batch dimensions work in compiled code)"
         )
 
 
