@@ -181,6 +181,34 @@ def test_forward_mode_under_torch_compile_is_refused_naming_softorder():
     torch.testing.assert_close(eager, central, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    ("fn", "values"),
+    [
+        (lambda x, k: sot.soft_topk(x, k, 0.5), ([1.0, 2.0], [2.0, 2.5], (1, 4))),
+        (lambda x, k: sot.soft_topk(x, k, 0.5), ([[1.0, 2.0]], [[3.0, 1.5]])),
+        (lambda x, q: sot.soft_quantile(x, q, 0.5), ([0.1, 0.9], [0.5, 0.5])),
+        (lambda x, a: sot.soft_rank(x, a), ([0.5, 1.0], (2.0, 0.3))),
+        (lambda x, d: sot.soft_rank(x, 0.5, dim=d), (0, 1, -1)),
+        (lambda x, y: sot.topk_cross_entropy(x, y, [0.5, 0.5], 0.5), ([0, 1], [4, 3])),
+        (lambda x, y: sot.topk_cross_entropy(x[0], y, [0.5, 0.5], 0.5), (2, 4)),
+        (lambda x, p: sot.topk_cross_entropy(x, [0, 1], p, 0.5), ([0.5, 0.5], [0.2, 0.3, 0.5])),
+        (
+            lambda x, r: sot.permutation_cross_entropy(x, r, 0.5),
+            ([[1, 2, 3, 4, 5]] * 2, [[5, 4, 3, 2, 1], [2, 1, 3, 5, 4]]),
+        ),
+    ],
+)
+def test_torch_compile_with_numbers_in_lists_and_dims_that_change_between_calls(fn, values):
+    """Dynamo turns Python numbers that change between calls (also inside lists, and a dim)
+    into symbols; they raised "assume_constant_result argument conversion failed" on the second
+    call, and an int label of one row "labels must be an integer array" on the first.
+    """
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="eager", fullgraph=True)
+    for value in values:
+        torch.testing.assert_close(compiled(X, value), fn(X, value), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("transform", ["vmap", "grad", "jacrev"])
 def test_torch_func_transforms_under_torch_compile_are_refused_naming_softorder(transform):
     """The compiled path's custom operators take no torch.func transform: PyTorch raised

@@ -575,7 +575,7 @@ def _run(name: str, x, arguments: dict) -> Tensor:
         raise TypeError(f"{input_name} must be a floating point tensor; got dtype {x.dtype}")
     compiling = torch.compiler.is_compiling()
     if compiling:
-        _traceable(name, arguments)
+        _traceable(name, arguments, x.dim())
     every = {input_name: x, **arguments}
     names, statics = checks.split_arguments(_POSITIONAL[name], every, _is_tensor)
     tensors = [_tensor(every[arg], arg) for arg in names]
@@ -680,7 +680,7 @@ def _check_dense(t: Tensor, name: str) -> None:
 # --- torch.compile: what dynamo traces, and what it refuses ----------------------------------
 
 
-def _traceable(name: str, arguments: dict) -> None:
+def _traceable(name: str, arguments: dict, ndim: int) -> None:
     """The arguments as torch.compile can pass them, in place: NumPy scalars (which dynamo
     traces as arrays) and numbers that are data (which it may turn into symbols, which the
     constant spec cannot hold) as tensors; settings given as NumPy values refused.
@@ -689,7 +689,11 @@ def _traceable(name: str, arguments: dict) -> None:
     for arg, value in arguments.items():
         numpy = isinstance(value, (np.ndarray, np.generic))
         if arg not in _POSITIONAL[name]:  # a setting
-            if numpy:
+            if arg == "axis" and type(value) is int:
+                # a dim that changed between calls is a symbol (of type int, to dynamo), which
+                # the constant spec cannot hold: comparing specializes it
+                arguments[arg] = next((d for d in range(-ndim, ndim) if value == d), value)
+            elif numpy:
                 shown = "dim" if arg == "axis" else arg
                 _refuse(
                     f"softorder under torch.compile: {shown} must be a Python int or bool, not "
@@ -697,8 +701,23 @@ def _traceable(name: str, arguments: dict) -> None:
                 )
         elif numpy and value.ndim == 0:
             arguments[arg] = torch.as_tensor(value)
-        elif type(value) in (float, int):
-            arguments[arg] = torch.tensor(value, dtype=torch.float64)
+        elif type(value) in (float, int) or type(value) in (list, tuple) and _rectangular(value):
+            # numbers (also in a list: k, q, alpha, labels, p_k, target ranks) become symbols
+            # when they change between calls; an int label stays an integer
+            floats = arg in checks.FLOAT_ARGUMENTS or type(value) is float
+            arguments[arg] = torch.tensor(value, dtype=torch.float64 if floats else None)
+            if arguments[arg].is_floating_point():
+                arguments[arg] = arguments[arg].to(torch.float64)
+
+
+def _rectangular(value) -> bool:
+    """Whether nested lists or tuples of Python numbers have one length per level (anything
+    else is left to the engine's check, whose error names the argument).
+    """
+    if not value or type(value[0]) not in (list, tuple):
+        return all(type(v) in (int, float, bool) for v in value)
+    length = len(value[0])
+    return all(type(v) in (list, tuple) and len(v) == length and _rectangular(v) for v in value)
 
 
 @compat.mark_constant  # run, not traced, by torch.compile
