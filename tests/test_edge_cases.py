@@ -238,6 +238,28 @@ def test_infinities_in_rank_sort_and_losses(rng):
     np.testing.assert_array_equal(grad[0, 4:], 0.0)
 
 
+@pytest.mark.parametrize("descending", [False, True])
+def test_permutation_jvp_of_three_or_more_equal_infinities(rng, descending):
+    """A block of >= 3 equal infinities has constant entries of P (1/3 here, for any alpha),
+    so their tangent is 0, as the VJP has it; the JVP gave +-0.135 in alpha (a block of two
+    hides it: its middle boundary sits at z = 0). Large finite values give the same limit."""
+    x = np.array([-np.inf, -np.inf, -np.inf, 0.3, 1.0, np.inf, np.inf, np.inf])
+    stand_in = np.where(np.isinf(x), np.sign(x) * 1e6, x)
+    x_dot = np.where(np.isinf(x), 0.0, rng.normal(size=8))
+    V = rng.normal(size=(8, 8))
+    for alpha_dot in [1.0, 0.0]:
+        P, P_dot = so.jvp(so.soft_permutation, (x, 0.7), (x_dot, alpha_dot), descending=descending)
+        _, limit = so.jvp(
+            so.soft_permutation, (stand_in, 0.7), (x_dot, alpha_dot), descending=descending
+        )
+        np.testing.assert_array_equal(P_dot[:, np.isinf(x)], 0.0)
+        np.testing.assert_allclose(P_dot, limit, rtol=0, atol=1e-15)
+        x_bar, alpha_bar = so.vjp(so.soft_permutation, x, 0.7, descending=descending)[1](V)
+        np.testing.assert_allclose(
+            np.sum(V * P_dot), x_bar @ x_dot + alpha_bar * alpha_dot, rtol=1e-13
+        )
+
+
 def test_non_contiguous_input(rng):
     base = rng.normal(size=(6, 20))
     views = [base[:, ::2], base.T[::3], base[::-1, 5:15]]

@@ -748,10 +748,14 @@ def permutation_jvp(xs, order, alpha, anchor, offset, worder, x_dot, alpha_dot, 
         )
         for i in range(n):
             col = order[row, i]
+            # an infinite entry's column is constant, as the VJP has it: in a block of equal
+            # infinities b_k - r_i = alpha z stays finite, and dz = (db_k - dr_i - z dalpha) /
+            # alpha would leave -z dalpha / alpha there (db_k is 0 at an infinite boundary)
+            finite = abs(r[i]) != INF
             lower = 0.0  # f(z_k,i) dz_k,i of the previous boundary; 0 at b_0 = -inf
             for k in range(n):
                 upper = 0.0
-                if k + 1 < n:
+                if finite and k + 1 < n:
                     z = _boundary_z(r, inv_alpha, anchor[row], offset[row], k + 1, r[i])
                     if abs(z) != INF:
                         dz = (b_dot[k] - rdot[i] - z * alpha_dot[row]) * inv_alpha

@@ -123,8 +123,8 @@ def _tangent_term(xs, alpha, anchor, offset, rdot, alpha_dot, b_dot, row, k, i):
     """``f(z_k,i) dz_k,i`` with ``dz = (db_k - dr_i - z dalpha) / alpha``; 0 at ``b_0``,
     ``b_n`` and at infinite ``z``.
     """
-    if k == 0 or k == xs.shape[1]:
-        return 0.0
+    if k == 0 or k == xs.shape[1] or abs(xs[row, i]) == INF:
+        return 0.0  # an infinite entry's column is constant (the CPU kernel's reason)
     z = _z(xs, alpha, anchor, offset, row, k, i)
     if abs(z) == INF:
         return 0.0
