@@ -2,6 +2,7 @@
 NumPy API, dtypes, torch.compile, torch.func, errors, and a small training run on real data."""
 
 import inspect
+import pathlib
 
 import numpy as np
 import pytest
@@ -336,6 +337,48 @@ def test_torch_compile_with_dynamic_shapes_and_changing_numbers():
         comp.backward()
         torch.testing.assert_close(comp, eager)
         torch.testing.assert_close(x2.grad, x1.grad)
+
+
+#: torch.jit.trace is deprecated (since PyTorch 2.10) but still traces
+_TRACE_DEPRECATED = pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated")
+
+
+@_TRACE_DEPRECATED
+@pytest.mark.parametrize(
+    "fn, inputs", [c[1:] for c in GRADCHECK_CASES], ids=[c[0] for c in GRADCHECK_CASES]
+)
+def test_torch_jit_trace_records_the_operation_not_its_result(fn, inputs):
+    # a trace of the NumPy kernels recorded their result as a constant: the traced function
+    # gave the first input's values for every later input, and no gradient
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", torch.jit.TracerWarning)
+        traced = torch.jit.trace(fn, tuple(t.detach().clone().requires_grad_() for t in inputs))
+    package = str(pathlib.Path(so.__file__).parent)
+    baked = [w for w in caught if w.category is torch.jit.TracerWarning and package in w.filename]
+    assert not baked  # (no value of softorder's taken into the trace as a constant)
+    later = [(t.detach() * 1.25 + 0.1).requires_grad_() for t in inputs]
+    again = [t.detach().clone().requires_grad_() for t in later]
+    got, expected = traced(*later), fn(*again)
+    assert torch.equal(got, expected)
+    weights = torch.linspace(-1.0, 2.0, got.numel(), dtype=got.dtype).reshape(got.shape)
+    (got * weights).sum().backward()
+    (expected * weights).sum().backward()
+    for mine, eager in zip(later, again, strict=True):
+        assert torch.equal(mine.grad, eager.grad)
+
+
+@_TRACE_DEPRECATED
+def test_torch_jit_trace_takes_labels_and_ranks_as_inputs():
+    def losses(z, labels, x, ranks):
+        top = sot.topk_cross_entropy(z, labels, [0.5, 0.5], 0.5, reduction="none")
+        return top, sot.permutation_cross_entropy(x, ranks, 0.5, reduction="none")
+
+    traced = torch.jit.trace(losses, (LOGITS, LABELS, X, RANKS))
+    others = (LOGITS, torch.tensor([6, 0, 1, 5]), X, RANKS.flip(-1))
+    for got, expected in zip(traced(*others), losses(*others), strict=True):
+        assert torch.equal(got, expected)
 
 
 def test_torch_func_transforms():

@@ -19,8 +19,9 @@ device (:mod:`softorder.bridges._torch_device`). The routes of a call:
   context its forward kept;
 - forward mode and torch.func transforms: :class:`_Operation`, with ``jvp`` and ``vmap``
   rules (:class:`_Batched`); wrapped tensors reach NumPy only through the custom operators;
-- ``torch.compile``: the custom operators ``softorder::forward`` (whose outputs include the
-  residuals) and ``softorder::backward``, so that ``fullgraph=True`` traces.
+- ``torch.compile`` and ``torch.jit.trace``: the custom operators ``softorder::forward``
+  (whose outputs include the residuals) and ``softorder::backward``, so that
+  ``fullgraph=True`` traces, and a trace records the operation, not its result.
 
 Derivatives of gradients and tangents raise (:class:`_FirstOrderOnly`). Private PyTorch APIs
 are used only through :mod:`softorder.bridges._torch_compat`.
@@ -555,6 +556,7 @@ def _run(name: str, x, arguments: dict) -> Tensor:
             and x.layout is _STRIDED
             and "cpu" not in _ON_DEVICE
             and not torch.compiler.is_compiling()
+            and not torch.jit.is_tracing()
             and not (compat.transforms_active() or compat.is_wrapped(x) or compat.dual_level_open())
         ):
             try:
@@ -579,11 +581,15 @@ def _run(name: str, x, arguments: dict) -> Tensor:
     every = {input_name: x, **arguments}
     names, statics = checks.split_arguments(_POSITIONAL[name], every, _is_tensor)
     tensors = [_tensor(every[arg], arg) for arg in names]
+    # (torch.jit.trace: sizes are traced values, so the operator checks for an empty dim)
+    tracing = torch.jit.is_tracing()
     if "axis" in statics:
         dim, shape = statics["axis"], x.shape
-        if not (type(dim) is int and -len(shape) <= dim < len(shape) and shape[dim]):
+        if not (type(dim) is int and -x.dim() <= dim < x.dim() and (tracing or shape[dim])):
             statics["axis"] = checks.check_axis(dim, tuple(shape), input_name, "dim")
-    if compiling:
+    if compiling or tracing:
+        # torch.jit.trace records the custom operator (a call of the NumPy kernels would be
+        # recorded as its result: a constant, whatever the traced function is given later)
         if torch.is_grad_enabled():  # (the compiled backward cannot tell which it is asked for)
             _refuse_derivatives(name, names, tuple(t.requires_grad for t in tensors))
         out = _forward_op(_encode(name, names, tuple(statics.items())), tensors)[0]
@@ -603,9 +609,10 @@ def _plain_data(value):
     differentiate: a CPU tensor that does not require grad (labels, ranks, ``p_k``, of an
     integer or a wide float dtype) as a NumPy view, a list or tuple of plain values as it is;
     ``None`` for anything else (the general path's), under ``torch.compile`` (dynamo cannot
-    trace ``is_wrapped``) and under torch.func transforms (where even ``detach`` wraps).
+    trace ``is_wrapped``), under torch.func transforms (where even ``detach`` wraps) and under
+    ``torch.jit.trace`` (which would record a NumPy view's values as constants).
     """
-    if torch.compiler.is_compiling() or compat.transforms_active():
+    if torch.compiler.is_compiling() or compat.transforms_active() or torch.jit.is_tracing():
         return None
     if type(value) is Tensor:
         if (
