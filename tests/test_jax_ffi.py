@@ -1,8 +1,9 @@
 """The JAX bridge's FFI route (softorder.bridges._jax_ffi) against its callbacks and the NumPy API.
 
-On the CPU, ``soft_rank``, ``soft_topk``, ``log_soft_topk`` and ``soft_sort`` with a concrete
-``alpha`` (and ``k``) run as XLA FFI calls into numba C functions; everything else takes the
-callbacks (``buffer_callback``, the CPU kernels on XLA's buffers in place).
+On the CPU, ``soft_rank``, ``soft_topk``, ``log_soft_topk``, ``soft_sort`` and
+``soft_quantile`` with a concrete ``alpha`` (and ``k``, or a few ``q``) run as XLA FFI calls
+into numba C functions; everything else takes the callbacks (``buffer_callback``, the CPU
+kernels on XLA's buffers in place).
 Both routes call the same kernels on the same float64 rows, so their values and gradients
 must agree bit for bit (and with the NumPy API), under ``jit``, ``grad`` and ``vmap``.
 """
@@ -445,3 +446,53 @@ def test_rows_longer_than_ffi_max_n_take_the_callbacks(monkeypatch, rng):
             expected, pullback = softorder.vjp(numpy_op, x, *extra, 0.5, **kwargs)
             np.testing.assert_array_equal(bits(value), bits(flushed(expected)))
             np.testing.assert_array_equal(bits(grad), bits(flushed(pullback(w)[0])))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("q", [0.3, [[0.9], [0.05]], np.full((1, 1, 3), [0.25, 0.5, 0.8])])
+def test_quantiles_take_the_ffi_route_and_match_the_numpy_api(q, dtype, rng, callbacks):
+    """A few quantile levels per row (one for every row, one per row, three for every row),
+    along a middle axis of a batch with infinities and a NaN row: the FFI route (forward and
+    backward) gives the callbacks' and the NumPy API's values and gradients, to the bit.
+    """
+    x = data(rng, (2, 3, 40), dtype)  # its NaN is at [0, 1, 2]
+    x[0, 0, :2] = [np.inf, -np.inf]
+    x = np.moveaxis(x, -1, 1)  # along axis 1
+    levels = np.asarray(q, dtype)  # (the levels as the kernels see them in dtype)
+    expected, pullback = softorder.vjp(softorder.soft_quantile, x, levels, 0.5, axis=1)
+    w = rng.standard_normal(np.shape(expected)).astype(dtype)
+
+    def f(x):
+        return soj.soft_quantile(x, q, 0.5, axis=1)
+
+    def loss(x):
+        return jnp.sum(f(x) * w)
+
+    with jax.enable_x64(dtype == np.float64):
+        text = lowered(jax.grad(loss), x)
+        assert text.count("@softorder_quantile(") == 2 and CALLBACK not in text
+        ffi, callback = callbacks(lambda: (jax.jit(f)(x), jax.jit(jax.grad(loss))(x)))
+    for got in (ffi, callback):
+        equal(got[0], flushed(expected))
+        equal(got[1], flushed(pullback(w)[0]))
+    assert np.isnan(ffi[0][0, ..., 1]).all() and np.isnan(ffi[1][0, :, 1]).all()
+    assert np.isfinite(ffi[0][1]).all() and np.isfinite(ffi[1][1]).all()
+
+
+def test_quantiles_under_vmap_and_the_routes_left_to_the_callbacks(rng, callbacks):
+    x = data(rng, (3, 4, 30))
+
+    def vmapped():
+        g = jax.vmap(jax.grad(lambda r: jnp.sum(soj.soft_quantile(r, [[0.3, 0.6]], 0.5) ** 2)))
+        return jax.jit(g)(x), jax.vmap(lambda r: soj.soft_quantile(r, 0.5, 0.7))(x)
+
+    ffi, callback = callbacks(vmapped)
+    for a, b in zip(ffi, callback, strict=True):
+        equal(a, b)
+    text = lowered(jax.vmap(jax.grad(lambda r: soj.soft_quantile(r, 0.5, 0.5).sum())), x)
+    assert text.count("@softorder_quantile(") == 2
+    # traced levels, and more levels per row than few_targets allows: the callbacks
+    assert CALLBACK in lowered(lambda r, q: soj.soft_quantile(r, q, 0.5), x[0], 0.5)
+    many = np.linspace(0.05, 0.95, 5)[None]  # 5 * FEW_TARGETS > 30
+    assert not softorder.core.sort.few_targets(5, 30)
+    assert CALLBACK in lowered(lambda r: soj.soft_quantile(r, many, 0.5), x[0])

@@ -583,16 +583,29 @@ def row_values(name: str, value, layout: Layout, compute) -> np.ndarray | None:
     in ``compute``: ``(rows,)`` for ``alpha``, ``(rows, 1)`` for ``k``; ``None`` for several
     ``k`` per row.
     """
-    host = host_value(value)
-    if np.dtype(compute) == np.float64:
-        value = np.asarray(host, dtype=np.float64)
-    else:
-        value = as_computed(host, compute).astype(np.float64)
+    value = _as_computed_float64(value, compute)
     if name == "alpha":
         return check_alpha(value, layout.batch_shape, layout.axis)[0].astype(compute)
     n = layout.n
     targets, multi, _ = check_targets(value, layout.batch_shape, name, n, f"n={n}")
     return None if multi else targets.astype(compute)
+
+
+def row_quantiles(value, layout: Layout, compute) -> np.ndarray:
+    """A concrete ``q`` that :func:`check_concrete` accepted, as the kernels see it in a call
+    computing in ``compute`` (rounded to it, subnormals flushed): ``(rows, m)`` float64, one
+    row of ``m`` quantile levels per row of the input (``m = 1`` for one level per row).
+    """
+    value = _as_computed_float64(value, compute)
+    return check_targets(value, layout.batch_shape, "q", 1.0, "1")[0]
+
+
+def _as_computed_float64(value, compute) -> np.ndarray:
+    """A concrete real argument rounded to ``compute`` as the kernels see it, in float64."""
+    host = host_value(value)
+    if np.dtype(compute) == np.float64:
+        return np.asarray(host, dtype=np.float64)
+    return as_computed(host, compute).astype(np.float64)
 
 
 def check_argument(name: str, value, layout: Layout, compute=np.float64) -> None:

@@ -1,7 +1,8 @@
 """XLA FFI handlers of the JAX bridge: numba ``cfunc`` s that XLA calls in place, on the CPU.
 
-The JAX bridge routes ``soft_rank``, ``soft_sort``, ``soft_topk`` and ``log_soft_topk`` here
-when a call is traced for the CPU backend with a concrete ``alpha`` (and ``k``, one per row):
+The JAX bridge routes ``soft_rank``, ``soft_sort``, ``soft_topk``, ``log_soft_topk`` and
+``soft_quantile`` here when a call is traced for the CPU backend with a concrete ``alpha`` (and
+``k``, one per row, or a few ``q`` per row):
 everything is validated then, so a call costs its kernels, without the Python, the GIL and the
 host copies of a callback (figures in CHANGELOG.md).
 
@@ -272,11 +273,17 @@ KERNELS = {
     ),
     "sort_forward": (lapsum.sort_kernel.serial, (_F2, _F1, _F2, _L2, _F2, _F3)),
     "sort_vjp": (sort.sort_vjp.serial, (_F2, _I2, _F1, _L2, _F2, _F2, _F2, _F1, _F3)),
+    "quantile_forward": (lapsum.inverse_kernel.serial, (_F2, _F1, _F2, _L2, _F2, _L2, _F2, _F3)),
+    "quantile_vjp": (
+        sort.few_inverse_vjp.serial,
+        (_F2, _I2, _F1, _L2, _F2, _L2, _F2, _F2, _F2, _F1, _F3, _F3),
+    ),
 }
 _calls = SymbolCalls(**KERNELS)
 _rank_forward, _rank_vjp = _calls.rank_forward, _calls.rank_vjp
 _topk_forward, _topk_vjp = _calls.topk_forward, _calls.topk_vjp
 _sort_forward, _sort_vjp = _calls.sort_forward, _calls.sort_vjp
+_quantile_forward, _quantile_vjp = _calls.quantile_forward, _calls.quantile_vjp
 
 
 def rank_handler(frame):
@@ -410,9 +417,70 @@ def sort_handler(frame):
     return 0
 
 
+def quantile_handler(frame):
+    """Forward: x, alpha, flags (with ``m``, the targets per row, third), q and the argsort
+    of each row's q (int32, both (rows, m)) -> quantiles (rows, m), order (int32), anchors
+    and offsets (int64 and float64 as uint32 words).
+    Backward: x, alpha, flags, order, anchors, offsets, cotangent -> gradient of x.
+    Only few targets per row (:func:`softorder.core.sort.few_targets`), whose gradient the
+    NumPy API computes with :func:`~softorder.core.sort.few_inverse_vjp`.
+    """
+    run, rows, n = begin(frame)
+    if not run:
+        return 0
+    m = np.int64(peek(buffer(frame, ARGS, 2)[0], 2, np.int32))
+    values = empty((rows, n), np.float64)
+    widen(values, *buffer(frame, ARGS, 0), False)
+    alpha = empty((rows,), np.float64)
+    widen(alpha, *buffer(frame, ARGS, 1), False)
+    if peek(frame, ARG_COUNT, np.int64) > 5:  # the backward pass: more arguments
+        order = array_at(buffer(frame, ARGS, 3)[0], (rows, n), np.int32)
+        xs = empty((rows, n), np.float64)
+        gather_rows(xs, values, order)
+        anchor = array_at(buffer(frame, ARGS, 4)[0], (rows, m), np.int64)
+        offset = array_at(buffer(frame, ARGS, 5)[0], (rows, m), np.float64)
+        u = empty((rows, m), np.float64)
+        widen(u, *buffer(frame, ARGS, 6), False)
+        x_bar = empty((rows, n), np.float64)
+        w_bar = empty((rows, m), np.float64)  # (q is a constant here: its gradient goes)
+        alpha_bar = empty((rows,), np.float64)
+        work = empty((rows, sort.FEW_VJP_WORK, n), np.float64)
+        no_order = empty((rows, 0), np.int64)  # (the CPU kernel reads no targets' order)
+        no_work = empty((rows, 0, m), np.float64)
+        _quantile_vjp(
+            xs, order, alpha, anchor, offset, no_order, u, x_bar, w_bar, alpha_bar, work, no_work
+        )
+        narrow(*buffer(frame, RESULTS, 0), x_bar, False)
+        return 0
+    order = array_at(buffer(frame, RESULTS, 1)[0], (rows, n), np.int32)
+    xs = empty((rows, n), np.float64)
+    sort_rows(values, xs, order)
+    w = empty((rows, m), np.float64)
+    widen(w, *buffer(frame, ARGS, 3), False)
+    w_order = empty((rows, m), np.int64)
+    q_order = buffer(frame, ARGS, 4)[0]
+    scale = np.float64(n)
+    for r in range(rows):
+        for j in range(m):
+            w[r, j] = w[r, j] * scale  # the targets q n, as the NumPy API scales them
+            w_order[r, j] = peek(q_order, r * m + j, np.int32)
+    anchor = array_at(buffer(frame, RESULTS, 2)[0], (rows, m), np.int64)
+    offset = array_at(buffer(frame, RESULTS, 3)[0], (rows, m), np.float64)
+    out = empty((rows, m), np.float64)
+    work = empty((rows, lapsum.TABLES, n), np.float64)
+    _quantile_forward(xs, alpha, w, w_order, out, anchor, offset, work)
+    narrow(*buffer(frame, RESULTS, 0), out, False)
+    return 0
+
+
 #: one C function per operation: its forward and backward passes (told apart by their
 #: number of arguments), so that one compilation serves both
-_HANDLERS = {"rank": rank_handler, "topk": topk_handler, "sort": sort_handler}
+_HANDLERS = {
+    "rank": rank_handler,
+    "topk": topk_handler,
+    "sort": sort_handler,
+    "quantile": quantile_handler,
+}
 
 
 def _compile(name: str):
@@ -442,8 +510,8 @@ def _compile(name: str):
 
 
 def target(name: str) -> str:
-    """The FFI target name of handler ``name`` (``"rank"``, ``"topk"`` or ``"sort"``),
-    registered with XLA for the CPU on first use (compiling or loading the handler).
+    """The FFI target name of handler ``name`` (``"rank"``, ``"topk"``, ``"sort"`` or
+    ``"quantile"``), registered with XLA for the CPU on first use (compiling or loading it).
     """
     full = f"softorder_{name}"
     if full in _registered:

@@ -66,7 +66,13 @@ _FFI_CALLS: str | bool = "auto"
 #: scratch, 32 bytes per element, is fresh pages from the C library on every call past 32
 #: MiB), and soft sort's handler runs the general kernels (``sort_kernel``, ``sort_vjp``), not
 #: the NumPy API's ladder ones (the figures: ``benchmarks/bench_jax.py --sizes``)
-FFI_MAX_N = {"soft_rank": 2**20, "soft_topk": 2**20, "log_soft_topk": 2**20, "soft_sort": 2**18}
+FFI_MAX_N = {
+    "soft_rank": 2**20,
+    "soft_topk": 2**20,
+    "log_soft_topk": 2**20,
+    "soft_sort": 2**18,
+    "soft_quantile": 2**20,
+}
 
 #: why a softorder function cannot be differentiated twice, or in forward mode
 _SECOND_ORDER = (
@@ -155,18 +161,20 @@ class _Callbacks:
 @dataclasses.dataclass(frozen=True)
 class _Ffi:
     """The FFI route's ``handler`` (:mod:`softorder.bridges._jax_ffi`) on the arrays (rows, n)
-    of rows, ``alpha`` per row, int32 flags ``(negate, log)`` and, for top-k, ``k`` per row;
-    residuals: the argsort (int32) and 64-bit values as pairs of uint32 words (no x64 needed).
+    of rows, ``alpha`` per row, int32 flags ``(negate, log)`` (and ``m`` for quantiles) and,
+    for top-k, ``k`` per row, for quantiles ``q`` and its argsort (rows, m); residuals: the
+    argsort (int32) and 64-bit values as pairs of uint32 words (no x64 needed).
     """
 
-    handler: str  # "rank", "topk" or "sort"
+    handler: str  # "rank", "topk", "sort" or "quantile"
     differentiable = (0,)  # (the other arguments are concrete)
 
     def forward(self, arrays: tuple, keep: bool) -> tuple:
         rows, n = arrays[0].shape
-        widths = {"rank": (2 * n,), "sort": (2 * n, 2 * n), "topk": (2, 2)}[self.handler]
-        saved = [_struct((rows, width), np.uint32) for width in widths]
-        shapes = (_struct((rows, n), arrays[0].dtype), _struct((rows, n), np.int32), *saved)
+        m = arrays[3].shape[-1] if self.handler == "quantile" else n
+        widths = {"rank": (2 * n,), "sort": (2 * n, 2 * n), "topk": (2, 2)}
+        saved = [_struct((rows, w), np.uint32) for w in widths.get(self.handler, (2 * m,) * 2)]
+        shapes = (_struct((rows, m), arrays[0].dtype), _struct((rows, n), np.int32), *saved)
         return self._call(shapes, arrays)
 
     def backward(self, arrays: tuple, residuals: tuple, cotangent, wanted: tuple) -> tuple:
@@ -331,6 +339,7 @@ _FFI_OPS = {
     "soft_topk": ("topk", False),
     "log_soft_topk": ("topk", True),
     "soft_sort": ("sort", False),
+    "soft_quantile": ("quantile", False),
 }
 
 
@@ -351,18 +360,25 @@ def _ffi_constants(op_name: str, arguments: dict, layout: Layout, compute, route
         or layout.n > FFI_MAX_N[op_name]
         or layout.n >= 2**31  # the argsort travels as int32
         or not math.prod(layout.batch_shape)
-        or any(_is_traced(arguments.get(name)) for name in ("alpha", "k"))
+        or any(_is_traced(arguments.get(name)) for name in ("alpha", "k", "q"))
     ):
         return None
     handler, log = _FFI_OPS[op_name]
     alpha = checks.row_values("alpha", arguments["alpha"], layout, compute)
-    negate = arguments.get("descending", arguments.get("largest"))
+    negate = bool(arguments.get("descending", arguments.get("largest")))
     constants = [alpha, np.array([negate, log], np.int32)]
     if "k" in arguments:
         k = checks.row_values("k", arguments["k"], layout, compute)
         if k is None:
             return None  # several k per row: the callbacks
         constants.append(k)
+    if "q" in arguments:
+        q = checks.row_quantiles(arguments["q"], layout, compute)
+        if not core.sort.few_targets(q.shape[1], layout.n):
+            return None  # (their gradient is another kernel's)
+        # m, and the argsort of each row's targets, as the NumPy API's Targets.parse sorts them
+        constants[1] = np.array([negate, log, q.shape[1]], np.int32)
+        constants += [q.astype(compute), np.argsort(q, axis=1).astype(np.int32)]
     return handler, constants
 
 
@@ -434,7 +450,10 @@ def _dispatch(op: Callable, arguments: dict) -> jax.Array:
         moved = jnp.moveaxis(x, layout.axis, -1)
         operands = (moved.reshape(-1, layout.n), *map(jnp.asarray, constants))
         out = _apply(_Ffi(handler), *_vary(operands, _varying_axes(operands)))
-        return jnp.moveaxis(out.reshape(moved.shape), -1, layout.axis).astype(out_dtype)
+        if handler == "quantile" and np.ndim(arguments["q"]) <= len(layout.batch_shape):
+            return out.reshape(moved.shape[:-1]).astype(out_dtype)  # one q per row
+        out = out.reshape(moved.shape[:-1] + out.shape[-1:])
+        return jnp.moveaxis(out, -1, layout.axis).astype(out_dtype)
 
     # one spec for any number of vmapped axes: the axis counts from the end, a loss is
     # computed per row and reduced below, in JAX, per vmapped element
@@ -472,8 +491,8 @@ _JAX = Dialect(
 
 _FFI_NOTE = (
     "FFI route: on the CPU backend, with a concrete (not traced) ``alpha`` (and ``k``, one per "
-    "row), this is an XLA FFI call into numba C functions, with no Python per call; otherwise "
-    'a callback (see the module\'s "FFI route").'
+    "row, or ``q``, a few per row), this is an XLA FFI call into numba C functions, with no "
+    'Python per call; otherwise a callback (see the module\'s "FFI route").'
 )
 _LOSS_NOTE = "Under ``vmap`` the reduction applies to each vmapped element separately."
 
@@ -547,7 +566,7 @@ def soft_sort(
     return _run(_ops.soft_sort, locals())
 
 
-@documented(_ops.soft_quantile, _JAX)
+@documented(_ops.soft_quantile, _JAX, notes=_FFI_NOTE)
 def soft_quantile(
     x: ArrayLike, q: ArrayLike, alpha: ArrayLike = 1.0, *, axis: int = -1
 ) -> jax.Array:
