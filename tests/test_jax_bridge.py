@@ -136,6 +136,30 @@ def test_axis_other_than_last(rng, x64):
     )
 
 
+def test_lists_of_traced_values(rng, x64):
+    """A list that holds traced values (k, alpha, q, p_k, labels of a jitted function's
+    arguments, or a list jax.grad differentiates) is a traced argument: NumPy cannot read it
+    (it raised jax's TracerArrayConversionError).
+    """
+    x = distinct(rng, (3, 6))
+    k = [1.5, 2.0, 4.5]
+    out = jax.jit(lambda a, b, c: soj.soft_topk(x, [a, b, c], 0.4))(*k)
+    np.testing.assert_array_equal(np.asarray(out), softorder.soft_topk(x, k, 0.4))
+    out = jax.jit(lambda a, b: soj.soft_rank(x, [a, b, 0.7]))(0.3, 0.5)
+    np.testing.assert_array_equal(np.asarray(out), softorder.soft_rank(x, [0.3, 0.5, 0.7]))
+    out = jax.jit(lambda q: soj.soft_quantile(x, (q, 0.5, 0.9), 0.4))(0.2)
+    np.testing.assert_array_equal(np.asarray(out), softorder.soft_quantile(x, [0.2, 0.5, 0.9], 0.4))
+    loss = jax.jit(lambda label, p: soj.topk_cross_entropy(x, [label, 3, 5], [p, 0.7], 0.4))
+    expected = softorder.topk_cross_entropy(x, [0, 3, 5], [0.3, 0.7], 0.4)
+    np.testing.assert_allclose(np.asarray(loss(0, 0.3)), expected, rtol=1e-15)
+    grad_k = jax.grad(lambda k: soj.soft_topk(x, k, 0.4)[:, 0].sum())(k)
+    _, pullback = softorder.vjp(softorder.soft_topk, x, k, 0.4)
+    expected = pullback(np.eye(6)[0] * np.ones((3, 1)))[1]
+    np.testing.assert_array_equal(np.asarray(grad_k), expected)
+    with pytest.raises(ValueError, match="k of shape"):
+        jax.jit(lambda a: soj.soft_topk(x, [a, a], 0.4))(1.0)
+
+
 # --- gradients (float64, numerical check) ---------------------------------------------------
 
 

@@ -422,8 +422,21 @@ def _run(op: Callable, arguments: dict) -> jax.Array:
         raise TypeError(_FORWARD_MODE) from error
 
 
+def _as_traced(value):
+    """``value``, or one traced array for a list or tuple that holds traced values (``[k1, k2]``
+    of a jitted function's arguments, a list ``jax.grad`` differentiates): NumPy cannot read
+    it, so it is checked and passed as a traced argument.
+    """
+    if isinstance(value, (list, tuple)) and any(
+        _is_traced(leaf) for leaf in jax.tree_util.tree_leaves(value)
+    ):
+        return jnp.asarray(value)
+    return value
+
+
 def _dispatch(op: Callable, arguments: dict) -> jax.Array:
     names, statics = checks.split_arguments(op.signature.parameters, arguments)
+    arguments = {name: _as_traced(arguments[name]) for name in names}
     input_name = names[0]
     checks.refuse_masked(arguments[input_name], input_name)
     x = jnp.asarray(arguments[input_name])
