@@ -149,20 +149,38 @@ class _Plan:
         return join(0, ())
 
     def reduce(self, losses: da.Array) -> da.Array:
+        """The rows' losses (float64 when reduced) reduced as the NumPy API reduces them: the
+        mean as the sum times ``1 / rows``, in float64, then in the input's dtype.
+        """
         if self.reduction == "mean":
-            return losses.mean()
+            rows = losses.size
+            mean = losses.sum() * (1.0 / rows) if rows else da.full((), np.nan)
+            return mean.astype(self.dtype)
         if self.reduction == "sum":
-            return losses.sum()
+            return losses.sum().astype(self.dtype)
         return losses
 
 
-def _forward_chunk(op: Callable, shared: dict, dtype: np.dtype, chunk: dict) -> np.ndarray:
+def _forward_chunk(
+    op: Callable, shared: dict, dtype: np.dtype, chunk: dict, widen: str | None = None
+) -> np.ndarray:
+    if widen is not None:  # (see _backward_chunk)
+        chunk = {**chunk, widen: np.asarray(chunk[widen], dtype=np.float64)}
     return np.asarray(op(**shared, **chunk), dtype=dtype)
 
 
 def _backward_chunk(
-    op: Callable, shared: dict, dtypes: tuple, chunk: dict, cotangent: np.ndarray
+    op: Callable,
+    shared: dict,
+    dtypes: tuple,
+    chunk: dict,
+    cotangent: np.ndarray,
+    widen: str | None = None,
 ) -> tuple:
+    if widen is not None:
+        # the input (``widen`` names it) in float64: the kernels run in float64 either way,
+        # and the gradients come back unrounded, for a sum over the chunks rounded once
+        chunk = {**chunk, widen: np.asarray(chunk[widen], dtype=np.float64)}
     _, pullback = _vjp(op, **shared, **chunk)
     grads = pullback(np.asarray(cotangent))
     return tuple(np.asarray(g, dtype=t) for g, t in zip(grads, dtypes, strict=True))
@@ -210,11 +228,16 @@ def apply(op: Callable, x: da.Array, *args: Any, **kwargs: Any) -> da.Array:
     """
     plan = _Plan(op, x, args, kwargs)
     task = dask.delayed(_forward_chunk, pure=True)
+    # the rows' losses of a reduced loss are computed and summed in float64, then rounded
+    # once, as in the NumPy API: rounded to the input's dtype (float32) first, they lost bits
+    reduced = plan.reduction in ("mean", "sum")
+    dtype = np.dtype(np.float64) if reduced else plan.dtype
+    widen = plan.input_name if reduced and plan.dtype != np.float64 else None
     pieces = {
         index: da.from_delayed(
-            task(op, plan.shared, plan.dtype, plan.chunk_arguments(index)),
+            task(op, plan.shared, dtype, plan.chunk_arguments(index), widen),
             shape=plan.rows(index) + plan.tail,
-            dtype=plan.dtype,
+            dtype=dtype,
         )
         for index in plan.indices()
     }
@@ -258,8 +281,11 @@ def vjp(op: Callable, x: da.Array, *args: Any, **kwargs: Any) -> tuple[da.Array,
     def pullback(cotangent: Any) -> tuple:
         rows_shape = x.shape[:-1]
         if plan.reduction in ("mean", "sum"):
-            scale = int(np.prod(rows_shape)) if plan.reduction == "mean" else 1
-            per_row = da.asarray(cotangent, dtype=plan.dtype) / scale
+            rows = int(np.prod(rows_shape))
+            scale = 1.0 / max(rows, 1) if plan.reduction == "mean" else 1.0
+            # widened, then scaled in float64, as the NumPy API does: in the input's dtype
+            # (float32) the cotangent and its share of each row were rounded
+            per_row = da.asarray(cotangent).astype(np.float64) * scale
             if per_row.ndim != 0:
                 raise ValueError(
                     f"softorder.dask: the cotangent of a {plan.reduction!r} loss is a scalar; "
@@ -274,12 +300,18 @@ def vjp(op: Callable, x: da.Array, *args: Any, **kwargs: Any) -> tuple[da.Array,
         whole = tuple((n,) for n in plan.tail)
         cotangent = da.asarray(cotangent).rechunk(plan.batch_chunks + whole)
         ct_blocks = cotangent.to_delayed().reshape(x.numblocks[:-1] + (-1,))
-        dtypes = (plan.dtype,) * len(differentiable)  # as the NumPy API returns them
+        # the NumPy API's dtypes; a shared argument's gradient (the sum of the chunks') is
+        # summed in float64 first: summed in the input's dtype (float16, float32) it lost bits
+        dtypes = tuple(
+            plan.dtype if name in plan.per_row else np.dtype(np.float64) for name in differentiable
+        )
+        narrow = plan.dtype != np.float64 and any(n not in plan.per_row for n in differentiable)
+        widen = plan.input_name if narrow else None
         task = dask.delayed(_backward_chunk, pure=True, nout=len(differentiable))
         grads: dict = {name: {} for name in differentiable}
         for index in plan.indices():
             chunk = plan.chunk_arguments(index)
-            results = task(op, plan.shared, dtypes, chunk, ct_blocks[index][0])
+            results = task(op, plan.shared, dtypes, chunk, ct_blocks[index][0], widen)
             for name, dtype, grad in zip(differentiable, dtypes, results, strict=True):
                 if name in plan.per_row:
                     shape = plan.rows(index) + plan.per_row[name].shape[plan.nb :]
@@ -291,7 +323,8 @@ def vjp(op: Callable, x: da.Array, *args: Any, **kwargs: Any) -> tuple[da.Array,
             if name in plan.per_row:
                 out_grads.append(plan.assemble(grads[name]))
             else:  # a shared argument: the chunks' gradients add up
-                out_grads.append(da.stack(list(grads[name].values())).sum(axis=0))
+                total = da.stack(list(grads[name].values())).sum(axis=0)
+                out_grads.append(total.astype(plan.dtype))
         return tuple(out_grads)
 
     return out, pullback

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import dask
 import numpy as np
 import pytest
 
@@ -116,6 +117,50 @@ def test_float32_keeps_its_dtype(data):
     got = sdask.apply(softorder.soft_rank, da.from_array(x, chunks=(1, 4, N)), 0.5).compute()
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got, softorder.soft_rank(x, 0.5))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_reduced_losses_and_shared_gradients_round_once(data, dtype):
+    """A reduced loss, its cotangent's share of each row and a shared argument's gradient
+    are computed in float64 and rounded once, as the NumPy API does: in float32 (float16) the
+    losses were rounded, then summed; the cotangent 1.3 was rounded, then divided; the
+    chunks' alpha gradients were rounded, then summed: off by several ulps.
+    """
+    x = data.astype(dtype)
+    xd = da.from_array(x, chunks=(2, 3, N))
+    target_ranks = np.argsort(np.argsort(data, axis=-1), axis=-1) + 1
+    for reduction in ("mean", "sum"):
+        expected, reference = softorder.vjp(
+            softorder.permutation_cross_entropy, x, target_ranks, 0.5, reduction=reduction
+        )
+        value, pullback = sdask.vjp(
+            softorder.permutation_cross_entropy, xd, target_ranks, 0.5, reduction=reduction
+        )
+        grads = dask.compute(*pullback(1.3), scheduler="threads")
+        expected_grads = reference(1.3)
+        if dtype == np.float64:  # (the chunks' sums add up in another order)
+            np.testing.assert_allclose(value.compute(), expected, rtol=1e-14)
+            np.testing.assert_allclose(grads[1], expected_grads[1], rtol=1e-14)
+        else:
+            np.testing.assert_array_equal(value.compute(), expected)
+            np.testing.assert_array_equal(grads[1], expected_grads[1])
+        np.testing.assert_array_equal(grads[0], expected_grads[0])
+        assert value.dtype == grads[0].dtype == grads[1].dtype == dtype
+    q_bar, alpha_bar = dask.compute(
+        *sdask.vjp(softorder.soft_quantile, xd, 0.3, 0.5)[1](np.ones(x.shape[:-1], dtype))[1:]
+    )
+    _, reference = softorder.vjp(softorder.soft_quantile, x, 0.3, 0.5)
+    expected_q, expected_alpha = reference(np.ones(x.shape[:-1], dtype))[1:]
+    if dtype != np.float64:
+        np.testing.assert_array_equal(q_bar, expected_q)
+        np.testing.assert_array_equal(alpha_bar, expected_alpha)
+    # one chunk: the mean is the NumPy API's to the bit in float64 too
+    value, pullback = sdask.vjp(
+        softorder.permutation_cross_entropy, da.from_array(x), target_ranks, 0.5
+    )
+    expected, reference = softorder.vjp(softorder.permutation_cross_entropy, x, target_ranks, 0.5)
+    np.testing.assert_array_equal(value.compute(), expected)
+    np.testing.assert_array_equal(pullback(1.3)[0].compute(), reference(1.3)[0])
 
 
 def test_a_single_row(data):
