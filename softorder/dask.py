@@ -17,9 +17,11 @@ Arguments
     Per-row arguments (a per-row ``alpha``, ``k`` or ``q``, several ``k`` per row, ``labels``,
     ``target_ranks``, a per-row ``p_k``) are split like the input's chunks: dask arrays,
     whose leading axes must be the input's batch axes, and NumPy arrays or lists whose
-    leading axes are those batch axes. Everything else (scalars, ``p_k`` of shape ``(K,)``,
-    ``q`` of shape ``(1, m)``) goes whole to every task, so it must be what the operation
-    takes for any number of rows.
+    leading axes are those batch axes. Other arguments are checked against the whole batch,
+    as the NumPy API checks them; an array that broadcasts along a batch axis split into
+    several chunks (``alpha`` of shape ``(rows, 1)``) is split with the rows, its gradient
+    summed back to its shape; everything else (scalars, ``p_k`` of shape ``(K,)``, ``q`` of
+    shape ``(1, m)``) goes whole to every task.
 Losses
     Each task returns its rows' losses; ``reduction="mean"`` and ``"sum"`` are taken over all
     rows by dask, so they equal the NumPy call on the whole batch.
@@ -48,7 +50,8 @@ import numpy as np
 
 from softorder._engine.autodiff import bind, rule_of
 from softorder._engine.autodiff import vjp as _vjp
-from softorder._engine.layout import row_aligned
+from softorder._engine.checks import check_argument, host_value
+from softorder._engine.layout import _TRAILING_AXES, Layout, row_aligned, several_per_row
 
 __all__ = ["apply", "vjp"]
 
@@ -100,11 +103,27 @@ class _Plan:
                 raise ValueError(f"reduction must be one of {_REDUCTIONS}; got {self.reduction!r}")
             arguments["reduction"] = "none"  # each task returns its rows' losses
         self.per_row = {self.input_name: x}
+        #: shared arguments that broadcast along a chunked batch axis, split as per-row ones
+        #: (broadcast to the batch): their shapes, to which their gradients are summed
+        self.spread: dict = {}
+        layout = None
         for name in names[1:]:
             value = arguments[name]
-            if not isinstance(value, da.Array) and row_aligned(name, value, x.shape[:-1]):
+            if isinstance(value, da.Array):
+                pass
+            elif row_aligned(name, value, x.shape[:-1]):
                 # one entry per row as NumPy data (labels, a per-row alpha): split with the rows
                 value = da.from_array(np.asarray(value), chunks=-1)
+            elif name in CHECKED:
+                # the NumPy API's check on the whole batch: a task sees only its chunk's rows,
+                # where alpha of shape (2, 3) for a batch (4, 3) broadcasts (silently reused
+                # by every chunk of 2 rows)
+                layout = layout or Layout.of(tuple(x.shape), -1, self.input_name)
+                check_argument(name, host_value(value), layout)
+                spread = _spread(name, value, self.batch_chunks)
+                if spread is not None:
+                    self.spread[name] = np.shape(value)
+                    value = da.from_array(spread, chunks=-1)
             if isinstance(value, da.Array):
                 if value.shape[: self.nb] != x.shape[:-1]:
                     raise ValueError(
@@ -161,6 +180,34 @@ class _Plan:
         return losses
 
 
+#: the arguments that may differ between rows, which the NumPy API checks against the batch
+CHECKED = frozenset(("alpha", "k", "q", "labels", "target_ranks", "p_k"))
+
+
+def _spread(name: str, value: Any, batch_chunks: tuple) -> np.ndarray | None:
+    """``value`` of argument ``name`` (valid for the whole batch) broadcast to one entry per
+    row, when it broadcasts along a batch axis split into several chunks (alpha of shape
+    ``(4, 1)`` for a batch ``(4, 3)`` chunked along its first axis: a task's rows would not
+    match it); ``None`` when every task can take it whole.
+    """
+    arr = np.asarray(value)
+    nb = len(batch_chunks)
+    trailing = _TRAILING_AXES[name]
+    if trailing is None:  # several targets per row: one trailing axis
+        trailing = 1 if several_per_row(name, arr, nb) else 0
+    elif name == "alpha" and arr.ndim == nb + 1:  # the keepdims shape: the row axis, of 1
+        trailing = 1
+    lead = arr.shape[: arr.ndim - trailing]
+    if len(lead) > nb:
+        return None
+    batch = tuple(sum(chunks) for chunks in batch_chunks)
+    if not any(
+        size != 1 and len(batch_chunks[nb - len(lead) + i]) > 1 for i, size in enumerate(lead)
+    ):
+        return None
+    return np.broadcast_to(arr, batch + arr.shape[arr.ndim - trailing :])
+
+
 def _forward_chunk(
     op: Callable, shared: dict, dtype: np.dtype, chunk: dict, widen: str | None = None
 ) -> np.ndarray:
@@ -186,6 +233,15 @@ def _backward_chunk(
     return tuple(np.asarray(g, dtype=t) for g, t in zip(grads, dtypes, strict=True))
 
 
+def _unbroadcast(grad: da.Array, shape: tuple) -> da.Array:
+    """The gradient ``grad`` of an argument broadcast from ``shape``, summed back to it."""
+    extra = grad.ndim - len(shape)
+    axes = tuple(range(extra)) + tuple(
+        extra + i for i, size in enumerate(shape) if size == 1 and grad.shape[extra + i] != 1
+    )
+    return grad.sum(axis=axes, keepdims=True).reshape(shape)
+
+
 def apply(op: Callable, x: da.Array, *args: Any, **kwargs: Any) -> da.Array:
     """A softorder operation on a dask array, one task per chunk of whole rows.
 
@@ -198,7 +254,8 @@ def apply(op: Callable, x: da.Array, *args: Any, **kwargs: Any) -> da.Array:
     *args, **kwargs
         Its other arguments, as for ``op``: dask arrays, and NumPy arrays or lists whose
         leading axes are ``x``'s batch axes, are per-row arguments, split like ``x``'s
-        chunks; anything else goes whole to every task.
+        chunks; anything else is checked against the whole batch and goes whole to every
+        task (split with the rows where it broadcasts along a chunked batch axis).
 
     Returns
     -------
@@ -302,10 +359,9 @@ def vjp(op: Callable, x: da.Array, *args: Any, **kwargs: Any) -> tuple[da.Array,
         ct_blocks = cotangent.to_delayed().reshape(x.numblocks[:-1] + (-1,))
         # the NumPy API's dtypes; a shared argument's gradient (the sum of the chunks') is
         # summed in float64 first: summed in the input's dtype (float16, float32) it lost bits
-        dtypes = tuple(
-            plan.dtype if name in plan.per_row else np.dtype(np.float64) for name in differentiable
-        )
-        narrow = plan.dtype != np.float64 and any(n not in plan.per_row for n in differentiable)
+        summed = [n for n in differentiable if n not in plan.per_row or n in plan.spread]
+        dtypes = tuple(np.dtype(np.float64) if n in summed else plan.dtype for n in differentiable)
+        narrow = plan.dtype != np.float64 and bool(summed)
         widen = plan.input_name if narrow else None
         task = dask.delayed(_backward_chunk, pure=True, nout=len(differentiable))
         grads: dict = {name: {} for name in differentiable}
@@ -320,7 +376,10 @@ def vjp(op: Callable, x: da.Array, *args: Any, **kwargs: Any) -> tuple[da.Array,
                 grads[name][index] = da.from_delayed(grad, shape=shape, dtype=dtype)
         out_grads = []
         for name in differentiable:
-            if name in plan.per_row:
+            if name in plan.spread:  # summed over the axes it was broadcast along
+                total = _unbroadcast(plan.assemble(grads[name]), plan.spread[name])
+                out_grads.append(total.astype(plan.dtype))
+            elif name in plan.per_row:
                 out_grads.append(plan.assemble(grads[name]))
             else:  # a shared argument: the chunks' gradients add up
                 total = da.stack(list(grads[name].values())).sum(axis=0)

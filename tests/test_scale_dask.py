@@ -163,6 +163,38 @@ def test_reduced_losses_and_shared_gradients_round_once(data, dtype):
     np.testing.assert_array_equal(pullback(1.3)[0].compute(), reference(1.3)[0])
 
 
+def test_shared_arguments_are_checked_and_broadcast_over_the_whole_batch(data):
+    """A shared argument is checked against the whole batch, as the NumPy API checks it:
+    alpha of shape (2, 4) for a batch (5, 4) chunked by 2 rows was taken by every task (each
+    chunk's rows broadcast with it), silently; one that broadcasts along a chunked axis
+    (alpha of shape (5, 1)) is split with the rows, its gradient summed back to its shape
+    (every task raised "does not broadcast to the batch shape (2, 3)").
+    """
+    xd = da.from_array(data, chunks=(2, 3, N))
+    with pytest.raises(ValueError, match=r"alpha of shape \(2, 4\) does not broadcast"):
+        sdask.apply(softorder.soft_rank, xd, np.ones((2, 4)))
+    with pytest.raises(ValueError, match=r"k of shape \(2, 1, 2\) does not broadcast"):
+        sdask.apply(softorder.soft_topk, xd, np.full((2, 1, 2), 3.0), 0.5)
+    rng = np.random.default_rng(6)
+    for op, args in (
+        (softorder.soft_rank, (rng.uniform(0.2, 2.0, (5, 1)),)),
+        (softorder.soft_rank, (rng.uniform(0.2, 2.0, (4,)),)),
+        (softorder.soft_sort, (rng.uniform(0.2, 2.0, (5, 1, 1)),)),  # (the keepdims shape)
+        (softorder.soft_topk, (rng.uniform(0.5, N - 0.5, (5, 1, 2)), 0.5)),
+        (softorder.soft_quantile, (rng.uniform(0.1, 0.9, (1, 4)), rng.uniform(0.2, 2.0, (5, 1)))),
+    ):
+        for dtype in (np.float64, np.float32):
+            x = data.astype(dtype)
+            expected, reference = softorder.vjp(op, x, *args)
+            value, pullback = sdask.vjp(op, da.from_array(x, chunks=(2, 3, N)), *args)
+            np.testing.assert_array_equal(value.compute(), expected)
+            cotangent = rng.normal(size=expected.shape).astype(dtype)
+            grads = dask.compute(*pullback(cotangent), scheduler="threads")
+            for grad, expected_grad in zip(grads, reference(cotangent), strict=True):
+                assert grad.shape == expected_grad.shape and grad.dtype == expected_grad.dtype
+                np.testing.assert_allclose(grad, expected_grad, rtol=1e-12, atol=1e-15)
+
+
 def test_a_single_row(data):
     x = data[0, 0]
     got = sdask.apply(softorder.soft_topk, da.from_array(x), 2, 0.5).compute()
