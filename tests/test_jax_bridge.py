@@ -802,3 +802,27 @@ def test_a_complex_input_is_refused_under_its_own_name():
         soj.topk_cross_entropy(logits, labels, [1.0])
     with pytest.raises(TypeError, match="^logits must be real"):
         softorder.topk_cross_entropy(np.asarray(logits), np.asarray(labels), [1.0])
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda f: f.soft_rank(None), TypeError, "^x must be a numeric array; got dtype object"),
+        (lambda f: f.soft_rank(np.array(["a", "b"])), TypeError, "^x must be a numeric array"),
+        (lambda f: f.soft_sort([[1.0, 2.0], [3.0]]), ValueError, "^x must be a rectangular"),
+        (lambda f: f.topk_cross_entropy("ab", [0], [1.0]), TypeError, "^logits must be a numeric"),
+        (lambda f: f.soft_topk(np.ones((2, 3)), [[1.0], [2.0, 1.5]]), ValueError, "^k must be a"),
+    ],
+)
+def test_unreadable_arguments_are_refused_under_their_own_names(call, error, match):
+    """None, strings and ragged lists: JAX's own errors ("None is not a valid value for
+    jnp.array", "Error interpreting argument to stage as a JAX value", NumPy's "setting an
+    array element with a sequence") named neither softorder nor the argument; now the NumPy
+    API's.
+    """
+    with pytest.raises(error, match=match):
+        call(softorder)
+    with pytest.raises(error, match=match):
+        call(soj)
+    with pytest.raises(ValueError, match="^alpha must be a rectangular array"):
+        soj.soft_rank(np.ones((2, 3)), [0.5, [1.0]])  # (the NumPy API's words name no argument)

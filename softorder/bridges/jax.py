@@ -434,12 +434,25 @@ def _as_traced(value):
     return value
 
 
+def _rectangular(value, name: str) -> None:
+    """``ValueError`` naming ``name`` for a ragged list (NumPy's words name no argument)."""
+    try:
+        np.asarray(value)
+    except ValueError as error:
+        raise ValueError(f"{name} must be a rectangular array of numbers: {error}") from None
+
+
 def _dispatch(op: Callable, arguments: dict) -> jax.Array:
     names, statics = checks.split_arguments(op.signature.parameters, arguments)
     arguments = {name: _as_traced(arguments[name]) for name in names}
     input_name = names[0]
     checks.refuse_masked(arguments[input_name], input_name)
-    x = jnp.asarray(arguments[input_name])
+    try:
+        x = jnp.asarray(arguments[input_name])
+    except (TypeError, ValueError):  # (None, strings, ragged lists: JAX's words name no
+        # argument) the NumPy API's error, naming the input, where it has one
+        checks.float_array(arguments[input_name], input_name)
+        raise
     default = jax.dtypes.canonicalize_dtype(np.float64)
     compute, out_dtype = input_dtypes(x.dtype, input_name, default)
     x = x.astype(compute)
@@ -451,6 +464,8 @@ def _dispatch(op: Callable, arguments: dict) -> jax.Array:
         if _is_traced(value):  # its shape and dtype kind
             checks.check_traced(name, value.shape, value.dtype, layout)
         else:  # as NumPy sees it, also rounded to the compute dtype
+            if isinstance(value, (list, tuple)):
+                _rectangular(value, name)
             checks.check_concrete(name, value, layout, compute)
         value = jnp.asarray(value)
         arrays[name] = value.astype(compute) if name in checks.FLOAT_ARGUMENTS else value
