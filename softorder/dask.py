@@ -51,7 +51,7 @@ import numpy as np
 from softorder._engine.autodiff import bind, rule_of
 from softorder._engine.autodiff import vjp as _vjp
 from softorder._engine.checks import check_argument, host_value
-from softorder._engine.layout import _TRAILING_AXES, Layout, row_aligned, several_per_row
+from softorder._engine.layout import Layout, row_aligned, trailing_axes
 
 __all__ = ["apply", "vjp"]
 
@@ -192,11 +192,7 @@ def _spread(name: str, value: Any, batch_chunks: tuple) -> np.ndarray | None:
     """
     arr = np.asarray(value)
     nb = len(batch_chunks)
-    trailing = _TRAILING_AXES[name]
-    if trailing is None:  # several targets per row: one trailing axis
-        trailing = 1 if several_per_row(name, arr, nb) else 0
-    elif name == "alpha" and arr.ndim == nb + 1:  # the keepdims shape: the row axis, of 1
-        trailing = 1
+    trailing = trailing_axes(name, arr, nb)
     lead = arr.shape[: arr.ndim - trailing]
     if len(lead) > nb:
         return None

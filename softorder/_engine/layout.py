@@ -381,6 +381,27 @@ def several_per_row(name: str, value, batch_ndim: int) -> bool:
         return False
 
 
+def trailing_axes(name: str, value, batch_ndim: int) -> int:
+    """How many axes of ``value``, argument ``name`` of an input with ``batch_ndim`` batch
+    axes, follow those batch axes: ``p_k``'s and ``target_ranks``' one, the one of ``k`` or
+    ``q`` listing several per row (:func:`several_per_row`), and ``alpha``'s in its keepdims
+    shape (the row axis, of length 1); none for the others.
+
+    Examples
+    --------
+    >>> trailing_axes("q", [[0.25, 0.75]], 1), trailing_axes("q", [0.25, 0.75], 1)
+    (1, 0)
+    >>> trailing_axes("alpha", [[0.5], [1.0]], 1), trailing_axes("alpha", [0.5, 1.0], 1)
+    (1, 0)
+    """
+    trailing = _TRAILING_AXES.get(name, 0)
+    if trailing is None:
+        return 1 if several_per_row(name, value, batch_ndim) else 0
+    if name == "alpha" and np.ndim(value) == batch_ndim + 1:
+        return 1
+    return trailing
+
+
 def row_aligned(name: str, value, batch_shape: tuple) -> bool:
     """Whether ``value`` of argument ``name`` lists one entry per row of the batch
     ``batch_shape`` (its leading axes are those batch axes, its own trailing axes after them)
