@@ -698,8 +698,12 @@ def _traceable(name: str, arguments: dict, ndim: int) -> None:
         if arg not in _POSITIONAL[name]:  # a setting
             if arg == "axis" and type(value) is int:
                 # a dim that changed between calls is a symbol (of type int, to dynamo), which
-                # the constant spec cannot hold: comparing specializes it
-                arguments[arg] = next((d for d in range(-ndim, ndim) if value == d), value)
+                # the constant spec cannot hold: comparing specializes it (a loop: dynamo
+                # before PyTorch 2.7 cannot trace next() with a default)
+                for d in range(-ndim, ndim):
+                    if value == d:
+                        arguments[arg] = d
+                        break
             elif numpy:
                 shown = "dim" if arg == "axis" else arg
                 _refuse(
