@@ -44,7 +44,13 @@ from numba.extending import intrinsic
 from numba.np.arrayobj import np_cfarray
 
 from softorder.core import _jit, lapsum, rank, sort, topk
-from softorder.core._jit import SymbolCalls, cache_classes, cache_dir, internal_function
+from softorder.core._jit import (
+    SymbolCalls,
+    cache_classes,
+    cache_dir,
+    inner_helper,
+    internal_function,
+)
 from softorder.core.lapsum import empty
 from softorder.core.sort_rows import gather_rows, sort_rows
 
@@ -286,6 +292,19 @@ _sort_forward, _sort_vjp = _calls.sort_forward, _calls.sort_vjp
 _quantile_forward, _quantile_vjp = _calls.quantile_forward, _calls.quantile_vjp
 
 
+@inner_helper
+def _saved_rows(frame, values, rows, n, width):
+    """A backward pass's rows and residuals (arguments 3, 4 and 5): the forward pass's argsort
+    (int32), the input in its sorted order, and each row's ``width`` anchors and offsets.
+    """
+    order = array_at(buffer(frame, ARGS, 3)[0], (rows, n), np.int32)
+    xs = empty((rows, n), np.float64)
+    gather_rows(xs, values, order)
+    anchor = array_at(buffer(frame, ARGS, 4)[0], (rows, width), np.int64)
+    offset = array_at(buffer(frame, ARGS, 5)[0], (rows, width), np.float64)
+    return order, xs, anchor, offset
+
+
 def rank_handler(frame):
     """Forward: x, alpha, flags -> ranks, order (int32), decays (float64 as uint32 words).
     Backward: x, alpha, flags, order, decays, cotangent -> gradient of x.
@@ -337,11 +356,7 @@ def topk_handler(frame):
     alpha = empty((rows,), np.float64)
     widen(alpha, *buffer(frame, ARGS, 1), False)
     if peek(frame, ARG_COUNT, np.int64) > 4:  # the backward pass: more arguments
-        order = array_at(buffer(frame, ARGS, 3)[0], (rows, n), np.int32)
-        xs = empty((rows, n), np.float64)
-        gather_rows(xs, values, order)
-        anchor = array_at(buffer(frame, ARGS, 4)[0], (rows, 1), np.int64)
-        offset = array_at(buffer(frame, ARGS, 5)[0], (rows, 1), np.float64)
+        order, xs, anchor, offset = _saved_rows(frame, values, rows, n, 1)
         v = empty((rows, 1, n), np.float64)
         widen(v, *buffer(frame, ARGS, 6), False)
         x_bar = empty((rows, n), np.float64)
@@ -384,11 +399,7 @@ def sort_handler(frame):
     alpha = empty((rows,), np.float64)
     widen(alpha, *buffer(frame, ARGS, 1), False)
     if peek(frame, ARG_COUNT, np.int64) > 3:  # the backward pass: more arguments
-        order = array_at(buffer(frame, ARGS, 3)[0], (rows, n), np.int32)
-        xs = empty((rows, n), np.float64)
-        gather_rows(xs, values, order)
-        anchor = array_at(buffer(frame, ARGS, 4)[0], (rows, n), np.int64)
-        offset = array_at(buffer(frame, ARGS, 5)[0], (rows, n), np.float64)
+        order, xs, anchor, offset = _saved_rows(frame, values, rows, n, n)
         u = empty((rows, n), np.float64)
         widen(u, *buffer(frame, ARGS, 6), negate)
         alpha_bar = empty((rows,), np.float64)
@@ -434,11 +445,7 @@ def quantile_handler(frame):
     alpha = empty((rows,), np.float64)
     widen(alpha, *buffer(frame, ARGS, 1), False)
     if peek(frame, ARG_COUNT, np.int64) > 5:  # the backward pass: more arguments
-        order = array_at(buffer(frame, ARGS, 3)[0], (rows, n), np.int32)
-        xs = empty((rows, n), np.float64)
-        gather_rows(xs, values, order)
-        anchor = array_at(buffer(frame, ARGS, 4)[0], (rows, m), np.int64)
-        offset = array_at(buffer(frame, ARGS, 5)[0], (rows, m), np.float64)
+        order, xs, anchor, offset = _saved_rows(frame, values, rows, n, m)
         u = empty((rows, m), np.float64)
         widen(u, *buffer(frame, ARGS, 6), False)
         x_bar = empty((rows, n), np.float64)
