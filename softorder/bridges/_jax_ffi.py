@@ -293,6 +293,18 @@ _quantile_forward, _quantile_vjp = _calls.quantile_forward, _calls.quantile_vjp
 
 
 @inner_helper
+def _input_rows(frame, rows, n, negate):
+    """The input's rows (argument 0, negated on request) and ``alpha`` per row (argument 1),
+    widened to float64.
+    """
+    values = empty((rows, n), np.float64)
+    widen(values, *buffer(frame, ARGS, 0), negate)
+    alpha = empty((rows,), np.float64)
+    widen(alpha, *buffer(frame, ARGS, 1), False)
+    return values, alpha
+
+
+@inner_helper
 def _saved_rows(frame, values, rows, n, width):
     """A backward pass's rows and residuals (arguments 3, 4 and 5): the forward pass's argsort
     (int32), the input in its sorted order, and each row's ``width`` anchors and offsets.
@@ -313,10 +325,7 @@ def rank_handler(frame):
     if not run:
         return 0
     negate = peek(buffer(frame, ARGS, 2)[0], 0, np.int32) != 0
-    values = empty((rows, n), np.float64)
-    widen(values, *buffer(frame, ARGS, 0), negate)
-    alpha = empty((rows,), np.float64)
-    widen(alpha, *buffer(frame, ARGS, 1), False)
+    values, alpha = _input_rows(frame, rows, n, negate)
     if peek(frame, ARG_COUNT, np.int64) > 3:  # the backward pass: more arguments
         order = array_at(buffer(frame, ARGS, 3)[0], (rows, n), np.int32)
         xs = empty((rows, n), np.float64)
@@ -351,10 +360,7 @@ def topk_handler(frame):
         return 0
     flags = buffer(frame, ARGS, 2)[0]
     negate, log = peek(flags, 0, np.int32) != 0, peek(flags, 1, np.int32) != 0
-    values = empty((rows, n), np.float64)
-    widen(values, *buffer(frame, ARGS, 0), negate)
-    alpha = empty((rows,), np.float64)
-    widen(alpha, *buffer(frame, ARGS, 1), False)
+    values, alpha = _input_rows(frame, rows, n, negate)
     if peek(frame, ARG_COUNT, np.int64) > 4:  # the backward pass: more arguments
         order, xs, anchor, offset = _saved_rows(frame, values, rows, n, 1)
         v = empty((rows, 1, n), np.float64)
@@ -394,10 +400,7 @@ def sort_handler(frame):
     if not run:
         return 0
     negate = peek(buffer(frame, ARGS, 2)[0], 0, np.int32) != 0
-    values = empty((rows, n), np.float64)
-    widen(values, *buffer(frame, ARGS, 0), negate)
-    alpha = empty((rows,), np.float64)
-    widen(alpha, *buffer(frame, ARGS, 1), False)
+    values, alpha = _input_rows(frame, rows, n, negate)
     if peek(frame, ARG_COUNT, np.int64) > 3:  # the backward pass: more arguments
         order, xs, anchor, offset = _saved_rows(frame, values, rows, n, n)
         u = empty((rows, n), np.float64)
@@ -440,10 +443,7 @@ def quantile_handler(frame):
     if not run:
         return 0
     m = np.int64(peek(buffer(frame, ARGS, 2)[0], 2, np.int32))
-    values = empty((rows, n), np.float64)
-    widen(values, *buffer(frame, ARGS, 0), False)
-    alpha = empty((rows,), np.float64)
-    widen(alpha, *buffer(frame, ARGS, 1), False)
+    values, alpha = _input_rows(frame, rows, n, False)
     if peek(frame, ARG_COUNT, np.int64) > 5:  # the backward pass: more arguments
         order, xs, anchor, offset = _saved_rows(frame, values, rows, n, m)
         u = empty((rows, m), np.float64)
