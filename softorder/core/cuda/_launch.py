@@ -31,8 +31,9 @@ _state = threading.local()
 
 
 def configure(threads: int | None = None, items: int | None = None) -> dict:
-    """Set threads per block (a power of two) and elements per thread; returns the previous
-    setting as a dict that can be passed back (``configure(**previous)``).
+    """Set threads per block (a power of two) and elements per thread, at least two elements
+    per block; returns the previous setting as a dict that can be passed back
+    (``configure(**previous)``).
 
     256 x 4: a 1000-element row is one block (one launch per scan, no carries), and a
     1e7-element row is 9766 blocks whose carries take two more levels of the same scan.
@@ -45,14 +46,17 @@ def configure(threads: int | None = None, items: int | None = None) -> dict:
     {'threads': 4, 'items': 2}
     """
     previous = dict(_config)
-    if threads is not None:
-        if threads < 1 or threads & (threads - 1):
-            raise ValueError(f"threads must be a power of two; got {threads}")
-        _config["threads"] = int(threads)
-    if items is not None:
-        if items < 1:
-            raise ValueError(f"items must be positive; got {items}")
-        _config["items"] = int(items)
+    threads = previous["threads"] if threads is None else threads
+    items = previous["items"] if items is None else items
+    if threads < 1 or threads & (threads - 1):
+        raise ValueError(f"threads must be a power of two; got {threads}")
+    if items < 1:
+        raise ValueError(f"items must be positive; got {items}")
+    if threads * items < 2:
+        # a one-element tile leaves a scan's tile totals as long as the row: the scan of the
+        # carries (affine_scan) would recurse on them forever
+        raise ValueError("threads * items must be at least 2; got 1 x 1")
+    _config["threads"], _config["items"] = int(threads), int(items)
     return previous
 
 

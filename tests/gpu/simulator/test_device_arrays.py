@@ -273,3 +273,22 @@ def test_residuals_restore_without_sorting_again():
     cotangent = cuda.to_device(weights(X.shape))
     for g, e in zip(rule.vjp(again, cotangent), rule.vjp(ctx, cotangent), strict=True):
         assert_same(g, e.copy_to_host())
+
+
+# --- launch configuration --------------------------------------------------------------------
+
+
+def test_one_element_tiles_are_refused():
+    """``configure(threads=1, items=1)`` made every scan recurse on its tiles' totals (as long
+    as the row) until RecursionError; it raises now, and leaves the setting alone.
+    """
+    from softorder.core import cuda as gpu
+
+    with pytest.raises(ValueError, match="at least 2"):
+        gpu.configure(threads=1, items=1)
+    assert gpu.configure() == {"threads": 4, "items": 2}  # the fixture's, unchanged
+    previous = gpu.configure(threads=1, items=2)  # two elements per block: fine
+    try:
+        assert_same(softorder.soft_rank(cuda.to_device(X), 0.5), softorder.soft_rank(X, 0.5))
+    finally:
+        gpu.configure(**previous)
