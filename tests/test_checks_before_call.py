@@ -143,6 +143,12 @@ def test_row_values():
         (lambda x: softorder.soft_rank([[1.0], [1.0, 2.0]]), "x"),
         (lambda x: softorder.soft_topk(x, [[1.0], [1.0, 2.0], [2.0]]), "k"),
         (lambda x: softorder.topk_cross_entropy(x, np.zeros(3, int), [[0.5], [0.5, 0.5]]), "p_k"),
+        (lambda x: softorder.soft_rank(x, [[0.5], [0.5, 1.0], [1.0]]), "alpha"),
+        (lambda x: softorder.topk_cross_entropy(x, [[1], [1, 2], [0]], [0.5, 0.5]), "labels"),
+        (
+            lambda x: softorder.permutation_cross_entropy(x, [list(range(1, 7)), [1, 2]]),
+            "target_ranks",
+        ),
     ],
 )
 def test_a_ragged_sequence_raises_naming_its_argument(call, name):

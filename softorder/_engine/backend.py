@@ -25,6 +25,7 @@ from softorder._engine.backends.numpy_host import (
     NumpyBackend,
     cast,
     float_array,
+    host_array,
     unbroadcast,
 )
 from softorder._engine.backends.protocol import Backend
@@ -36,6 +37,7 @@ __all__ = [
     "backend_of",
     "cast",
     "float_array",
+    "host_array",
     "register",
     "unbroadcast",
     "unregister",

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from softorder._engine.backend import float_array
+from softorder._engine.backend import float_array, host_array
 
 if TYPE_CHECKING:
     from softorder._engine.layout import Layout
@@ -115,7 +115,7 @@ def check_alpha(
                 return per_row, shape
     refuse_masked(alpha, "alpha")
     if isinstance(alpha, bool) or (
-        not isinstance(alpha, numbers.Real) and np.asarray(alpha).dtype.kind not in "iuf"
+        not isinstance(alpha, numbers.Real) and host_array(alpha, "alpha").dtype.kind not in "iuf"
     ):
         raise TypeError(f"alpha must be a positive real scalar or array; got {alpha!r}")
     arr = np.asarray(alpha, dtype=np.float64)
@@ -161,7 +161,7 @@ def check_labels(
     must not reach the gradients); ``TypeError``/``ValueError`` naming ``name`` otherwise.
     """
     refuse_masked(labels, name)
-    arr = np.asarray(labels)
+    arr = host_array(labels, name)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{name} must be an integer array; got dtype {arr.dtype}")
     expected = tuple(batch_shape) + core_shape

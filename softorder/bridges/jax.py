@@ -434,14 +434,6 @@ def _as_traced(value):
     return value
 
 
-def _rectangular(value, name: str) -> None:
-    """``ValueError`` naming ``name`` for a ragged list (NumPy's words name no argument)."""
-    try:
-        np.asarray(value)
-    except ValueError as error:
-        raise ValueError(f"{name} must be a rectangular array of numbers: {error}") from None
-
-
 def _dispatch(op: Callable, arguments: dict) -> jax.Array:
     names, statics = checks.split_arguments(op.signature.parameters, arguments)
     arguments = {name: _as_traced(arguments[name]) for name in names}
@@ -465,7 +457,7 @@ def _dispatch(op: Callable, arguments: dict) -> jax.Array:
             checks.check_traced(name, value.shape, value.dtype, layout)
         else:  # as NumPy sees it, also rounded to the compute dtype
             if isinstance(value, (list, tuple)):
-                _rectangular(value, name)
+                checks.host_array(value, name)  # (a ragged list: an error naming it)
             checks.check_concrete(name, value, layout, compute)
         value = jnp.asarray(value)
         arrays[name] = value.astype(compute) if name in checks.FLOAT_ARGUMENTS else value

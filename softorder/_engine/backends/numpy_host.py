@@ -10,19 +10,30 @@ import numpy as np
 from softorder import core
 
 
+def host_array(x, name: str) -> np.ndarray:
+    """``np.asarray(x)``, or a ``ValueError`` naming the argument ``name`` for a ragged nested
+    sequence (NumPy's words name no argument).
+
+    Examples
+    --------
+    >>> host_array([[1, 2], [3]], "k")
+    Traceback (most recent call last):
+    ...
+    ValueError: k must be a rectangular array of numbers: setting an array element with a ...
+    """
+    try:
+        return np.asarray(x)
+    except ValueError as error:
+        raise ValueError(f"{name} must be a rectangular array of numbers: {error}") from None
+
+
 def float_array(x, name: str) -> tuple[np.ndarray, np.dtype]:
     """``x`` as a real array and the floating dtype results are returned in.
 
     Integers and booleans give float64, float16 gives float16 (computed in float64).
     Complex, object and string arrays raise ``TypeError`` naming the argument.
     """
-    if type(x) is np.ndarray:
-        arr = x
-    else:
-        try:
-            arr = np.asarray(x)
-        except ValueError as error:  # (NumPy's words name no argument)
-            raise ValueError(f"{name} must be a rectangular array of numbers: {error}") from None
+    arr = x if type(x) is np.ndarray else host_array(x, name)
     kind = arr.dtype.kind
     if kind == "f":  # the common case first
         return arr, arr.dtype
