@@ -50,6 +50,7 @@ import numpy as np
 
 from softorder._engine.autodiff import bind, rule_of
 from softorder._engine.autodiff import vjp as _vjp
+from softorder._engine.backend import unbroadcast
 from softorder._engine.checks import check_argument, host_value
 from softorder._engine.layout import Layout, row_aligned, trailing_axes
 
@@ -114,7 +115,7 @@ class _Plan:
             elif row_aligned(name, value, x.shape[:-1]):
                 # one entry per row as NumPy data (labels, a per-row alpha): split with the rows
                 value = da.from_array(np.asarray(value), chunks=-1)
-            elif name in CHECKED:
+            else:
                 # the NumPy API's check on the whole batch: a task sees only its chunk's rows,
                 # where alpha of shape (2, 3) for a batch (4, 3) broadcasts (silently reused
                 # by every chunk of 2 rows)
@@ -180,10 +181,6 @@ class _Plan:
         return losses
 
 
-#: the arguments that may differ between rows, which the NumPy API checks against the batch
-CHECKED = frozenset(("alpha", "k", "q", "labels", "target_ranks", "p_k"))
-
-
 def _spread(name: str, value: Any, batch_chunks: tuple) -> np.ndarray | None:
     """``value`` of argument ``name`` (valid for the whole batch) broadcast to one entry per
     row, when it broadcasts along a batch axis split into several chunks (alpha of shape
@@ -227,15 +224,6 @@ def _backward_chunk(
     _, pullback = _vjp(op, **shared, **chunk)
     grads = pullback(np.asarray(cotangent))
     return tuple(np.asarray(g, dtype=t) for g, t in zip(grads, dtypes, strict=True))
-
-
-def _unbroadcast(grad: da.Array, shape: tuple) -> da.Array:
-    """The gradient ``grad`` of an argument broadcast from ``shape``, summed back to it."""
-    extra = grad.ndim - len(shape)
-    axes = tuple(range(extra)) + tuple(
-        extra + i for i, size in enumerate(shape) if size == 1 and grad.shape[extra + i] != 1
-    )
-    return grad.sum(axis=axes, keepdims=True).reshape(shape)
 
 
 def apply(op: Callable, x: da.Array, *args: Any, **kwargs: Any) -> da.Array:
@@ -373,7 +361,7 @@ def vjp(op: Callable, x: da.Array, *args: Any, **kwargs: Any) -> tuple[da.Array,
         out_grads = []
         for name in differentiable:
             if name in plan.spread:  # summed over the axes it was broadcast along
-                total = _unbroadcast(plan.assemble(grads[name]), plan.spread[name])
+                total = unbroadcast(plan.assemble(grads[name]), plan.spread[name])
                 out_grads.append(total.astype(plan.dtype))
             elif name in plan.per_row:
                 out_grads.append(plan.assemble(grads[name]))
