@@ -120,7 +120,7 @@ class _Plan:
                 # where alpha of shape (2, 3) for a batch (4, 3) broadcasts (silently reused
                 # by every chunk of 2 rows)
                 layout = layout or Layout.of(tuple(x.shape), -1, self.input_name)
-                check_argument(name, host_value(value), layout)
+                check_argument(name, host_value(value, name), layout)
                 spread = _spread(name, value, self.batch_chunks)
                 if spread is not None:
                     self.spread[name] = np.shape(value)

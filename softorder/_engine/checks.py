@@ -547,13 +547,14 @@ def check_input_dtype(dtype, name: str) -> bool:
     return False
 
 
-def host_value(value):
+def host_value(value, name: str = "value"):
     """A concrete argument as NumPy sees it: Python numbers as they are, narrow floats
-    (float16, bfloat16, ...) widened to float32.
+    (float16, bfloat16, ...) widened to float32; a ragged list raises ``ValueError`` naming
+    the argument ``name``.
     """
     if isinstance(value, (int, float, bool, complex)):
         return value
-    arr = np.asarray(value)
+    arr = host_array(value, name)
     if is_floating(arr.dtype) and arr.dtype not in (np.float32, np.float64):
         arr = arr.astype(np.float32)
     return arr
@@ -565,7 +566,7 @@ def check_concrete(name: str, value, layout: Layout, compute) -> None:
     gives it, and as rounded to ``compute``.
     """
     refuse_masked(value, name)
-    check_argument(name, host_value(value), layout, compute)
+    check_argument(name, host_value(value, name), layout, compute)
 
 
 def check_traced(name: str, shape: tuple, dtype, layout: Layout) -> None:

@@ -33,7 +33,7 @@ from softorder import operations as _ops
 from softorder._docs import Dialect, documented
 from softorder._engine import checks
 from softorder._engine.call import Call, CallSpec, input_dtypes, refuse_derivatives
-from softorder._engine.layout import Layout
+from softorder._engine.layout import Layout, several_per_row
 
 __all__ = [
     "log_soft_topk",
@@ -171,9 +171,9 @@ class _Ffi:
 
     def forward(self, arrays: tuple, keep: bool) -> tuple:
         rows, n = arrays[0].shape
-        m = arrays[3].shape[-1] if self.handler == "quantile" else n
-        widths = {"rank": (2 * n,), "sort": (2 * n, 2 * n), "topk": (2, 2)}
-        saved = [_struct((rows, w), np.uint32) for w in widths.get(self.handler, (2 * m,) * 2)]
+        m = arrays[3].shape[-1] if self.handler == "quantile" else n  # (q: (rows, m))
+        widths = {"rank": (2 * n,), "sort": (2 * n,) * 2, "topk": (2, 2), "quantile": (2 * m,) * 2}
+        saved = [_struct((rows, w), np.uint32) for w in widths[self.handler]]
         shapes = (_struct((rows, m), arrays[0].dtype), _struct((rows, n), np.int32), *saved)
         return self._call(shapes, arrays)
 
@@ -456,8 +456,6 @@ def _dispatch(op: Callable, arguments: dict) -> jax.Array:
         if _is_traced(value):  # its shape and dtype kind
             checks.check_traced(name, value.shape, value.dtype, layout)
         else:  # as NumPy sees it, also rounded to the compute dtype
-            if isinstance(value, (list, tuple)):
-                checks.host_array(value, name)  # (a ragged list: an error naming it)
             checks.check_concrete(name, value, layout, compute)
         value = jnp.asarray(value)
         arrays[name] = value.astype(compute) if name in checks.FLOAT_ARGUMENTS else value
@@ -470,7 +468,7 @@ def _dispatch(op: Callable, arguments: dict) -> jax.Array:
         moved = jnp.moveaxis(x, layout.axis, -1)
         operands = (moved.reshape(-1, layout.n), *map(jnp.asarray, constants))
         out = _apply(_Ffi(handler), *_vary(operands, _varying_axes(operands)))
-        if handler == "quantile" and np.ndim(arguments["q"]) <= len(layout.batch_shape):
+        if handler == "quantile" and not several_per_row("q", arguments["q"], moved.ndim - 1):
             return out.reshape(moved.shape[:-1]).astype(out_dtype)  # one q per row
         out = out.reshape(moved.shape[:-1] + out.shape[-1:])
         return jnp.moveaxis(out, -1, layout.axis).astype(out_dtype)
