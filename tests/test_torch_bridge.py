@@ -381,6 +381,29 @@ def test_torch_jit_trace_takes_labels_and_ranks_as_inputs():
         assert torch.equal(got, expected)
 
 
+@_TRACE_DEPRECATED
+def test_forward_mode_through_a_traced_or_exported_graph_is_refused():
+    # the custom operator has no forward-mode formula: torch.func.jvp of a traced or exported
+    # function gave zero tangents, and forward_ad none; eager forward mode still works
+    import torch.autograd.forward_ad as fwAD
+
+    def f(t):
+        return sot.soft_rank(t, 0.5)
+
+    traced = torch.jit.trace(f, (X,))
+    module = type("M", (torch.nn.Module,), {"forward": lambda self, t: f(t)})()
+    exported = torch.export.export(module, (X,)).module()
+    tangent = _randn(*X.shape)
+    message = "softorder: forward-mode derivatives"
+    for graph in (traced, exported):
+        with pytest.raises((NotImplementedError, RuntimeError), match=message):
+            torch.func.jvp(graph, (X,), (tangent,))
+        with fwAD.dual_level(), pytest.raises((NotImplementedError, RuntimeError), match=message):
+            graph(fwAD.make_dual(X, tangent))
+        assert torch.equal(graph(X), f(X))
+    assert torch.func.jvp(f, (X,), (tangent,))[1].abs().sum() > 0
+
+
 def test_torch_func_transforms():
     from torch.func import grad, jacrev, jvp, vjp
 

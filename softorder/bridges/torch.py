@@ -131,6 +131,10 @@ def _gradient(grad, like: Tensor) -> Tensor:
 
 @compat.custom_op("softorder::forward", "(str spec, Tensor[] tensors) -> Tensor[]")
 def _forward_op(spec: str, tensors: list[Tensor]) -> list[Tensor]:
+    if compat.forward_mode_active():
+        # the operator has no forward-mode formula: PyTorch would give a zero tangent (a
+        # traced or exported function run under torch.func.jvp or forward_ad)
+        raise NotImplementedError(_FORWARD_MODE_OPERATOR)
     call = CallSpec.decode(spec)
     ctx, out = call.run(_arrays(call, tensors))
     # contiguous, as the fake says (a device result along another dim is a moved view, which
@@ -205,6 +209,13 @@ def _(spec, tensors, residuals, tangent_names, tangents, like):
     call = CallSpec.decode(spec)
     shape, _ = call.rule.describe(call.arguments(_arrays(call, tensors, fakes=True)))
     return like.new_empty(shape)
+
+
+_FORWARD_MODE_OPERATOR = (
+    "softorder: forward-mode derivatives (torch.func.jvp, jacfwd, torch.autograd.forward_ad) "
+    "of a softorder operation inside a torch.jit.trace, torch.export or torch.compile graph "
+    "are not supported; call the operation in eager code, where forward mode works"
+)
 
 
 # --- second derivatives: refused, never silently zero ----------------------------------------
