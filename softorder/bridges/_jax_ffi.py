@@ -43,18 +43,21 @@ from numba.core.ccallback import CFunc
 from numba.extending import intrinsic
 from numba.np.arrayobj import np_cfarray
 
-from softorder.core import _jit, lapsum, rank, sort, topk
+from softorder.core import _jit, lapsum, permutation, rank, sort, topk, topk_loss
 from softorder.core._jit import (
     SymbolCalls,
     cache_classes,
     cache_dir,
     inner_helper,
     internal_function,
+    link_symbol,
 )
 from softorder.core.lapsum import empty
 from softorder.core.sort_rows import gather_rows, sort_rows
 
 F32 = 11  # XLA_FFI_DataType of float32 (the handlers' other buffers are float64, 12)
+S64 = 5  # XLA_FFI_DataType of int64 (labels and target ranks are int32, 4, or int64)
+INVALID_ARGUMENT = 3  # XLA_FFI_Error_Code of a bad value (labels, target ranks)
 #: the XLA FFI API version the handlers are written against (xla/ffi/api/c_api.h)
 API_MAJOR, API_MINOR = 0, 1
 EXECUTE = 3  # XLA_FFI_ExecutionStage_EXECUTE
@@ -191,8 +194,150 @@ def narrow(typingctx, address, dtype, values, negate):
     return types.none(types.int64, types.int64, values, types.boolean), codegen
 
 
+#: words of XLA_FFI_Api (xla/ffi/api/c_api.h): ``XLA_FFI_Error_Create`` follows struct_size,
+#: extension_start, api_version (3 words) and internal_api
+API, ERROR_CREATE = 2, 6
+#: bytes of a handler's error message, its terminating NUL included
+MESSAGE_BYTES = 512
+
+
+@intrinsic(prefer_literal=True)
+def fail(typingctx, frame, *pieces):
+    """The ``XLA_FFI_Error*`` (as int64) of an INVALID_ARGUMENT error whose message is
+    ``pieces`` (string constants and integers, written in decimal) one after the other:
+    what a handler returns for a bad value that only the run can see (a traced label). XLA
+    copies the message (``XLA_FFI_Error_Create``); the process goes on and JAX raises
+    :class:`jax.errors.JaxRuntimeError` with it.
+    """
+    strings = [p.literal_value for p in pieces if isinstance(p, types.StringLiteral)]
+    if not all(isinstance(p, (types.StringLiteral, types.Integer)) for p in pieces):
+        raise TypeError(f"softorder: fail takes string constants and integers; got {pieces}")
+    if sum(len(t.encode()) for t in strings) + 21 * (len(pieces) - len(strings)) >= MESSAGE_BYTES:
+        raise ValueError("softorder: a handler's error message is too long")
+
+    def codegen(context, builder, signature, args):
+        word, byte = ir.IntType(64), ir.IntType(8)
+        text = cgutils.alloca_once(builder, ir.ArrayType(byte, MESSAGE_BYTES))
+        start = builder.bitcast(text, byte.as_pointer())
+        put_int = _put_int_function(builder.module)
+        position = word(0)
+        for piece, value in zip(pieces, cgutils.unpack_tuple(builder, args[1]), strict=True):
+            if isinstance(piece, types.StringLiteral):
+                data = piece.literal_value.encode()
+                constant = cgutils.make_bytearray(data)
+                found = cgutils.global_constant(builder.module, "softorder_message", constant)
+                source = builder.bitcast(found, byte.as_pointer())
+                cgutils.raw_memcpy(
+                    builder, builder.gep(start, [position]), source, word(len(data)), 1
+                )
+                position = builder.add(position, word(len(data)))
+            else:
+                number = context.cast(builder, value, types.unliteral(piece), types.int64)
+                position = builder.call(put_int, (start, position, number))
+        builder.store(byte(0), builder.gep(start, [position]))
+        # XLA_FFI_Error_Create_Args: struct_size (up to errc's end: 28), extension_start,
+        # message, errc
+        kind = ir.LiteralStructType((word, byte.as_pointer(), byte.as_pointer(), ir.IntType(32)))
+        create_args = cgutils.alloca_once(builder, kind)
+        for index, field in enumerate(
+            (
+                word(28),
+                ir.Constant(byte.as_pointer(), None),
+                start,
+                ir.IntType(32)(INVALID_ARGUMENT),
+            )
+        ):
+            builder.store(field, cgutils.gep_inbounds(builder, create_args, 0, index))
+        frame_words = builder.inttoptr(args[0], word.as_pointer())
+        api = builder.inttoptr(
+            builder.load(builder.gep(frame_words, [word(API)])), word.as_pointer()
+        )
+        create_type = ir.FunctionType(byte.as_pointer(), (kind.as_pointer(),))
+        address = builder.load(builder.gep(api, [word(ERROR_CREATE)]))
+        error = builder.call(builder.inttoptr(address, create_type.as_pointer()), (create_args,))
+        return builder.ptrtoint(error, word)
+
+    return types.int64(frame, types.StarArgTuple.from_types(pieces)), codegen
+
+
+def _put_int_function(module):
+    """``i64 put_int(i8* text, i64 position, i64 value)`` in ``module`` (defined on first use,
+    internal): ``value`` in decimal at ``text + position``; the position after it.
+    """
+    word, byte = ir.IntType(64), ir.IntType(8)
+    kind = ir.FunctionType(word, (byte.as_pointer(), word, word))
+    function, new = internal_function(module, kind, "softorder_put_int", 0)
+    if not new:
+        return function
+    builder = ir.IRBuilder(function.append_basic_block("entry"))
+    text, position, value = function.args
+    digits = builder.alloca(ir.ArrayType(byte, 20))
+    first = builder.bitcast(digits, byte.as_pointer())
+    at = builder.alloca(word)
+    count = builder.alloca(word)
+    rest = builder.alloca(word)
+    builder.store(position, at)
+    builder.store(word(0), count)
+    negative = builder.icmp_signed("<", value, word(0))
+    with builder.if_then(negative):
+        builder.store(byte(ord("-")), builder.gep(text, [position]))
+        builder.store(builder.add(position, word(1)), at)
+    # the magnitude as unsigned (-INT64_MIN wraps to 2**63, which is right as unsigned)
+    builder.store(builder.select(negative, builder.sub(word(0), value), value), rest)
+    split, copy, done = (function.append_basic_block(n) for n in ("split", "copy", "done"))
+    builder.branch(split)
+    builder.position_at_end(split)  # the digits, last first
+    number, n = builder.load(rest), builder.load(count)
+    digit = builder.trunc(builder.urem(number, word(10)), byte)
+    builder.store(builder.add(digit, byte(ord("0"))), builder.gep(first, [n]))
+    builder.store(builder.add(n, word(1)), count)
+    builder.store(builder.udiv(number, word(10)), rest)
+    builder.cbranch(builder.icmp_unsigned("!=", builder.load(rest), word(0)), split, copy)
+    builder.position_at_end(copy)  # then in order
+    n = builder.sub(builder.load(count), word(1))
+    builder.store(n, count)
+    here = builder.load(at)
+    builder.store(builder.load(builder.gep(first, [n])), builder.gep(text, [here]))
+    builder.store(builder.add(here, word(1)), at)
+    builder.cbranch(builder.icmp_unsigned("!=", n, word(0)), copy, done)
+    builder.position_at_end(done)
+    builder.ret(builder.load(at))
+    return function
+
+
+@intrinsic
+def native_table(typingctx, table):
+    """Fill the int64 ``table`` with the addresses of the helpers that
+    :mod:`softorder.core.permutation`'s general kernels call through their ``native``
+    argument (its :class:`~softorder.core._jit.NativeCalls`), by their symbols
+    (:func:`~softorder.core._jit.link_symbol`): the compiled code holds no address.
+    """
+    helpers = list(permutation._NATIVE._helpers.values())
+    symbols = [link_symbol(dispatcher, arg_types) for dispatcher, arg_types in helpers]
+
+    def codegen(context, builder, signature, args):
+        word = ir.IntType(64)
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        pairs = zip(helpers, symbols, strict=True)
+        for slot, ((dispatcher, arg_types), symbol) in enumerate(pairs):
+            restype = dispatcher.overloads[arg_types].signature.return_type
+            kind = context.call_conv.get_function_type(restype, arg_types)
+            function = cgutils.get_or_insert_function(builder.module, kind, symbol)
+            builder.store(builder.ptrtoint(function, word), builder.gep(data, [word(slot)]))
+        return context.get_dummy_value()
+
+    return types.none(table), codegen
+
+
+def _native_symbols() -> None:
+    """Register the symbols :func:`native_table` reads (before a handler loads from the cache)."""
+    for dispatcher, arg_types in permutation._NATIVE._helpers.values():
+        link_symbol(dispatcher, arg_types)
+
+
 _F1, _F2, _F3 = (types.Array(types.float64, d, "C") for d in (1, 2, 3))
 _I2, _L2 = types.Array(types.int32, 2, "C"), types.Array(types.int64, 2, "C")
+_L1, _B = types.Array(types.int64, 1, "C"), types.boolean
 
 #: words of XLA_FFI_CallFrame (xla/ffi/api/c_api.h): the stage, the argument count and the
 #: arguments' and results' arrays of XLA_FFI_Buffer pointers
@@ -284,12 +429,41 @@ KERNELS = {
         sort.few_inverse_vjp.serial,
         (_F2, _I2, _F1, _L2, _F2, _L2, _F2, _F2, _F2, _F1, _F3, _F3),
     ),
+    # (the NumPy API's CPU kernels of the losses: top-k cross-entropy's with its targets
+    # 1..K and their order from the caller; the permutation loss's ladder kernels, int32
+    # anchors, and the general VJP of the rows they leave)
+    "topk_loss_forward": (
+        topk_loss._loss_forward.serial,
+        (_F2, _I2, _F1, _L1, _F2, _B, _F1, _F1, _L2, _F2, _F3, _F1, _L1),
+    ),
+    "topk_loss_vjp": (
+        topk_loss._loss_vjp.serial,
+        (_F2, _I2, _F1, _L1, _F2, _B, _F1, _L2, _F2, _F1, _F2, _F1, _F3, _L1, _F3),
+    ),
+    "permutation_loss_forward": (
+        permutation._ladder_forward_rows.serial,
+        (_F2, _I2, _F1, _I2, _F1, _I2, _F2, _F3),
+    ),
+    "permutation_loss_vjp": (
+        permutation._ladder_vjp_rows.serial,
+        (_F2, _I2, _F1, _I2, _I2, _F2, _F1, _F2, _F1, _F3),
+    ),
+    "permutation_loss_general": (
+        permutation._ladder_vjp_general.serial,
+        (_F2, _I2, _F1, _I2, _I2, _F2, _F1, _F2, _F1, _L1),
+    ),
 }
 _calls = SymbolCalls(**KERNELS)
 _rank_forward, _rank_vjp = _calls.rank_forward, _calls.rank_vjp
 _topk_forward, _topk_vjp = _calls.topk_forward, _calls.topk_vjp
 _sort_forward, _sort_vjp = _calls.sort_forward, _calls.sort_vjp
 _quantile_forward, _quantile_vjp = _calls.quantile_forward, _calls.quantile_vjp
+_topk_loss_forward, _topk_loss_vjp = _calls.topk_loss_forward, _calls.topk_loss_vjp
+_permutation_loss_forward = _calls.permutation_loss_forward
+_permutation_loss_vjp = _calls.permutation_loss_vjp
+_permutation_loss_general = _calls.permutation_loss_general
+#: the helpers of the permutation loss's general kernel (:func:`native_table`)
+NATIVE_COUNT = len(permutation._NATIVE._helpers)
 
 
 @inner_helper
@@ -480,6 +654,161 @@ def quantile_handler(frame):
     return 0
 
 
+def topk_loss_handler(frame):
+    """Forward: logits, alpha, flags ``(split_top1, K)``, labels (one per row, int32 or
+    int64), log P_K (rows, K) and P_K(1) (rows, 1) (float64 as uint32 words) -> losses
+    (rows,), order (int32), anchors and offsets (int64 and float64 as uint32 words).
+    Backward: the same arguments, order, anchors, offsets, cotangent -> gradient of the logits.
+    The kernels see ``-logits``, as the NumPy API gives them. A label outside ``[0, n - 1]``
+    (traced: known only now) is an error that names it, as the NumPy API's.
+    """
+    run, rows, n = begin(frame)
+    if not run:
+        return 0
+    flags = buffer(frame, ARGS, 2)[0]
+    split, K = peek(flags, 0, np.int32) != 0, np.int64(peek(flags, 1, np.int32))
+    address, code = buffer(frame, ARGS, 3)
+    labels = empty((rows,), np.int64)
+    for r in range(rows):
+        if code == S64:
+            label = peek(address, r, np.int64)
+        else:
+            label = np.int64(peek(address, r, np.int32))
+        if label < 0 or label >= n:
+            return fail(frame, "softorder: labels must lie in [0, ", n - 1, "]; got ", label)
+        labels[r] = label
+    values, alpha = _input_rows(frame, rows, n, True)
+    log_pk = array_at(buffer(frame, ARGS, 4)[0], (rows, K), np.float64)
+    pk1 = array_at(buffer(frame, ARGS, 5)[0], (rows,), np.float64)
+    worder = empty((K,), np.int64)
+    for j in range(K):
+        worder[j] = j
+    if peek(frame, ARG_COUNT, np.int64) > 6:  # the backward pass: more arguments
+        order = array_at(buffer(frame, ARGS, 6)[0], (rows, n), np.int32)
+        xs = empty((rows, n), np.float64)
+        gather_rows(xs, values, order)
+        anchor = array_at(buffer(frame, ARGS, 7)[0], (rows, K), np.int64)
+        offset = array_at(buffer(frame, ARGS, 8)[0], (rows, K), np.float64)
+        cot = empty((rows,), np.float64)
+        widen(cot, *buffer(frame, ARGS, 9), False)
+        x_bar = empty((rows, n), np.float64)
+        alpha_bar = empty((rows,), np.float64)
+        work = empty((rows, topk_loss.CPU_GRADIENT_WORK, n), np.float64)
+        kwork = empty((rows, 9, K), np.float64)
+        _topk_loss_vjp(
+            xs,
+            order,
+            alpha,
+            labels,
+            log_pk,
+            split,
+            pk1,
+            anchor,
+            offset,
+            cot,
+            x_bar,
+            alpha_bar,
+            work,
+            worder,
+            kwork,
+        )
+        narrow(*buffer(frame, RESULTS, 0), x_bar, True)
+        return 0
+    order = array_at(buffer(frame, RESULTS, 1)[0], (rows, n), np.int32)
+    xs = empty((rows, n), np.float64)
+    sort_rows(values, xs, order)
+    w = empty((K,), np.float64)  # the targets 1..K
+    for j in range(K):
+        w[j] = j + 1.0
+    anchor = array_at(buffer(frame, RESULTS, 2)[0], (rows, K), np.int64)
+    offset = array_at(buffer(frame, RESULTS, 3)[0], (rows, K), np.float64)
+    out = empty((rows,), np.float64)
+    work = empty((rows, topk_loss.FORWARD_WORK, n), np.float64)
+    _topk_loss_forward(
+        xs, order, alpha, labels, log_pk, split, pk1, out, anchor, offset, work, w, worder
+    )
+    narrow(*buffer(frame, RESULTS, 0), out, False)
+    return 0
+
+
+def permutation_loss_handler(frame):
+    """Forward: x, alpha, flags ``(negate,)``, target ranks (rows, n; int32 or int64) ->
+    losses (rows,), order (int32), anchors (int32) and offsets (float64 as uint32 words), of
+    the n - 1 boundaries.
+    Backward: the same arguments, order, anchors, offsets, cotangent -> gradient of x.
+    The NumPy API's ladder kernels; the rows their VJP leaves (a far tie, boundaries out of
+    order) take the general kernel. Target ranks outside ``[1, n]``, or a row that is not a
+    permutation of them (traced: known only now), are an error that names them, as the
+    NumPy API's.
+    """
+    run, rows, n = begin(frame)
+    if not run:
+        return 0
+    negate = peek(buffer(frame, ARGS, 2)[0], 0, np.int32) != 0
+    address, code = buffer(frame, ARGS, 3)
+    target = empty((rows, n), np.int32)
+    for r in range(rows):
+        for i in range(n):
+            if code == S64:
+                rank = peek(address, r * n + i, np.int64)
+            else:
+                rank = np.int64(peek(address, r * n + i, np.int32))
+            if rank < 1 or rank > n:
+                return fail(frame, "softorder: target_ranks must lie in [1, ", n, "]; got ", rank)
+            target[r, i] = rank
+    values, alpha = _input_rows(frame, rows, n, negate)
+    m = n - 1
+    if peek(frame, ARG_COUNT, np.int64) > 4:  # the backward pass: more arguments
+        order = array_at(buffer(frame, ARGS, 4)[0], (rows, n), np.int32)
+        xs = empty((rows, n), np.float64)
+        gather_rows(xs, values, order)
+        anchor = array_at(buffer(frame, ARGS, 5)[0], (rows, m), np.int32)
+        offset = array_at(buffer(frame, ARGS, 6)[0], (rows, m), np.float64)
+        cot = empty((rows,), np.float64)
+        widen(cot, *buffer(frame, ARGS, 7), False)
+        x_bar = empty((rows, n), np.float64)
+        alpha_bar = empty((rows,), np.float64)
+        work = empty((rows, permutation.LADDER_VJP_WORK, n), np.float64)
+        args = (xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar)
+        if _permutation_loss_vjp(*args, work):
+            native = empty((NATIVE_COUNT,), np.int64)
+            native_table(native)
+            _permutation_loss_general(*args, native)
+        narrow(*buffer(frame, RESULTS, 0), x_bar, negate)
+        return 0
+    order = array_at(buffer(frame, RESULTS, 1)[0], (rows, n), np.int32)
+    xs = empty((rows, n), np.float64)
+    sort_rows(values, xs, order)
+    anchor = array_at(buffer(frame, RESULTS, 2)[0], (rows, m), np.int32)
+    offset = array_at(buffer(frame, RESULTS, 3)[0], (rows, m), np.float64)
+    out = empty((rows,), np.float64)
+    work = empty((rows, permutation.LADDER_FORWARD_WORK, n), np.float64)
+    repeated = _permutation_loss_forward(xs, order, alpha, target, out, anchor, offset, work)
+    for r in range(rows):
+        # a row whose ranks repeat has a NaN loss (and so has a row with NaN, whose ranks the
+        # kernel did not read): the NumPy API's check of such rows, naming the first
+        if repeated == 0 and out[r] == out[r]:
+            continue
+        count = empty((n + 1,), np.int64)
+        for v in range(n + 1):
+            count[v] = 0
+        for i in range(n):
+            count[target[r, i]] += 1
+        for v in range(1, n + 1):
+            if count[v] > 1:
+                return fail(
+                    frame,
+                    "softorder: target_ranks must be a permutation of 1..",
+                    n,
+                    " along the last axis (each rank once); row ",
+                    r,
+                    " (of the rows in order, every batch axis flattened) repeats rank ",
+                    v,
+                )
+    narrow(*buffer(frame, RESULTS, 0), out, False)
+    return 0
+
+
 #: one C function per operation: its forward and backward passes (told apart by their
 #: number of arguments), so that one compilation serves both
 _HANDLERS = {
@@ -487,14 +816,22 @@ _HANDLERS = {
     "topk": topk_handler,
     "sort": sort_handler,
     "quantile": quantile_handler,
+    "topk_loss": topk_loss_handler,
+    "permutation_loss": permutation_loss_handler,
+}
+#: the kernels each handler calls by symbol (:data:`KERNELS`)
+_HANDLER_KERNELS = {
+    name: tuple(k for k in KERNELS if k.rsplit("_", 1)[0] == name) for name in _HANDLERS
 }
 
 
 def _compile(name: str):
     """The numba C function of handler ``name``, loaded from the disk cache or compiled."""
-    for kernel in (f"{name}_forward", f"{name}_vjp"):
+    for kernel in _HANDLER_KERNELS[name]:
         # linked first: numba runs no ``reload_init`` for a C function loaded from the cache
         _jit.link_symbol(*KERNELS[kernel])
+    if name == "permutation_loss":
+        _native_symbols()
     fn = _HANDLERS[name]
     handler = CFunc(
         fn,

@@ -72,6 +72,8 @@ FFI_MAX_N = {
     "log_soft_topk": 2**20,
     "soft_sort": 2**18,
     "soft_quantile": 2**20,
+    "topk_cross_entropy": 2**20,
+    "permutation_cross_entropy": 2**20,
 }
 
 #: why a softorder function cannot be differentiated twice, or in forward mode
@@ -162,24 +164,34 @@ class _Callbacks:
 class _Ffi:
     """The FFI route's ``handler`` (:mod:`softorder.bridges._jax_ffi`) on the arrays (rows, n)
     of rows, ``alpha`` per row, int32 flags ``(negate, log)`` (and ``m`` for quantiles) and,
-    for top-k, ``k`` per row, for quantiles ``q`` and its argsort (rows, m); residuals: the
+    for top-k, ``k`` per row, for quantiles ``q`` and its argsort (rows, m); for the losses
+    the labels or target ranks (traced or not: checked by the handler) and, for top-k
+    cross-entropy, log P_K and P_K(1) per row (float64 as uint32 words); residuals: the
     argsort (int32) and 64-bit values as pairs of uint32 words (no x64 needed).
     """
 
-    handler: str  # "rank", "topk", "sort" or "quantile"
-    differentiable = (0,)  # (the other arguments are concrete)
+    handler: str  # "rank", "topk", "sort", "quantile", "topk_loss" or "permutation_loss"
+    differentiable = (0,)  # (the other arguments are concrete, or integers)
 
     def forward(self, arrays: tuple, keep: bool) -> tuple:
         rows, n = arrays[0].shape
+        dtype, order = arrays[0].dtype, _struct((rows, n), np.int32)
+        if self.handler in ("topk_loss", "permutation_loss"):  # one loss per row
+            if self.handler == "topk_loss":
+                K = arrays[4].shape[-1] // 2  # (log P_K: (rows, 2 K) words)
+                saved = (_struct((rows, 2 * K), np.uint32),) * 2
+            else:  # the n - 1 boundaries' int32 anchors and offsets
+                saved = (_struct((rows, n - 1), np.int32), _struct((rows, 2 * n - 2), np.uint32))
+            return self._call((_struct((rows,), dtype), order, *saved), arrays)
         m = arrays[3].shape[-1] if self.handler == "quantile" else n  # (q: (rows, m))
         widths = {"rank": (2 * n,), "sort": (2 * n,) * 2, "topk": (2, 2), "quantile": (2 * m,) * 2}
         saved = [_struct((rows, w), np.uint32) for w in widths[self.handler]]
-        shapes = (_struct((rows, m), arrays[0].dtype), _struct((rows, n), np.int32), *saved)
-        return self._call(shapes, arrays)
+        return self._call((_struct((rows, m), dtype), order, *saved), arrays)
 
     def backward(self, arrays: tuple, residuals: tuple, cotangent, wanted: tuple) -> tuple:
-        x = arrays[0]  # (k, a fourth argument, is not needed)
-        return self._call((_struct(x.shape, x.dtype),), (*arrays[:3], *residuals, cotangent))
+        x = arrays[0]  # (k, q and its order, the fourth argument on, are not needed)
+        needed = arrays if self.handler in ("topk_loss", "permutation_loss") else arrays[:3]
+        return self._call((_struct(x.shape, x.dtype),), (*needed, *residuals, cotangent))
 
     def _call(self, shapes: tuple, operands: tuple) -> tuple:
         from softorder.bridges import _jax_ffi
@@ -340,7 +352,11 @@ _FFI_OPS = {
     "log_soft_topk": ("topk", True),
     "soft_sort": ("sort", False),
     "soft_quantile": ("quantile", False),
+    "topk_cross_entropy": ("topk_loss", False),
+    "permutation_cross_entropy": ("permutation_loss", False),
 }
+#: the losses' integer argument, which the handlers check when they run (it may be traced)
+_FFI_INTEGERS = {"topk_cross_entropy": "labels", "permutation_cross_entropy": "target_ranks"}
 
 
 def _ffi_constants(op_name: str, arguments: dict, layout: Layout, compute, route: str):
@@ -360,10 +376,12 @@ def _ffi_constants(op_name: str, arguments: dict, layout: Layout, compute, route
         or layout.n > FFI_MAX_N[op_name]
         or layout.n >= 2**31  # the argsort travels as int32
         or not math.prod(layout.batch_shape)
-        or any(_is_traced(arguments.get(name)) for name in ("alpha", "k", "q"))
+        or any(_is_traced(arguments.get(name)) for name in ("alpha", "k", "q", "p_k"))
     ):
         return None
     handler, log = _FFI_OPS[op_name]
+    if op_name in _FFI_INTEGERS:
+        return _ffi_loss_constants(op_name, arguments, layout, compute)
     alpha = checks.row_values("alpha", arguments["alpha"], layout, compute)
     negate = bool(arguments.get("descending", arguments.get("largest")))
     constants = [alpha, np.array([negate, log], np.int32)]
@@ -380,6 +398,48 @@ def _ffi_constants(op_name: str, arguments: dict, layout: Layout, compute, route
         constants[1] = np.array([negate, log, q.shape[1]], np.int32)
         constants += [q.astype(compute), np.argsort(q, axis=1).astype(np.int32)]
     return handler, constants
+
+
+def _ffi_loss_constants(op_name: str, arguments: dict, layout: Layout, compute):
+    """:func:`_ffi_constants` of a loss: ``alpha`` per row and the flags; for top-k
+    cross-entropy also log P_K and P_K(1) per row, in float64 as pairs of uint32 words (as the
+    NumPy API computes them from ``p_k`` rounded to ``compute``, the callbacks' ``p_k``).
+    The labels or target ranks follow (:func:`_ffi_integers`).
+    """
+    alpha = checks.row_values("alpha", arguments["alpha"], layout, compute)
+    if op_name == "permutation_cross_entropy":
+        if layout.n < 2:
+            return None  # (no boundaries: the callbacks)
+        return "permutation_loss", [alpha, np.array([bool(arguments["descending"])], np.int32)]
+    pk = checks.as_computed(checks.host_value(arguments["p_k"], "p_k"), compute)
+    pk = checks.p_k_rows(pk, layout.batch_shape).reshape(-1, pk.shape[-1])
+    K = pk.shape[1]
+    if K > layout.n:  # (the kernels keep the K terms in a row of scratch of n)
+        return None
+    with np.errstate(divide="ignore"):
+        log_pk = np.log(pk)
+    pk1 = np.ascontiguousarray(pk[:, :1])
+    flags = np.array([bool(arguments["split_top1"]), K], np.int32)
+    return "topk_loss", [alpha, flags, None, _words(log_pk), _words(pk1)]
+
+
+def _words(values: np.ndarray) -> np.ndarray:
+    """float64 ``values`` (rows, w) as uint32 words (rows, 2 w): what the handler reads."""
+    return np.ascontiguousarray(values, np.float64).view(np.uint32)
+
+
+def _ffi_integers(op_name: str, value, layout: Layout):
+    """The labels (rows,) or target ranks (rows, n) of a loss's FFI call, int32 or int64 (as
+    the handler reads them; exact), or ``None`` for a dtype neither holds exactly (uint32
+    without x64, uint64): the callbacks.
+    """
+    dtype = np.dtype(value.dtype)
+    if dtype not in (np.int32, np.int64):
+        if dtype.kind not in "iu" or dtype.itemsize > 2:
+            return None
+        value = value.astype(np.int32)
+    shape = (-1,) if op_name == "topk_cross_entropy" else (-1, layout.n)
+    return value.reshape(shape)
 
 
 # --------------------------------------------------------------------------------------------
@@ -463,6 +523,21 @@ def _dispatch(op: Callable, arguments: dict) -> jax.Array:
 
     route = _route()
     ffi = _ffi_constants(op.__name__, {**arguments, **statics}, layout, compute, route)
+    if ffi is not None and op.__name__ in _FFI_INTEGERS:
+        handler, constants = ffi
+        integers = _ffi_integers(op.__name__, arrays[_FFI_INTEGERS[op.__name__]], layout)
+        if integers is not None:
+            if handler == "topk_loss":
+                constants[2] = integers  # (after the flags, before P_K)
+            else:
+                constants.append(integers)
+            operands = (x.reshape(-1, layout.n), *map(jnp.asarray, constants))
+            out = _apply(_Ffi(handler), *_vary(operands, _varying_axes(operands)))
+            out = out.reshape(layout.batch_shape)  # one loss per row, reduced as below
+            if statics["reduction"] != "none":
+                out = jnp.sum(out) if statics["reduction"] == "sum" else jnp.mean(out)
+            return out.astype(out_dtype)
+        ffi = None
     if ffi is not None:
         handler, constants = ffi
         moved = jnp.moveaxis(x, layout.axis, -1)
