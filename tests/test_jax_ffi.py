@@ -496,3 +496,250 @@ def test_quantiles_under_vmap_and_the_routes_left_to_the_callbacks(rng, callback
     many = np.linspace(0.05, 0.95, 5)[None]  # 5 * FEW_TARGETS > 30
     assert not softorder.core.sort.few_targets(5, 30)
     assert CALLBACK in lowered(lambda r: soj.soft_quantile(r, many, 0.5), x[0])
+
+
+# --- the losses: traced labels and target ranks, checked by the handlers --------------------
+
+#: (bridge loss, NumPy loss, the integer argument's maker, extra positional arguments before
+#: alpha, keyword arguments); labels and ranks are traced (arguments of the jitted function)
+LOSSES = {
+    "topk CE": (soj.topk_cross_entropy, softorder.topk_cross_entropy, "labels", ([0.5, 0.5],), {}),
+    "topk CE split, K=3": (
+        soj.topk_cross_entropy,
+        softorder.topk_cross_entropy,
+        "labels",
+        ([0.25, 0.5, 0.25],),
+        {"split_top1": True},
+    ),
+    "perm CE": (
+        soj.permutation_cross_entropy,
+        softorder.permutation_cross_entropy,
+        "ranks",
+        (),
+        {},
+    ),
+    "perm CE descending": (
+        soj.permutation_cross_entropy,
+        softorder.permutation_cross_entropy,
+        "ranks",
+        (),
+        {"descending": True},
+    ),
+}
+
+
+def integers(rng, kind, batch, n, dtype=np.int32):
+    if kind == "labels":
+        return rng.integers(0, n, batch).astype(dtype)
+    ranks = np.argsort(rng.standard_normal(batch + (n,)), axis=-1) + 1
+    return ranks.astype(dtype)
+
+
+def loss_steps(bridge, extra, kwargs, reduction):
+    """Jitted value and gradient (in x) of ``bridge``, the labels or ranks traced."""
+
+    def f(x, labels):
+        return bridge(x, labels, *extra, 0.5, reduction=reduction, **kwargs)
+
+    def loss(x, labels, w):
+        out = f(x, labels)
+        return jnp.sum(out * w) if reduction == "none" else out
+
+    return jax.jit(f), jax.jit(jax.grad(loss))
+
+
+@pytest.mark.parametrize("case", LOSSES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_losses_take_the_ffi_route_and_match_the_numpy_api(case, dtype, reduction, rng, callbacks):
+    """A (2, 3) batch of rows with infinities and a NaN row: the FFI route (forward and
+    backward, the labels or ranks traced) gives the callbacks' values and gradients to the
+    bit (the reductions in JAX alike), and, per row, the NumPy API's.
+    """
+    bridge, numpy_op, kind, extra, kwargs = LOSSES[case]
+    n = 11
+    x = data(rng, (2, 3, n), dtype)  # its NaN is at [0, 1, 2]
+    x[0, 0, :2] = [np.inf, -np.inf]
+    x[1, 2, 4] = -np.inf
+    labels = integers(rng, kind, (2, 3), n)
+    w = rng.standard_normal((2, 3)).astype(dtype)
+    with jax.enable_x64(dtype == np.float64):
+        value, grad = loss_steps(bridge, extra, kwargs, reduction)
+        text = jax.jit(grad).lower(x, labels, w).as_text()
+        handler = "@softorder_topk_loss(" if kind == "labels" else "@softorder_permutation_loss("
+        assert text.count(handler) == 2 and CALLBACK not in text
+        ffi, callback = callbacks(lambda: (value(x, labels), grad(x, labels, w)))
+        ffi_again = value(x, labels), grad(x, labels, w)  # (compiled: the FFI route)
+    equal(ffi[0], callback[0])
+    equal(ffi[1], callback[1])
+    equal(ffi_again[0], ffi[0])
+    expected, pullback = softorder.vjp(numpy_op, x, labels, *extra, 0.5, reduction="none", **kwargs)
+    cot = w if reduction == "none" else np.full(w.shape, 1 / w.size if reduction == "mean" else 1)
+    if reduction == "none":
+        equal(ffi[0], flushed(expected))
+    equal(ffi[1], flushed(pullback(cot.astype(dtype))[0]))
+    assert np.isnan(ffi[1][0, 1]).all() and np.isfinite(ffi[1][1]).all()
+
+
+@pytest.mark.parametrize("case", ["topk CE split, K=3", "perm CE descending"])
+def test_losses_under_vmap_with_int64_and_narrow_integers(case, rng, callbacks):
+    """``vmap`` over a batch of batches (one call), labels or ranks in int64 (x64), int8 and
+    uint16 (widened to int32), p_k per row: the routes agree bit for bit.
+    """
+    bridge, _, kind, extra, kwargs = LOSSES[case]
+    n = 9
+    x = data(rng, (4, 3, n))
+    labels = integers(rng, kind, (4, 3), n)
+    if kind == "labels":
+        extra = (np.tile(np.asarray(extra[0]), (3, 1)),)  # p_k per row
+
+    def f(x, labels):
+        return bridge(x, labels, *extra, 0.5, **kwargs)
+
+    def run():
+        out = []
+        for dtype in (np.int8, np.uint16, np.int64):
+            with jax.enable_x64(dtype == np.int64):
+                g = jax.jit(jax.vmap(jax.value_and_grad(f)))
+                out += [*g(x, labels.astype(dtype))]
+        return out
+
+    text = lowered(jax.vmap(jax.grad(f)), x, labels)
+    assert text.count("@softorder_") == 2 and CALLBACK not in text
+    ffi, callback = callbacks(run)
+    for a, b in zip(ffi, callback, strict=True):
+        equal(a, b)
+
+
+def test_loss_routes_left_to_the_callbacks(rng):
+    x = data(rng, (3, 8))
+    labels = np.array([1, 2, 3])
+    ranks = integers(rng, "ranks", (3,), 8)
+    # traced alpha or p_k, labels whose dtype int32 cannot hold (uint32 without x64)
+    assert CALLBACK in lowered(
+        lambda x, a: soj.topk_cross_entropy(x, labels, [0.5, 0.5], a), x, 0.5
+    )
+    pk = np.array([0.5, 0.5], np.float32)
+    assert CALLBACK in lowered(lambda x, p: soj.topk_cross_entropy(x, labels, p, 0.5), x, pk)
+    assert CALLBACK in lowered(lambda x, a: soj.permutation_cross_entropy(x, ranks, a), x, 0.5)
+    u = labels.astype(np.uint32)
+    assert CALLBACK in lowered(lambda x, u: soj.topk_cross_entropy(x, u, [0.5, 0.5], 0.5), x, u)
+    # concrete labels and ranks: the FFI route
+    assert "@softorder_topk_loss(" in lowered(
+        lambda x: soj.topk_cross_entropy(x, labels, [0.5, 0.5], 0.5), x
+    )
+    assert "@softorder_permutation_loss(" in lowered(
+        lambda x: soj.permutation_cross_entropy(x, ranks, 0.5), x
+    )
+
+
+#: (loss, bad integers, the message: the NumPy API's, named by softorder)
+BAD = [
+    ("topk CE", [1, 7, 2], "softorder: labels must lie in [0, 5]; got 7"),
+    ("topk CE", [-1, 2, 2], "softorder: labels must lie in [0, 5]; got -1"),
+    ("perm CE", [[1, 2, 3, 4, 5, 9]] * 3, "softorder: target_ranks must lie in [1, 6]; got 9"),
+    ("perm CE", [[0, 2, 3, 4, 5, 6]] * 3, "softorder: target_ranks must lie in [1, 6]; got 0"),
+    (
+        "perm CE",
+        [[1, 2, 3, 4, 5, 6], [2, 1, 3, 4, 5, 6], [1, 3, 3, 4, 5, 3]],
+        "softorder: target_ranks must be a permutation of 1..6 along the last axis (each rank "
+        "once); row 2 (of the rows in order, every batch axis flattened) repeats rank 3",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "bad", "message"), BAD)
+@pytest.mark.parametrize("x64", [False, True])
+def test_bad_traced_integers_raise_and_the_process_goes_on(case, bad, message, x64, rng):
+    """A bad traced label or rank is known only when the handler runs: it returns XLA's
+    INVALID_ARGUMENT error with the NumPy API's message, in the forward and in the gradient
+    step; the process goes on and the next good call gives the right values.
+    """
+    bridge, numpy_op, kind, extra, kwargs = LOSSES[case]
+    x = data(rng, (3, 6))
+    good = integers(rng, kind, (3,), 6)
+    value, grad = loss_steps(bridge, extra, kwargs, "none")
+    w = np.ones(3, np.float32)
+    with jax.enable_x64(x64):
+        bad = np.asarray(bad, np.int64 if x64 else np.int32)
+        assert "@softorder_" in jax.jit(grad).lower(x, bad, w).as_text()
+        for step in (lambda: value(x, bad), lambda: grad(x, bad, w)):
+            with pytest.raises(jax.errors.JaxRuntimeError) as raised:
+                jax.block_until_ready(step())
+            assert str(raised.value) == "INVALID_ARGUMENT: " + message
+        got = value(x, good)
+    equal(got, flushed(numpy_op(x, good, *extra, 0.5, reduction="none", **kwargs)))
+    # a NaN row's ranks are checked too (the kernel does not read them), as the NumPy API does
+    if kind == "ranks" and "permutation" in message:
+        x[2, 0] = np.nan
+        with pytest.raises(jax.errors.JaxRuntimeError, match="repeats rank 3"):
+            jax.block_until_ready(value(x, bad))
+
+
+def test_fail_writes_xlas_error_arguments():
+    """``fail`` calls ``XLA_FFI_Error_Create`` (word 6 of the API, word 2 of the call frame)
+    with ``{struct_size 28, extension_start NULL, message, INVALID_ARGUMENT}`` and returns
+    what it returns; integers are written in decimal, signs and extremes included.
+    """
+    import ctypes
+
+    import numba
+
+    seen = []
+
+    @ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
+    def create(address):
+        words = (ctypes.c_int64 * 3).from_address(address)
+        errc = ctypes.c_int32.from_address(address + 24).value
+        seen.append((words[0], words[1], ctypes.string_at(words[2]).decode(), errc))
+        return 12345
+
+    api = np.zeros(8, np.int64)
+    api[6] = ctypes.cast(create, ctypes.c_void_p).value
+    frame = np.zeros(16, np.int64)
+    frame[2] = api.ctypes.data
+
+    @numba.njit
+    def call(frame, a, b, c):
+        return _jax_ffi.fail(frame, "softorder: a=", a, ", b=", b, "; c", c, ".")
+
+    low, high = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+    assert call(frame.ctypes.data, 0, -7, low) == 12345
+    assert call(frame.ctypes.data, high, 1234567890, 10) == 12345
+    assert seen == [
+        (28, 0, f"softorder: a=0, b=-7; c{low}.", _jax_ffi.INVALID_ARGUMENT),
+        (28, 0, f"softorder: a={high}, b=1234567890; c10.", _jax_ffi.INVALID_ARGUMENT),
+    ]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_permutation_loss_rows_left_by_the_ladder_take_the_general_kernel(dtype, rng):
+    """Boundaries whose anchors step back (never solved so: made by hand, as in
+    test_permutation_ladder) leave the ladder VJP; the handler's backward pass then runs the
+    general kernel (its helpers' addresses from :func:`_jax_ffi.native_table`) on those rows,
+    as the NumPy API's ``ladder_loss_vjp`` does, to the bit.
+    """
+    from softorder.core import permutation as perm
+
+    n = 40
+    x = data(rng, (2, n), dtype)
+    x[1, 2] = 1.25  # (no NaN row here)
+    ranks = integers(rng, "ranks", (2,), n)
+    cot = np.array([1.0, -0.5], dtype)
+    with jax.enable_x64(dtype == np.float64):
+        kernel = soj._Ffi("permutation_loss")
+        alpha = np.full(2, 0.3, dtype)
+        arrays = tuple(map(jnp.asarray, (x, alpha, np.zeros(1, np.int32), ranks)))
+        _, order, anchor, offset = kernel.forward(arrays, True)
+        anchor, offset = np.array(anchor), np.array(offset).view(np.float64)
+        anchor[0, 20:] = anchor[0, ::-1][20:]
+        offset[0, 20:] = offset[0, ::-1][20:]
+        residuals = (order, jnp.asarray(anchor), jnp.asarray(offset.view(np.uint32)))
+        (grad,) = kernel.backward(arrays, residuals, jnp.asarray(cot), (0,))
+    xs = np.take_along_axis(x.astype(np.float64), np.asarray(order), 1)
+    x_bar, alpha_bar = np.empty((2, n)), np.empty(2)
+    work = np.empty((2, perm.LADDER_VJP_WORK, n))
+    args = (xs, np.asarray(order), alpha.astype(np.float64), ranks, anchor, offset)
+    assert perm._ladder_vjp_rows.serial(*args, cot.astype(np.float64), x_bar, alpha_bar, work)
+    perm.ladder_loss_vjp(*args, cot.astype(np.float64), x_bar, alpha_bar, work)
+    equal(grad, flushed(x_bar.astype(dtype)))
