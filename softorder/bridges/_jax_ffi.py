@@ -2,14 +2,17 @@
 
 The JAX bridge routes ``soft_rank``, ``soft_sort``, ``soft_topk``, ``log_soft_topk`` and
 ``soft_quantile`` here when a call is traced for the CPU backend with a concrete ``alpha`` (and
-``k``, one per row, or a few ``q`` per row):
+``k``, one per row, or a few ``q`` per row), and ``topk_cross_entropy`` and
+``permutation_cross_entropy`` with a concrete ``alpha`` (and ``p_k``):
 everything is validated then, so a call costs its kernels, without the Python, the GIL and the
-host copies of a callback (figures in CHANGELOG.md).
+host copies of a callback (figures in CHANGELOG.md). The losses' labels and target ranks are
+data, traced in a training step: their handlers check them as they read them, and return an
+XLA error (INVALID_ARGUMENT, with the NumPy API's message: :func:`fail`) for a bad one.
 
 Each handler is one C function of XLA's typed FFI (``api_version=1``,
 ``XLA_FFI_Error* handler(XLA_FFI_CallFrame*)``, ``xla/ffi/api/c_api.h`` in
-``jax.ffi.include_dir()``) that never fails (it returns NULL). It reads XLA's call frame and
-buffers through intrinsics (code emitted in place), sorts the rows itself
+``jax.ffi.include_dir()``) that returns NULL (success) but for those errors. It reads XLA's
+call frame and buffers through intrinsics (code emitted in place), sorts the rows itself
 (:mod:`softorder.core.sort_rows`, faster than XLA's sort) and calls the NumPy API's serial
 kernels by symbol (:data:`KERNELS`: the very same compilations) on the same float64 rows and
 int32 orders, so its results are bitwise the NumPy API's when the rows have no ties (with
@@ -27,6 +30,10 @@ of operands. The rows are flattened over every leading axis (``vmap`` adds some,
   uint32 words, two per value, so that they survive without ``jax_enable_x64``;
 * backward: the same input, ``alpha`` and flags, the argsort and residuals, and the
   cotangent; result: the gradient of the input.
+
+The losses' handlers take one value per row (the loss; its cotangent) and every forward
+argument again in the backward pass (the labels or target ranks, ``P_K``), which they check
+again: they are the same values, and a handler must not read a bad one.
 """
 
 from __future__ import annotations

@@ -233,7 +233,7 @@ class _Wanted:
 def _apply_fwd(kernel: _Callbacks | _Ffi, *primals):
     # (symbolic zeros: the backward pass computes only the gradients of perturbed arguments)
     arrays = tuple(p.value for p in primals)
-    if isinstance(kernel, _Callbacks):  # (the FFI route's other arguments are concrete)
+    if isinstance(kernel, _Callbacks):  # (the FFI route's others: concrete, or integers)
         spec = kernel.call.spec
         refuse_derivatives(spec.op, spec.rule, spec.names, [p.perturbed for p in primals])
     out, *residuals = _vary(kernel.forward(arrays, True), _varying_axes(arrays))
@@ -362,7 +362,8 @@ _FFI_INTEGERS = {"topk_cross_entropy": "labels", "permutation_cross_entropy": "t
 def _ffi_constants(op_name: str, arguments: dict, layout: Layout, compute, route: str):
     """The FFI route's arguments after the rows (``alpha`` and ``k`` per row, as the kernels
     see them through the callbacks, and the flags), or ``None``: the call takes the callbacks.
-    Everything is validated now, so nothing can fail when the handler runs.
+    Everything is validated now, so nothing can fail when the handler runs, but for the
+    losses' labels and target ranks, which may be traced: their handlers check them.
     """
     import numba
 
@@ -587,7 +588,14 @@ _FFI_NOTE = (
     "row, or ``q``, a few per row), this is an XLA FFI call into numba C functions, with no "
     'Python per call; otherwise a callback (see the module\'s "FFI route").'
 )
-_LOSS_NOTE = "Under ``vmap`` the reduction applies to each vmapped element separately."
+_LOSS_NOTE = (
+    "Under ``vmap`` the reduction applies to each vmapped element separately. FFI route: on "
+    "the CPU backend, with a concrete (not traced) ``alpha`` (and ``p_k``), this is an XLA FFI "
+    "call into numba C functions, with no Python per call; its {integers} may be traced (data "
+    "of a training step): the handler checks them when it runs, and a bad one raises "
+    ":class:`jax.errors.JaxRuntimeError` with the NumPy API's message, naming softorder. "
+    'Otherwise a callback (see the module\'s "FFI route").'
+)
 
 
 @documented(_ops.soft_topk, _JAX, notes=_FFI_NOTE)
@@ -692,7 +700,7 @@ def soft_permutation(
     return _run(_ops.soft_permutation, locals())
 
 
-@documented(_ops.topk_cross_entropy, _JAX, notes=_LOSS_NOTE)
+@documented(_ops.topk_cross_entropy, _JAX, notes=_LOSS_NOTE.format(integers="labels"))
 def topk_cross_entropy(
     logits: ArrayLike,
     labels: ArrayLike,
@@ -718,7 +726,11 @@ def topk_cross_entropy(
     return _run(_ops.topk_cross_entropy, locals())
 
 
-@documented(_ops.permutation_cross_entropy, _JAX, notes=_LOSS_NOTE)
+@documented(
+    _ops.permutation_cross_entropy,
+    _JAX,
+    notes=_LOSS_NOTE.format(integers="target ranks"),
+)
 def permutation_cross_entropy(
     x: ArrayLike,
     target_ranks: ArrayLike,
