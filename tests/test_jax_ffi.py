@@ -743,3 +743,13 @@ def test_permutation_loss_rows_left_by_the_ladder_take_the_general_kernel(dtype,
     assert perm._ladder_vjp_rows.serial(*args, cot.astype(np.float64), x_bar, alpha_bar, work)
     perm.ladder_loss_vjp(*args, cot.astype(np.float64), x_bar, alpha_bar, work)
     equal(grad, flushed(x_bar.astype(dtype)))
+
+
+def test_precompile_registers_the_loss_handlers():
+    """``softorder.precompile(apis=["jax"])`` runs the losses through the FFI route: their
+    handlers (and the kernels they call) are compiled and registered with XLA.
+    """
+    softorder.precompile(
+        ["topk_cross_entropy", "permutation_cross_entropy"], apis=["jax"], progress=False
+    )
+    assert {"softorder_topk_loss", "softorder_permutation_loss"} <= set(_jax_ffi._registered)
