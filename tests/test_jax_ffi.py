@@ -753,3 +753,21 @@ def test_precompile_registers_the_loss_handlers():
         ["topk_cross_entropy", "permutation_cross_entropy"], apis=["jax"], progress=False
     )
     assert {"softorder_topk_loss", "softorder_permutation_loss"} <= set(_jax_ffi._registered)
+
+
+@pytest.mark.parametrize("case", ["topk CE split, K=3", "perm CE"])
+def test_loss_ties_values_equal_gradients_close(case, rng):
+    """With ties (the handlers sort stably, NumPy's argsort does not) the losses are the
+    NumPy API's to the bit and their gradients equal to rounding.
+    """
+    bridge, numpy_op, kind, extra, kwargs = LOSSES[case]
+    x = np.round(rng.standard_normal((4, 40)), 1)
+    x[0, :6] = 0.0
+    x[1, ::2] = 1.0
+    labels = integers(rng, kind, (4,), 40)
+    with jax.enable_x64(True):
+        value, grad = loss_steps(bridge, extra, kwargs, "none")
+        got = value(x, labels), grad(x, labels, np.ones(4))
+    expected, pullback = softorder.vjp(numpy_op, x, labels, *extra, 0.5, reduction="none", **kwargs)
+    equal(got[0], expected)
+    np.testing.assert_allclose(got[1], pullback(np.ones(4))[0], rtol=1e-12, atol=1e-12)
