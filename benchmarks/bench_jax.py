@@ -37,7 +37,8 @@ The script is a report, not a test: it always exits with 0.
 
 A second table gives the per-call floor at small sizes: ``jax.jit(jax.grad(...))`` of every
 operation (``soft_topk`` with k = 10, ``soft_quantile`` at q = 0.3 and at q = 0.25, 0.5, 0.75,
-the losses on one row) on one row of n = 1e2 and 1e3, through the bridge's default route on
+the losses on one row, their labels and ranks constants of the step: traced ones take the same
+route) on one row of n = 1e2 and 1e3, through the bridge's default route on
 the CPU (the FFI route where it covers the call: see :mod:`softorder.bridges.jax`), through
 ``buffer_callback`` (the CPU kernels in place: the other calls' default, and every
 operation's with a traced ``alpha``, ``k`` or ``q``) and through ``pure_callback``
