@@ -716,8 +716,9 @@ def test_fail_writes_xlas_error_arguments():
 def test_permutation_loss_rows_left_by_the_ladder_take_the_general_kernel(dtype, rng):
     """Boundaries whose anchors step back (never solved so: made by hand, as in
     test_permutation_ladder) leave the ladder VJP; the handler's backward pass then runs the
-    general kernel (its helpers' addresses from :func:`_jax_ffi.native_table`) on those rows,
-    as the NumPy API's ``ladder_loss_vjp`` does, to the bit.
+    general kernel on those rows (through Python: :func:`_jax_ffi.rows_left`), as the NumPy
+    API's ``ladder_loss_vjp`` does, to the bit; a failure there is an XLA error naming
+    softorder, and the process goes on.
     """
     from softorder.core import permutation as perm
 
@@ -743,6 +744,16 @@ def test_permutation_loss_rows_left_by_the_ladder_take_the_general_kernel(dtype,
     assert perm._ladder_vjp_rows.serial(*args, cot.astype(np.float64), x_bar, alpha_bar, work)
     perm.ladder_loss_vjp(*args, cot.astype(np.float64), x_bar, alpha_bar, work)
     equal(grad, flushed(x_bar.astype(dtype)))
+
+    def broken(*args):
+        raise RuntimeError("the general kernel failed")
+
+    with jax.enable_x64(dtype == np.float64), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(perm, "ladder_vjp_left_rows", broken)
+        with pytest.raises(jax.errors.JaxRuntimeError, match="softorder: permutation_cross"):
+            jax.jit(lambda *a: kernel.backward(a[:4], a[4:7], a[7], (0,))[0])(
+                *arrays, *residuals, jnp.asarray(cot)
+            ).block_until_ready()
 
 
 def test_precompile_registers_the_loss_handlers():

@@ -57,7 +57,6 @@ from softorder.core._jit import (
     cache_dir,
     inner_helper,
     internal_function,
-    link_symbol,
 )
 from softorder.core.lapsum import empty
 from softorder.core.sort_rows import gather_rows, sort_rows
@@ -312,34 +311,73 @@ def _put_int_function(module):
     return function
 
 
+#: the C symbol through which the permutation loss's handler hands the rows its ladder VJP
+#: left to the general kernel (:func:`rows_left`, :func:`_rows_left`)
+ROWS_LEFT = "softorder_permutation_loss_rows_left"
+
+
 @intrinsic
-def native_table(typingctx, table):
-    """Fill the int64 ``table`` with the addresses of the helpers that
-    :mod:`softorder.core.permutation`'s general kernels call through their ``native``
-    argument (its :class:`~softorder.core._jit.NativeCalls`), by their symbols
-    (:func:`~softorder.core._jit.link_symbol`): the compiled code holds no address.
+def rows_left(typingctx, xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar):
+    """Call :data:`ROWS_LEFT` with the arrays' data and ``xs``'s shape: the rows of the
+    permutation loss's backward pass that :func:`~softorder.core.permutation._ladder_vjp_rows`
+    left (far ties, boundaries out of order: rare), by the general kernel, through Python
+    (:func:`_rows_left`). The general kernel is compiled when a row first needs it, as in the
+    NumPy API, not with the handler (5 s more of a first compilation). Returns 0, or 1 when
+    the call failed (logged).
     """
-    helpers = list(permutation._NATIVE._helpers.values())
-    symbols = [link_symbol(dispatcher, arg_types) for dispatcher, arg_types in helpers]
+    arrays = (xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar)
 
     def codegen(context, builder, signature, args):
         word = ir.IntType(64)
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        pairs = zip(helpers, symbols, strict=True)
-        for slot, ((dispatcher, arg_types), symbol) in enumerate(pairs):
-            restype = dispatcher.overloads[arg_types].signature.return_type
-            kind = context.call_conv.get_function_type(restype, arg_types)
-            function = cgutils.get_or_insert_function(builder.module, kind, symbol)
-            builder.store(builder.ptrtoint(function, word), builder.gep(data, [word(slot)]))
-        return context.get_dummy_value()
+        made = [
+            context.make_array(t)(context, builder, a) for t, a in zip(arrays, args, strict=True)
+        ]
+        pointers = [builder.ptrtoint(array.data, word) for array in made]
+        shape = cgutils.unpack_tuple(builder, made[0].shape, 2)
+        kind = ir.FunctionType(word, [word] * (len(arrays) + 2))
+        function = cgutils.get_or_insert_function(builder.module, kind, ROWS_LEFT)
+        return builder.call(function, (*pointers, *shape))
 
-    return types.none(table), codegen
+    return types.int64(*arrays), codegen
 
 
-def _native_symbols() -> None:
-    """Register the symbols :func:`native_table` reads (before a handler loads from the cache)."""
-    for dispatcher, arg_types in permutation._NATIVE._helpers.values():
-        link_symbol(dispatcher, arg_types)
+def _rows_left(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar, rows, n) -> int:
+    """:data:`ROWS_LEFT`: :func:`~softorder.core.permutation.ladder_vjp_left_rows` on the
+    handler's arrays (addresses; float64 but for the int32 order, target ranks and anchors).
+    """
+    try:
+        double, int32 = ctypes.c_double, ctypes.c_int32
+
+        def at(address, kind, shape):
+            return np.ctypeslib.as_array(ctypes.cast(address, ctypes.POINTER(kind)), shape)
+
+        full, bounds = (rows, n), (rows, n - 1)
+        permutation.ladder_vjp_left_rows(
+            at(xs, double, full),
+            at(order, int32, full),
+            at(alpha, double, (rows,)),
+            at(target, int32, full),
+            at(anchor, int32, bounds),
+            at(offset, double, bounds),
+            at(cot, double, (rows,)),
+            at(x_bar, double, full),
+            at(alpha_bar, double, (rows,)),
+        )
+    except BaseException:  # (nothing may leave a C callback)
+        _log.exception("softorder: the permutation loss's general VJP failed in its handler")
+        return 1
+    return 0
+
+
+_rows_left_callback = ctypes.CFUNCTYPE(ctypes.c_int64, *[ctypes.c_int64] * 11)(_rows_left)
+
+
+def _link_rows_left() -> None:
+    """Register :data:`ROWS_LEFT` (before the permutation loss's handler loads or compiles)."""
+    import llvmlite.binding
+
+    address = ctypes.cast(_rows_left_callback, ctypes.c_void_p).value
+    llvmlite.binding.add_symbol(ROWS_LEFT, address)
 
 
 _F1, _F2, _F3 = (types.Array(types.float64, d, "C") for d in (1, 2, 3))
@@ -438,7 +476,7 @@ KERNELS = {
     ),
     # (the NumPy API's CPU kernels of the losses: top-k cross-entropy's with its targets
     # 1..K and their order from the caller; the permutation loss's ladder kernels, int32
-    # anchors, and the general VJP of the rows they leave)
+    # anchors; the rows they leave go to the general kernel through rows_left)
     "topk_loss_forward": (
         topk_loss._loss_forward.serial,
         (_F2, _I2, _F1, _L1, _F2, _B, _F1, _F1, _L2, _F2, _F3, _F1, _L1),
@@ -455,10 +493,6 @@ KERNELS = {
         permutation._ladder_vjp_rows.serial,
         (_F2, _I2, _F1, _I2, _I2, _F2, _F1, _F2, _F1, _F3),
     ),
-    "permutation_loss_general": (
-        permutation._ladder_vjp_general.serial,
-        (_F2, _I2, _F1, _I2, _I2, _F2, _F1, _F2, _F1, _L1),
-    ),
 }
 _calls = SymbolCalls(**KERNELS)
 _rank_forward, _rank_vjp = _calls.rank_forward, _calls.rank_vjp
@@ -468,9 +502,6 @@ _quantile_forward, _quantile_vjp = _calls.quantile_forward, _calls.quantile_vjp
 _topk_loss_forward, _topk_loss_vjp = _calls.topk_loss_forward, _calls.topk_loss_vjp
 _permutation_loss_forward = _calls.permutation_loss_forward
 _permutation_loss_vjp = _calls.permutation_loss_vjp
-_permutation_loss_general = _calls.permutation_loss_general
-#: the helpers of the permutation loss's general kernel (:func:`native_table`)
-NATIVE_COUNT = len(permutation._NATIVE._helpers)
 
 
 @inner_helper
@@ -744,9 +775,9 @@ def permutation_loss_handler(frame):
     the n - 1 boundaries.
     Backward: the same arguments, order, anchors, offsets, cotangent -> gradient of x.
     The NumPy API's ladder kernels; the rows their VJP leaves (a far tie, boundaries out of
-    order) take the general kernel. Target ranks outside ``[1, n]``, or a row that is not a
-    permutation of them (traced: known only now), are an error that names them, as the
-    NumPy API's.
+    order) take the general kernel, through Python (:func:`rows_left`). Target ranks outside
+    ``[1, n]``, or a row that is not a permutation of them (traced: known only now), are an
+    error that names them, as the NumPy API's.
     """
     run, rows, n = begin(frame)
     if not run:
@@ -777,10 +808,8 @@ def permutation_loss_handler(frame):
         alpha_bar = empty((rows,), np.float64)
         work = empty((rows, permutation.LADDER_VJP_WORK, n), np.float64)
         args = (xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar)
-        if _permutation_loss_vjp(*args, work):
-            native = empty((NATIVE_COUNT,), np.int64)
-            native_table(native)
-            _permutation_loss_general(*args, native)
+        if _permutation_loss_vjp(*args, work) and rows_left(*args) != 0:
+            return fail(frame, "softorder: permutation_cross_entropy's gradient failed (logged)")
         narrow(*buffer(frame, RESULTS, 0), x_bar, negate)
         return 0
     order = array_at(buffer(frame, RESULTS, 1)[0], (rows, n), np.int32)
@@ -838,7 +867,7 @@ def _compile(name: str):
         # linked first: numba runs no ``reload_init`` for a C function loaded from the cache
         _jit.link_symbol(*KERNELS[kernel])
     if name == "permutation_loss":
-        _native_symbols()
+        _link_rows_left()
     fn = _HANDLERS[name]
     handler = CFunc(
         fn,

@@ -1244,6 +1244,17 @@ def _ladder_vjp_general(xs, order, alpha, target, anchor, offset, cot, x_bar, al
         scatter_finite(r, order[row], rbar, x_bar[row])
 
 
+def ladder_vjp_left_rows(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar):
+    """The rows that :func:`_ladder_vjp_rows` left (a NaN ``alpha_bar`` in a row without NaN),
+    by the general kernel on the calling thread, with int32 ``anchor``: what
+    :func:`ladder_loss_vjp` does after the ladder, for callers that ran the ladder kernel
+    themselves on threads of their own (the JAX bridge's FFI handlers). The general kernel is
+    compiled when first needed, here as in :func:`ladder_loss_vjp`.
+    """
+    args = (xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar)
+    _ladder_vjp_general.serial(*args, _NATIVE.addresses())
+
+
 def ladder_loss_vjp(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar, work):
     """:func:`permutation_loss_vjp` (the same values to the bit) in :data:`LADDER_VJP_WORK`
     rows of scratch ``work`` (rows, 3, n) instead of 8 rows of n and one of n - 1: cotangent
