@@ -226,11 +226,17 @@ def test_loss_gradient_with_infinite_entries(rng):
 
 
 @pytest.mark.parametrize("nan_row", [False, True])
-def test_repeated_ranks_refused_by_the_forward(rng, nan_row):
+def test_repeated_ranks_refused_by_the_forward(rng, nan_row, monkeypatch):
     """The CPU forward checks the permutations as it places the values by rank: a repeated
     rank raises the error that names its row from every entry point, a row with NaN (whose
-    ranks the kernel does not read) included; the kernel counts the rows that repeat.
+    ranks the kernel does not read) included, without running (or compiling, seconds on a
+    first call) the kernel of repeated ranks; the kernel counts the rows that repeat.
     """
+
+    def refused(*args):
+        raise AssertionError("the API ran the kernel of repeated ranks it refuses")
+
+    monkeypatch.setattr(perm, "_ladder_forward_repeated", refused)
     n = 300
     x = rng.normal(size=(3, n))
     ranks = np.stack([rng.permutation(n) + 1 for _ in range(3)])
@@ -255,6 +261,7 @@ def test_repeated_ranks_refused_by_the_forward(rng, nan_row):
     offset = np.empty((3, n - 1))
     work = np.empty((3, perm.LADDER_FORWARD_WORK, n))
     alpha = np.full(3, 0.5)
+    monkeypatch.undo()
     repeated = perm.ladder_loss_forward(xs, order, alpha, ranks, out, anchor, offset, work)
     assert repeated == (0 if nan_row else 1)
     assert np.isfinite(out[0]) and np.isfinite(out[2])

@@ -1156,6 +1156,7 @@ class PermutationCrossEntropyRule(LossRule):
                 s["anchor"],
                 s["offset"],
                 ctx.work(core.permutation.LADDER_FORWARD_WORK),
+                repeated=False,  # (refused below: no kernel of their own to compile)
             )
             if repeated or np.isnan(per_row).any():
                 # a row that repeats a rank, or one with NaN (its ranks were not read): the

@@ -870,19 +870,20 @@ def _ladder_forward_repeated(xs, order, alpha, target, out, anchor, offset, work
         out[row] = _loss_row(r, inv_alpha, order[row], target[row], anchor[row], offset[row])
 
 
-def ladder_loss_forward(xs, order, alpha, target, out, anchor, offset, work):
+def ladder_loss_forward(xs, order, alpha, target, out, anchor, offset, work, repeated=True):
     """``out[row] = -sum_i log P[target_i - 1, i]`` (1-based target ranks, rows (rows, n))
     with the boundaries into int32 ``anchor`` (rows shorter than 2**31) and ``offset``
     (rows, n - 1); ``work`` (rows, :data:`LADDER_FORWARD_WORK`, n). The same values to the
-    bit as :func:`permutation_loss_forward`. Rows whose target ranks repeat (the API refuses
-    them) run element by element in a kernel of their own, compiled when first needed.
-    Returns their count (rows with NaN are not counted: their ranks are not read), which
-    lets the API check the ranks' permutations here instead of in a pass of its own.
+    bit as :func:`permutation_loss_forward`. Rows whose target ranks repeat run element by
+    element in a kernel of their own, compiled when first needed, or, with ``repeated``
+    false (a caller that refuses them: the API), keep a NaN loss. Returns their count (rows
+    with NaN are not counted: their ranks are not read), which lets the API check the ranks'
+    permutations here instead of in a pass of its own.
     """
-    repeated = _ladder_forward_rows(xs, order, alpha, target, out, anchor, offset, work)
-    if repeated:
+    count = _ladder_forward_rows(xs, order, alpha, target, out, anchor, offset, work)
+    if count and repeated:
         _ladder_forward_repeated(xs, order, alpha, target, out, anchor, offset, work)
-    return repeated
+    return count
 
 
 @helper
