@@ -517,16 +517,46 @@ def _input_rows(frame, rows, n, negate):
 
 
 @inner_helper
-def _saved_rows(frame, values, rows, n, width):
-    """A backward pass's rows and residuals (arguments 3, 4 and 5): the forward pass's argsort
-    (int32), the input in its sorted order, and each row's ``width`` anchors and offsets.
+def _saved_rows(frame, values, rows, n, width, first, anchor_kind):
+    """A backward pass's rows and residuals (arguments ``first`` to ``first + 2``): the
+    forward pass's argsort (int32), the input in its sorted order, and each row's ``width``
+    anchors (``anchor_kind``) and offsets.
     """
-    order = array_at(buffer(frame, ARGS, 3)[0], (rows, n), np.int32)
+    order = array_at(buffer(frame, ARGS, first)[0], (rows, n), np.int32)
     xs = empty((rows, n), np.float64)
     gather_rows(xs, values, order)
-    anchor = array_at(buffer(frame, ARGS, 4)[0], (rows, width), np.int64)
-    offset = array_at(buffer(frame, ARGS, 5)[0], (rows, width), np.float64)
+    anchor = array_at(buffer(frame, ARGS, first + 1)[0], (rows, width), anchor_kind)
+    offset = array_at(buffer(frame, ARGS, first + 2)[0], (rows, width), np.float64)
     return order, xs, anchor, offset
+
+
+@inner_helper
+def _sorted_rows(frame, values, rows, n):
+    """A forward pass's argsort of each row (into result 1, int32) and the rows sorted."""
+    order = array_at(buffer(frame, RESULTS, 1)[0], (rows, n), np.int32)
+    xs = empty((rows, n), np.float64)
+    sort_rows(values, xs, order)
+    return order, xs
+
+
+@inner_helper
+def _target_results(frame, rows, width, anchor_kind):
+    """A forward pass's results 2 and 3: each row's ``width`` anchors (``anchor_kind``) and
+    offsets, which the backward pass reads back (:func:`_saved_rows`).
+    """
+    anchor = array_at(buffer(frame, RESULTS, 2)[0], (rows, width), anchor_kind)
+    offset = array_at(buffer(frame, RESULTS, 3)[0], (rows, width), np.float64)
+    return anchor, offset
+
+
+@inner_helper
+def _loss_gradients(frame, rows, n, index):
+    """A loss's backward pass: its cotangent per row (argument ``index``, widened) and the
+    gradients to fill, of the input (rows, n) and of ``alpha`` per row.
+    """
+    cot = empty((rows,), np.float64)
+    widen(cot, *buffer(frame, ARGS, index), False)
+    return cot, empty((rows, n), np.float64), empty((rows,), np.float64)
 
 
 def rank_handler(frame):
@@ -551,9 +581,7 @@ def rank_handler(frame):
         _rank_vjp(xs, order, alpha, decay, v, x_bar, alpha_bar, work)
         narrow(*buffer(frame, RESULTS, 0), x_bar, negate)
         return 0
-    order = array_at(buffer(frame, RESULTS, 1)[0], (rows, n), np.int32)
-    xs = empty((rows, n), np.float64)
-    sort_rows(values, xs, order)
+    order, xs = _sorted_rows(frame, values, rows, n)
     decay = array_at(buffer(frame, RESULTS, 2)[0], (rows, n), np.float64)
     out = empty((rows, n), np.float64)
     work = empty((rows, rank.FORWARD_WORK, n), np.float64)
@@ -574,7 +602,7 @@ def topk_handler(frame):
     negate, log = peek(flags, 0, np.int32) != 0, peek(flags, 1, np.int32) != 0
     values, alpha = _input_rows(frame, rows, n, negate)
     if peek(frame, ARG_COUNT, np.int64) > 4:  # the backward pass: more arguments
-        order, xs, anchor, offset = _saved_rows(frame, values, rows, n, 1)
+        order, xs, anchor, offset = _saved_rows(frame, values, rows, n, 1, 3, np.int64)
         v = empty((rows, 1, n), np.float64)
         widen(v, *buffer(frame, ARGS, 6), False)
         x_bar = empty((rows, n), np.float64)
@@ -584,16 +612,13 @@ def topk_handler(frame):
         _topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, work)
         narrow(*buffer(frame, RESULTS, 0), x_bar, negate)
         return 0
-    order = array_at(buffer(frame, RESULTS, 1)[0], (rows, n), np.int32)
-    xs = empty((rows, n), np.float64)
-    sort_rows(values, xs, order)
+    order, xs = _sorted_rows(frame, values, rows, n)
     w = empty((rows, 1), np.float64)
     widen(w, *buffer(frame, ARGS, 3), False)
     worder = empty((rows, 1), np.int64)
     for r in range(rows):
         worder[r, 0] = 0
-    anchor = array_at(buffer(frame, RESULTS, 2)[0], (rows, 1), np.int64)
-    offset = array_at(buffer(frame, RESULTS, 3)[0], (rows, 1), np.float64)
+    anchor, offset = _target_results(frame, rows, 1, np.int64)
     out = empty((rows, 1, n), np.float64)
     work = empty((rows, topk.FORWARD_WORK, n), np.float64)
     _topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work)
@@ -614,7 +639,7 @@ def sort_handler(frame):
     negate = peek(buffer(frame, ARGS, 2)[0], 0, np.int32) != 0
     values, alpha = _input_rows(frame, rows, n, negate)
     if peek(frame, ARG_COUNT, np.int64) > 3:  # the backward pass: more arguments
-        order, xs, anchor, offset = _saved_rows(frame, values, rows, n, n)
+        order, xs, anchor, offset = _saved_rows(frame, values, rows, n, n, 3, np.int64)
         u = empty((rows, n), np.float64)
         widen(u, *buffer(frame, ARGS, 6), negate)
         alpha_bar = empty((rows,), np.float64)
@@ -624,11 +649,8 @@ def sort_handler(frame):
         _sort_vjp(xs, order, alpha, anchor, offset, u, u, alpha_bar, work)
         narrow(*buffer(frame, RESULTS, 0), u, negate)
         return 0
-    order = array_at(buffer(frame, RESULTS, 1)[0], (rows, n), np.int32)
-    xs = empty((rows, n), np.float64)
-    sort_rows(values, xs, order)
-    anchor = array_at(buffer(frame, RESULTS, 2)[0], (rows, n), np.int64)
-    offset = array_at(buffer(frame, RESULTS, 3)[0], (rows, n), np.float64)
+    order, xs = _sorted_rows(frame, values, rows, n)
+    anchor, offset = _target_results(frame, rows, n, np.int64)
     out = empty((rows, n), np.float64)
     work = empty((rows, lapsum.SORT_TABLES, n), np.float64)
     _sort_forward(xs, alpha, out, anchor, offset, work)
@@ -657,7 +679,7 @@ def quantile_handler(frame):
     m = np.int64(peek(buffer(frame, ARGS, 2)[0], 2, np.int32))
     values, alpha = _input_rows(frame, rows, n, False)
     if peek(frame, ARG_COUNT, np.int64) > 5:  # the backward pass: more arguments
-        order, xs, anchor, offset = _saved_rows(frame, values, rows, n, m)
+        order, xs, anchor, offset = _saved_rows(frame, values, rows, n, m, 3, np.int64)
         u = empty((rows, m), np.float64)
         widen(u, *buffer(frame, ARGS, 6), False)
         x_bar = empty((rows, n), np.float64)
@@ -671,9 +693,7 @@ def quantile_handler(frame):
         )
         narrow(*buffer(frame, RESULTS, 0), x_bar, False)
         return 0
-    order = array_at(buffer(frame, RESULTS, 1)[0], (rows, n), np.int32)
-    xs = empty((rows, n), np.float64)
-    sort_rows(values, xs, order)
+    order, xs = _sorted_rows(frame, values, rows, n)
     w = empty((rows, m), np.float64)
     widen(w, *buffer(frame, ARGS, 3), False)
     w_order = empty((rows, m), np.int64)
@@ -683,8 +703,7 @@ def quantile_handler(frame):
         for j in range(m):
             w[r, j] = w[r, j] * scale  # the targets q n, as the NumPy API scales them
             w_order[r, j] = peek(q_order, r * m + j, np.int32)
-    anchor = array_at(buffer(frame, RESULTS, 2)[0], (rows, m), np.int64)
-    offset = array_at(buffer(frame, RESULTS, 3)[0], (rows, m), np.float64)
+    anchor, offset = _target_results(frame, rows, m, np.int64)
     out = empty((rows, m), np.float64)
     work = empty((rows, lapsum.TABLES, n), np.float64)
     _quantile_forward(xs, alpha, w, w_order, out, anchor, offset, work)
@@ -722,44 +741,19 @@ def topk_loss_handler(frame):
     for j in range(K):
         worder[j] = j
     if peek(frame, ARG_COUNT, np.int64) > 6:  # the backward pass: more arguments
-        order = array_at(buffer(frame, ARGS, 6)[0], (rows, n), np.int32)
-        xs = empty((rows, n), np.float64)
-        gather_rows(xs, values, order)
-        anchor = array_at(buffer(frame, ARGS, 7)[0], (rows, K), np.int64)
-        offset = array_at(buffer(frame, ARGS, 8)[0], (rows, K), np.float64)
-        cot = empty((rows,), np.float64)
-        widen(cot, *buffer(frame, ARGS, 9), False)
-        x_bar = empty((rows, n), np.float64)
-        alpha_bar = empty((rows,), np.float64)
+        order, xs, anchor, offset = _saved_rows(frame, values, rows, n, K, 6, np.int64)
+        cot, x_bar, alpha_bar = _loss_gradients(frame, rows, n, 9)
         work = empty((rows, topk_loss.CPU_GRADIENT_WORK, n), np.float64)
         kwork = empty((rows, 9, K), np.float64)
-        _topk_loss_vjp(
-            xs,
-            order,
-            alpha,
-            labels,
-            log_pk,
-            split,
-            pk1,
-            anchor,
-            offset,
-            cot,
-            x_bar,
-            alpha_bar,
-            work,
-            worder,
-            kwork,
-        )
+        loss = (xs, order, alpha, labels, log_pk, split, pk1)
+        _topk_loss_vjp(*loss, anchor, offset, cot, x_bar, alpha_bar, work, worder, kwork)
         narrow(*buffer(frame, RESULTS, 0), x_bar, True)
         return 0
-    order = array_at(buffer(frame, RESULTS, 1)[0], (rows, n), np.int32)
-    xs = empty((rows, n), np.float64)
-    sort_rows(values, xs, order)
+    order, xs = _sorted_rows(frame, values, rows, n)
     w = empty((K,), np.float64)  # the targets 1..K
     for j in range(K):
         w[j] = j + 1.0
-    anchor = array_at(buffer(frame, RESULTS, 2)[0], (rows, K), np.int64)
-    offset = array_at(buffer(frame, RESULTS, 3)[0], (rows, K), np.float64)
+    anchor, offset = _target_results(frame, rows, K, np.int64)
     out = empty((rows,), np.float64)
     work = empty((rows, topk_loss.FORWARD_WORK, n), np.float64)
     _topk_loss_forward(
@@ -797,26 +791,16 @@ def permutation_loss_handler(frame):
     values, alpha = _input_rows(frame, rows, n, negate)
     m = n - 1
     if peek(frame, ARG_COUNT, np.int64) > 4:  # the backward pass: more arguments
-        order = array_at(buffer(frame, ARGS, 4)[0], (rows, n), np.int32)
-        xs = empty((rows, n), np.float64)
-        gather_rows(xs, values, order)
-        anchor = array_at(buffer(frame, ARGS, 5)[0], (rows, m), np.int32)
-        offset = array_at(buffer(frame, ARGS, 6)[0], (rows, m), np.float64)
-        cot = empty((rows,), np.float64)
-        widen(cot, *buffer(frame, ARGS, 7), False)
-        x_bar = empty((rows, n), np.float64)
-        alpha_bar = empty((rows,), np.float64)
+        order, xs, anchor, offset = _saved_rows(frame, values, rows, n, m, 4, np.int32)
+        cot, x_bar, alpha_bar = _loss_gradients(frame, rows, n, 7)
         work = empty((rows, permutation.LADDER_VJP_WORK, n), np.float64)
         args = (xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar)
         if _permutation_loss_vjp(*args, work) and rows_left(*args) != 0:
             return fail(frame, "softorder: permutation_cross_entropy's gradient failed (logged)")
         narrow(*buffer(frame, RESULTS, 0), x_bar, negate)
         return 0
-    order = array_at(buffer(frame, RESULTS, 1)[0], (rows, n), np.int32)
-    xs = empty((rows, n), np.float64)
-    sort_rows(values, xs, order)
-    anchor = array_at(buffer(frame, RESULTS, 2)[0], (rows, m), np.int32)
-    offset = array_at(buffer(frame, RESULTS, 3)[0], (rows, m), np.float64)
+    order, xs = _sorted_rows(frame, values, rows, n)
+    anchor, offset = _target_results(frame, rows, m, np.int32)
     out = empty((rows,), np.float64)
     work = empty((rows, permutation.LADDER_FORWARD_WORK, n), np.float64)
     repeated = _permutation_loss_forward(xs, order, alpha, target, out, anchor, offset, work)
