@@ -322,8 +322,8 @@ def rows_left(typingctx, xs, order, alpha, target, anchor, offset, cot, x_bar, a
     permutation loss's backward pass that :func:`~softorder.core.permutation._ladder_vjp_rows`
     left (far ties, boundaries out of order: rare), by the general kernel, through Python
     (:func:`_rows_left`). The general kernel is compiled when a row first needs it, as in the
-    NumPy API, not with the handler (5 s more of a first compilation). Returns 0, or 1 when
-    the call failed (logged).
+    NumPy API, not with the handler (whose first compilation it would lengthen several times:
+    CHANGELOG.md). Returns 0, or 1 when the call failed (logged).
     """
     arrays = (xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar)
 

@@ -359,9 +359,12 @@ _FFI_OPS = {
 _FFI_INTEGERS = {"topk_cross_entropy": "labels", "permutation_cross_entropy": "target_ranks"}
 
 
-def _ffi_constants(op_name: str, arguments: dict, layout: Layout, compute, route: str):
+def _ffi_constants(
+    op_name: str, arguments: dict, arrays: dict, layout: Layout, compute, route: str
+):
     """The FFI route's arguments after the rows (``alpha`` and ``k`` per row, as the kernels
     see them through the callbacks, and the flags), or ``None``: the call takes the callbacks.
+    ``arguments``: as the caller gave them; ``arrays``: as JAX arrays.
     Everything is validated now, so nothing can fail when the handler runs, but for the
     losses' labels and target ranks, which may be traced: their handlers check them.
     """
@@ -382,7 +385,10 @@ def _ffi_constants(op_name: str, arguments: dict, layout: Layout, compute, route
         return None
     handler, log = _FFI_OPS[op_name]
     if op_name in _FFI_INTEGERS:
-        return _ffi_loss_constants(op_name, arguments, layout, compute)
+        integers = _ffi_integers(op_name, arrays[_FFI_INTEGERS[op_name]], layout)
+        if integers is None:
+            return None
+        return _ffi_loss_constants(op_name, arguments, integers, layout, compute)
     alpha = checks.row_values("alpha", arguments["alpha"], layout, compute)
     negate = bool(arguments.get("descending", arguments.get("largest")))
     constants = [alpha, np.array([negate, log], np.int32)]
@@ -401,17 +407,18 @@ def _ffi_constants(op_name: str, arguments: dict, layout: Layout, compute, route
     return handler, constants
 
 
-def _ffi_loss_constants(op_name: str, arguments: dict, layout: Layout, compute):
-    """:func:`_ffi_constants` of a loss: ``alpha`` per row and the flags; for top-k
-    cross-entropy also log P_K and P_K(1) per row, in float64 as pairs of uint32 words (as the
-    NumPy API computes them from ``p_k`` rounded to ``compute``, the callbacks' ``p_k``).
-    The labels or target ranks follow (:func:`_ffi_integers`).
+def _ffi_loss_constants(op_name: str, arguments: dict, integers, layout: Layout, compute):
+    """:func:`_ffi_constants` of a loss: ``alpha`` per row, the flags and the labels or target
+    ranks ``integers`` (:func:`_ffi_integers`); for top-k cross-entropy then log P_K and
+    P_K(1) per row, in float64 as pairs of uint32 words (as the NumPy API computes them from
+    ``p_k`` rounded to ``compute``, the callbacks' ``p_k``).
     """
     alpha = checks.row_values("alpha", arguments["alpha"], layout, compute)
     if op_name == "permutation_cross_entropy":
         if layout.n < 2:
             return None  # (no boundaries: the callbacks)
-        return "permutation_loss", [alpha, np.array([bool(arguments["descending"])], np.int32)]
+        flags = np.array([bool(arguments["descending"])], np.int32)
+        return "permutation_loss", [alpha, flags, integers]
     pk = checks.as_computed(checks.host_value(arguments["p_k"], "p_k"), compute)
     pk = checks.p_k_rows(pk, layout.batch_shape).reshape(-1, pk.shape[-1])
     K = pk.shape[1]
@@ -421,7 +428,7 @@ def _ffi_loss_constants(op_name: str, arguments: dict, layout: Layout, compute):
         log_pk = np.log(pk)
     pk1 = np.ascontiguousarray(pk[:, :1])
     flags = np.array([bool(arguments["split_top1"]), K], np.int32)
-    return "topk_loss", [alpha, flags, None, _words(log_pk), _words(pk1)]
+    return "topk_loss", [alpha, flags, integers, _words(log_pk), _words(pk1)]
 
 
 def _words(values: np.ndarray) -> np.ndarray:
@@ -523,27 +530,14 @@ def _dispatch(op: Callable, arguments: dict) -> jax.Array:
     _refuse_forward_mode(arrays.values())
 
     route = _route()
-    ffi = _ffi_constants(op.__name__, {**arguments, **statics}, layout, compute, route)
-    if ffi is not None and op.__name__ in _FFI_INTEGERS:
-        handler, constants = ffi
-        integers = _ffi_integers(op.__name__, arrays[_FFI_INTEGERS[op.__name__]], layout)
-        if integers is not None:
-            if handler == "topk_loss":
-                constants[2] = integers  # (after the flags, before P_K)
-            else:
-                constants.append(integers)
-            operands = (x.reshape(-1, layout.n), *map(jnp.asarray, constants))
-            out = _apply(_Ffi(handler), *_vary(operands, _varying_axes(operands)))
-            out = out.reshape(layout.batch_shape)  # one loss per row, reduced as below
-            if statics["reduction"] != "none":
-                out = jnp.sum(out) if statics["reduction"] == "sum" else jnp.mean(out)
-            return out.astype(out_dtype)
-        ffi = None
+    ffi = _ffi_constants(op.__name__, {**arguments, **statics}, arrays, layout, compute, route)
     if ffi is not None:
         handler, constants = ffi
         moved = jnp.moveaxis(x, layout.axis, -1)
         operands = (moved.reshape(-1, layout.n), *map(jnp.asarray, constants))
         out = _apply(_Ffi(handler), *_vary(operands, _varying_axes(operands)))
+        if op.__name__ in _FFI_INTEGERS:  # a loss: one per row
+            return _reduced(out.reshape(layout.batch_shape), statics, out_dtype)
         if handler == "quantile" and not several_per_row("q", arguments["q"], moved.ndim - 1):
             return out.reshape(moved.shape[:-1]).astype(out_dtype)  # one q per row
         out = out.reshape(moved.shape[:-1] + out.shape[-1:])
@@ -557,6 +551,13 @@ def _dispatch(op: Callable, arguments: dict) -> jax.Array:
     call = Call.plan(spec, arrays, compute.name, words)
     operands = tuple(arrays[name] for name in names)
     out = _apply(_Callbacks(call, route), *_vary(operands, _varying_axes(operands)))
+    return _reduced(out, statics, out_dtype)
+
+
+def _reduced(out: jax.Array, statics: dict, out_dtype) -> jax.Array:
+    """A loss's rows ``out`` reduced as ``statics["reduction"]`` says (in JAX: per vmapped
+    element), in ``out_dtype``; another operation's result in ``out_dtype``.
+    """
     if statics.get("reduction", "none") != "none":
         out = jnp.sum(out) if statics["reduction"] == "sum" else jnp.mean(out)
     return out.astype(out_dtype)
