@@ -1251,6 +1251,28 @@ def ladder_vjp_left_rows(xs, order, alpha, target, anchor, offset, cot, x_bar, a
     :func:`ladder_loss_vjp` does after the ladder, for callers that ran the ladder kernel
     themselves on threads of their own (the JAX bridge's FFI handlers). The general kernel is
     compiled when first needed, here as in :func:`ladder_loss_vjp`.
+
+    Examples
+    --------
+    A row handed to the general kernel gets :func:`ladder_loss_vjp`'s gradients:
+
+    >>> import numpy as np
+    >>> from softorder.core import permutation as perm
+    >>> x = np.array([[0.3, -1.0, 2.0, 0.5]])
+    >>> order = np.argsort(x, axis=1).astype(np.int32)
+    >>> xs, ranks, alpha = np.sort(x, axis=1), np.array([[2, 1, 4, 3]], np.int32), np.ones(1)
+    >>> loss, anchor, offset = np.empty(1), np.empty((1, 3), np.int32), np.empty((1, 3))
+    >>> work = np.empty((1, perm.LADDER_FORWARD_WORK, 4))
+    >>> perm.ladder_loss_forward(xs, order, alpha, ranks, loss, anchor, offset, work)
+    0
+    >>> saved = (xs, order, alpha, ranks, anchor, offset, np.ones(1))
+    >>> x_bar, alpha_bar = np.empty((1, 4)), np.array([np.nan])  # (NaN: the row is left)
+    >>> perm.ladder_vjp_left_rows(*saved, x_bar, alpha_bar)
+    >>> ladder_x_bar, ladder_alpha_bar = np.empty((1, 4)), np.empty(1)
+    >>> work = np.empty((1, perm.LADDER_VJP_WORK, 4))
+    >>> perm.ladder_loss_vjp(*saved, ladder_x_bar, ladder_alpha_bar, work)
+    >>> np.array_equal(x_bar, ladder_x_bar), np.array_equal(alpha_bar, ladder_alpha_bar)
+    (True, True)
     """
     args = (xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar)
     _ladder_vjp_general.serial(*args, _NATIVE.addresses())
