@@ -155,6 +155,32 @@ def test_numpy_settings_under_torch_compile_are_refused_naming_softorder(fullgra
         compiled(X, np.int64(1))
 
 
+@pytest.mark.parametrize(
+    ("dim", "error", "text"),
+    [
+        (
+            2,
+            IndexError,
+            r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)",
+        ),
+        (-3, IndexError, r"but got -3\)"),
+        (1.5, Exception, "^TypeError: dim must be an integer; got 1.5"),
+        (None, Exception, "^TypeError: dim must be an integer; got None"),
+    ],
+)
+def test_a_bad_dim_under_torch_compile_gets_the_eager_error(dim, error, text):
+    # (raised in traced code, dynamo reported an "Observed exception" without the text;
+    # reset: a dim that changed between compilations would be a symbol, which gets dynamo's)
+    torch.compiler.reset()
+    with pytest.raises(error, match=text.replace("^TypeError: ", "")):
+        sot.soft_rank(X, 0.5, dim=dim)
+    compiled = torch.compile(
+        lambda x: sot.soft_rank(x, 0.5, dim=dim), backend="eager", fullgraph=True
+    )
+    with pytest.raises(error, match=text):
+        compiled(X)
+
+
 def test_forward_mode_under_torch_compile_is_refused_naming_softorder():
     """Compiled code reaches softorder through custom operators with a reverse-mode formula
     only; PyTorch would give their results zero tangents, so forward mode is refused."""

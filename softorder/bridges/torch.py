@@ -715,6 +715,10 @@ def _traceable(name: str, arguments: dict, ndim: int) -> None:
                     if value == d:
                         arguments[arg] = d
                         break
+                else:  # (out of range; a symbol, which _check_dim cannot take, gets dynamo's)
+                    _check_dim(value, ndim, _INPUT_NAMES[name])
+            elif arg == "axis" and not numpy:
+                _check_dim(value, ndim, _INPUT_NAMES[name])
             elif numpy:
                 shown = "dim" if arg == "axis" else arg
                 _refuse(
@@ -762,6 +766,14 @@ def _no_transforms_when_compiling() -> None:
             "they work, or compile the function without the transform (torch.autograd "
             "gradients and batch dimensions work in compiled code)"
         )
+
+
+@compat.mark_constant  # run, not traced, by torch.compile: its error keeps its message
+def _check_dim(dim, ndim: int, name: str) -> None:
+    """The eager path's error for a ``dim`` that is no int, or out of range: raised in traced
+    code, dynamo would report an "Observed exception" without its text.
+    """
+    checks.check_axis(dim, (1,) * ndim, name, "dim")
 
 
 @compat.mark_constant  # run, not traced, by torch.compile: its error keeps its message
