@@ -370,3 +370,23 @@ def test_the_losses_common_case_takes_labels_ranks_and_p_k_as_data(p_k, dtype, m
     )
     assert perm.item() == value
     assert np.array_equal(scores.grad.numpy(), pullback(np.ones((), x.numpy().dtype))[0])
+
+
+def test_torch_fx_symbolic_trace_is_refused_naming_softorder_and_a_way_out():
+    class Scores(torch.nn.Module):
+        def forward(self, x):
+            return sot.soft_rank(x, 0.5) * 2
+
+    with pytest.raises(TypeError, match=r"softorder: torch.fx.symbolic_trace .* soft_rank"):
+        torch.fx.symbolic_trace(Scores())
+
+
+def test_the_way_out_for_torch_fx_a_wrapped_operation_is_a_leaf_of_the_graph():
+    from tests import fx_leaf
+
+    graph = torch.fx.symbolic_trace(fx_leaf.Scores())
+    x = X.clone().requires_grad_(True)
+    out = graph(x)
+    torch.testing.assert_close(out, sot.soft_rank(X, 0.5) * 2)
+    out.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()

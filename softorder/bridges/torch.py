@@ -583,6 +583,13 @@ def _run(name: str, x, arguments: dict) -> Tensor:
                 return _values(None, call, x)  # nothing to differentiate: no Function
     input_name = _INPUT_NAMES[name]
     if not isinstance(x, Tensor):
+        if type(x).__module__.startswith("torch.fx"):  # a Proxy: torch.fx.symbolic_trace
+            raise TypeError(
+                f"softorder: torch.fx.symbolic_trace cannot trace into {name} (it runs NumPy "
+                f"kernels): make it a leaf of the graph with torch.fx.wrap({name!r}) at the top "
+                f"of the module that calls it (as 'from softorder.bridges.torch import {name}'),"
+                " or use torch.compile or torch.export, which record it as an operator"
+            )
         raise TypeError(f"{input_name} must be a torch.Tensor; got {type(x).__name__}")
     if not x.is_floating_point():  # (the engine computes integers; this bridge refuses them)
         raise TypeError(f"{input_name} must be a floating point tensor; got dtype {x.dtype}")
