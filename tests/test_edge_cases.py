@@ -67,6 +67,42 @@ def test_gradients_of_separated_values_stay_finite():
             assert np.all(np.isfinite(grad)), fn.__name__
 
 
+def _rank_jacobian(x, alpha):
+    """d rank_i / d x_l, entry by entry: the Laplace density of each gap, no sums that cancel."""
+    x = np.asarray(x, np.float64)
+    f = 0.5 * np.exp(-np.abs(x[:, None] - x[None, :]) / alpha) / alpha
+    np.fill_diagonal(f, 0.0)
+    return np.diag(f.sum(1)) - f
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("spacing", [30.0, 40.0, 80.0])
+def test_rank_gradient_of_separated_values_keeps_its_diagonal(spacing, dtype):
+    """d rank_i / d x_i = sum_(j != i) f_ij: from the prefix sums as v_i (A_i - 1) and
+    v_i (B_i - 1), formed as v_i A_i - (v_i + ...) it lost every term below v_i's last bit
+    (gaps beyond about 37 alpha), leaving 0 (or a few percent off near 34 alpha) where the
+    off-diagonal entries stayed exact: rows that no longer sum to 0, a gradient that moves one
+    element of a pair and not the other.
+    """
+    x = (np.array([0.0, 1.0, 2.0, 2.5]) * spacing).astype(dtype)
+    x = x[[2, 0, 3, 1]]
+    alpha = 1.0
+    expected = _rank_jacobian(x, alpha)
+    out, pullback = so.vjp(so.soft_rank, x, alpha)
+    eye = np.eye(x.size, dtype=dtype)
+    by_vjp = np.array([pullback(row)[0] for row in eye], np.float64)
+    by_jvp = np.array([so.jvp(so.soft_rank, (x, alpha), (col,))[1] for col in eye], np.float64).T
+    rtol = 1e-12 if dtype == np.float64 else 2e-7
+    tiny = np.finfo(dtype).tiny
+    for got in (by_vjp, by_jvp):
+        np.testing.assert_allclose(got, expected, rtol=rtol, atol=tiny)
+    # descending ranks are n + 1 - rank: the same Jacobian, negated
+    _, pullback = so.vjp(so.soft_rank, x, alpha, descending=True)
+    np.testing.assert_allclose(
+        np.array([pullback(row)[0] for row in eye], np.float64), -expected, rtol=rtol, atol=tiny
+    )
+
+
 def test_ties():
     x = np.array([1.0, 2.0, 2.0, 2.0, 5.0])
     np.testing.assert_allclose(so.soft_rank(x, 1e-9), rankdata(x), atol=1e-12)

@@ -172,7 +172,7 @@ def _rank_linear(r, order, alpha, E, v, alpha_v, out, work):
     a = 1.0
     ad = 0.0
     lv = vs[0]
-    partial[0] = vs[0] - lv
+    partial[0] = 0.0
     if per_element:
         left_moment[0] = 0.0
     v_ad = 0.0  # <v, Ad>, compensated (Neumaier): the difference of the two sums cancels
@@ -183,9 +183,11 @@ def _rank_linear(r, order, alpha, E, v, alpha_v, out, work):
         ri = np.float64(r[i])
         ad = e * (ad + gap(ri, lo) * inv_alpha * a) if e > 0.0 else 0.0
         lo = ri
+        # sum_(j < i) (v_i - v_j) e_ij without the terms j = i: v_i A_i - sum_(j <= i) v_j e_ij
+        # would cancel the two v_i and lose the rest once it is below v_i's last bit
+        partial[i] = e * (vs[i] * a - lv)
         a = 1.0 + e * a
         lv = vs[i] + e * lv
-        partial[i] = vs[i] * a - lv
         if per_element:
             left_moment[i] = ad
         else:
@@ -201,14 +203,16 @@ def _rank_linear(r, order, alpha, E, v, alpha_v, out, work):
     for i in range(n - 1, -1, -1):
         vi = vs[i]
         ri = np.float64(r[i])
+        right = 0.0  # sum_(j > i) (v_i - v_j) e_ij, as the left part
         if i < n - 1:
             e = E[i + 1]
             bd = e * (bd + gap(hi, ri) * inv_alpha * b) if e > 0.0 else 0.0
+            right = e * (vi * b - (v_next + rv))
             b = 1.0 + e * b
             rv = e * (v_next + rv)
         hi = ri
         v_next = vi
-        result = (partial[i] + vi * (b - 1.0) - rv) * scale  # v_i is used up
+        result = (partial[i] + right) * scale  # v_i is used up
         if per_element:
             d_alpha = -(left_moment[i] - bd) * scale
             dot += vi * d_alpha
@@ -237,7 +241,7 @@ def _rank_vjp_narrow(r, order, alpha, E, v, out, partial):
     a = 1.0
     ad = 0.0
     lv = np.float64(vs[0])
-    partial[0] = vs[0] - lv
+    partial[0] = 0.0
     v_ad = 0.0
     c_ad = 0.0
     lo = np.float64(r[0])  # r[i - 1], widened once (a float32 row's values are read once each)
@@ -247,9 +251,9 @@ def _rank_vjp_narrow(r, order, alpha, E, v, out, partial):
         ri = np.float64(r[i])
         ad = e * (ad + gap(ri, lo) * inv_alpha * a) if e > 0.0 else 0.0
         lo = ri
+        partial[i] = e * (vi * a - lv)  # without the terms j = i (_rank_linear)
         a = 1.0 + e * a
         lv = vi + e * lv
-        partial[i] = vi * a - lv
         v_ad, c_ad = _add_compensated(v_ad, c_ad, vi * ad)
     b = 1.0
     bd = 0.0
@@ -261,14 +265,16 @@ def _rank_vjp_narrow(r, order, alpha, E, v, out, partial):
     for i in range(n - 1, -1, -1):
         vi = np.float64(vs[i])
         ri = np.float64(r[i])
+        right = 0.0
         if i < n - 1:
             e = E[i + 1]
             bd = e * (bd + gap(hi, ri) * inv_alpha * b) if e > 0.0 else 0.0
+            right = e * (vi * b - (v_next + rv))
             b = 1.0 + e * b
             rv = e * (v_next + rv)
         hi = ri
         v_next = vi
-        partial[i] = (partial[i] + vi * (b - 1.0) - rv) * scale
+        partial[i] = (partial[i] + right) * scale
         v_bd, c_bd = _add_compensated(v_bd, c_bd, vi * bd)
     scatter_finite(r, order, partial, out)
     return -((v_ad - v_bd) + (c_ad - c_bd)) * scale

@@ -66,18 +66,20 @@ def _linear_terms(alpha, E, A, B, Ad, Bd, left, right, alpha_v, vs, dot):
     """``vs <- (J v)_i + (d rank_i / d alpha) alpha_v`` in sorted order (``v_i`` is used up),
     and with ``dot`` ``Ad <- v_i d rank_i / d alpha`` (``Ad_i`` is used up).
 
-    ``left_i = sum_(j <= i) v_j e_ij`` and ``right_i = sum_(j >= i) v_j e_ij``, so the CPU's
-    ``rv_i = sum_(j > i) v_j e_ij`` is ``E_(i+1) right_(i+1)``.
+    ``left_i = sum_(j <= i) v_j e_ij`` and ``right_i = sum_(j >= i) v_j e_ij``, so
+    ``sum_(j < i) (v_i - v_j) e_ij = E_i (v_i A_(i-1) - left_(i-1))``, and the same to the right.
     """
     row, i, inside = element(vs.shape)
     if inside:
         n = vs.shape[1]
         scale = 0.5 * (1.0 / alpha[row])
         vi = vs[row, i]
-        rv = E[row, i + 1] * right[row, i + 1] if i + 1 < n else 0.0
-        partial = vi * A[row, i] - left[row, i]
+        # sum_(j != i) (v_i - v_j) e_ij, each side as E times the neighbour's sums (the CPU's
+        # operations): v_i A_i - left_i would cancel the two v_i and lose the rest
+        lower = E[row, i] * (vi * A[row, i - 1] - left[row, i - 1]) if i > 0 else 0.0
+        upper = E[row, i + 1] * (vi * B[row, i + 1] - right[row, i + 1]) if i + 1 < n else 0.0
         d_alpha = -(Ad[row, i] - Bd[row, i]) * scale
-        vs[row, i] = (partial + vi * (B[row, i] - 1.0) - rv) * scale + d_alpha * alpha_v[row]
+        vs[row, i] = (lower + upper) * scale + d_alpha * alpha_v[row]
         if dot:
             Ad[row, i] = vi * d_alpha
 

@@ -90,3 +90,22 @@ def test_jvp(case):
     args = [xs, order, alpha, _decay(xs, order, alpha), x_dot, alpha_dot]
     args += [np.empty((rows, n)), work(rows, 3, n)]
     compare(cpu.rank_jvp, gpu.rank_jvp, args, [6])
+
+
+def test_gradients_of_separated_values_keep_their_diagonal():
+    """Gaps of 40 alpha: d rank_i / d x_i = sum_(j != i) f_ij (about 2e-18) is not lost to
+    v_i A_i - left_i; exact to the CPU's rounding, with no absolute tolerance to hide it."""
+    x = np.array([[0.0, 40.0, 80.0, 100.0]])
+    alpha = np.array([1.0])
+    xs, order = rows_of(x)
+    rows, n = xs.shape
+    v = np.array([[1.0, 0.0, -1.0, 0.5]])
+    args = [xs, order, alpha, _decay(xs, order, alpha), v]
+    args += [np.empty((rows, n)), np.empty(rows), work(rows, 3, n)]
+    x_bar = compare(cpu.rank_vjp, gpu.rank_vjp, args, [5, 6], rtol=1e-12, atol=0.0)[5]
+    assert x_bar[0, 0] > 0.0  # e^-40 / 2, not 0
+    x_dot = np.array([[1.0, 0.0, 0.0, 0.0]])
+    args = [xs, order, alpha, _decay(xs, order, alpha), x_dot, np.zeros(rows)]
+    args += [np.empty((rows, n)), work(rows, 3, n)]
+    out = compare(cpu.rank_jvp, gpu.rank_jvp, args, [6], rtol=1e-12, atol=0.0)[6]
+    assert out[0, 0] > 0.0
