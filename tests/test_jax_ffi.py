@@ -86,11 +86,15 @@ def test_routing_is_decided_at_trace_time(monkeypatch):
     assert "@softorder_topk(" in lowered(lambda x: soj.soft_topk(x, [1, 2], 0.5), x)
     text = lowered(jax.grad(lambda x: soj.soft_sort(x, 0.5, descending=True).sum()), x)
     assert text.count("@softorder_sort(") == 2 and CALLBACK not in text
-    # traced alpha or k, several k per row, other operations: the callbacks
-    assert CALLBACK in lowered(lambda x, a: soj.soft_rank(x, a), x, 0.5)
+    # a traced alpha of contiguous runs of rows: the FFI route (test_traced_alpha_*)
+    assert CALLBACK not in lowered(lambda x, a: soj.soft_rank(x, a), x, 0.5)
+    assert CALLBACK not in lowered(lambda x, a: soj.soft_sort(x, a), x, jnp.ones((2, 1)))
+    # traced k, an alpha along an inner batch axis (broadcast along an outer one), several k
+    # per row, other operations: the callbacks
     assert CALLBACK in lowered(lambda x, k: soj.soft_topk(x, k), x, 2.0)
+    x3 = jnp.ones((2, 3, 5))
+    assert CALLBACK in lowered(lambda x, a: soj.soft_rank(x, a), x3, jnp.ones(3))
     assert CALLBACK in lowered(lambda x: soj.soft_topk(x, [[1.0, 2.0]], 0.5), x)
-    assert CALLBACK in lowered(lambda x, a: soj.soft_sort(x, a), x, 0.5)
     assert CALLBACK in lowered(lambda x: soj.soft_quantile(x, 0.5, 0.5), x)
     monkeypatch.setattr(soj, "_FFI_CALLS", False)
     assert CALLBACK in lowered(lambda x: soj.soft_rank(x, 0.5), x)
@@ -615,16 +619,18 @@ def test_loss_routes_left_to_the_callbacks(rng):
     x = data(rng, (3, 8))
     labels = np.array([1, 2, 3])
     ranks = integers(rng, "ranks", (3,), 8)
-    # traced alpha or p_k, labels whose dtype int32 cannot hold (uint32 without x64)
-    assert CALLBACK in lowered(
-        lambda x, a: soj.topk_cross_entropy(x, labels, [0.5, 0.5], a), x, 0.5
-    )
+    # traced p_k, labels whose dtype int32 cannot hold (uint32 without x64)
     pk = np.array([0.5, 0.5], np.float32)
     assert CALLBACK in lowered(lambda x, p: soj.topk_cross_entropy(x, labels, p, 0.5), x, pk)
-    assert CALLBACK in lowered(lambda x, a: soj.permutation_cross_entropy(x, ranks, a), x, 0.5)
     u = labels.astype(np.uint32)
     assert CALLBACK in lowered(lambda x, u: soj.topk_cross_entropy(x, u, [0.5, 0.5], 0.5), x, u)
-    # concrete labels and ranks: the FFI route
+    # concrete labels and ranks, a traced alpha: the FFI route
+    assert "@softorder_topk_loss(" in lowered(
+        lambda x, a: soj.topk_cross_entropy(x, labels, [0.5, 0.5], a), x, 0.5
+    )
+    assert "@softorder_permutation_loss(" in lowered(
+        lambda x, a: soj.permutation_cross_entropy(x, ranks, a), x, 0.5
+    )
     assert "@softorder_topk_loss(" in lowered(
         lambda x: soj.topk_cross_entropy(x, labels, [0.5, 0.5], 0.5), x
     )

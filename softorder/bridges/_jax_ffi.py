@@ -50,6 +50,7 @@ from numba.core.ccallback import CFunc
 from numba.extending import intrinsic
 from numba.np.arrayobj import np_cfarray
 
+from softorder._engine.checks import LARGEST_FLOAT, SMALLEST_ALPHA
 from softorder.core import _jit, lapsum, permutation, rank, sort, topk, topk_loss
 from softorder.core._jit import (
     SymbolCalls,
@@ -210,15 +211,16 @@ MESSAGE_BYTES = 512
 @intrinsic(prefer_literal=True)
 def fail(typingctx, frame, *pieces):
     """The ``XLA_FFI_Error*`` (as int64) of an INVALID_ARGUMENT error whose message is
-    ``pieces`` (string constants and integers, written in decimal) one after the other:
-    what a handler returns for a bad value that only the run can see (a traced label). XLA
+    ``pieces`` (string constants, integers written in decimal and floats written as C's
+    ``%.17g`` writes them, which tells every float64 apart) one after the other: what a
+    handler returns for a bad value that only the run can see (a traced label or alpha). XLA
     copies the message (``XLA_FFI_Error_Create``); the process goes on and JAX raises
     :class:`jax.errors.JaxRuntimeError` with it.
     """
     strings = [p.literal_value for p in pieces if isinstance(p, types.StringLiteral)]
-    if not all(isinstance(p, (types.StringLiteral, types.Integer)) for p in pieces):
-        raise TypeError(f"softorder: fail takes string constants and integers; got {pieces}")
-    if sum(len(t.encode()) for t in strings) + 21 * (len(pieces) - len(strings)) >= MESSAGE_BYTES:
+    if not all(isinstance(p, (types.StringLiteral, types.Integer, types.Float)) for p in pieces):
+        raise TypeError(f"softorder: fail takes strings, integers and floats; got {pieces}")
+    if sum(len(t.encode()) for t in strings) + 25 * (len(pieces) - len(strings)) >= MESSAGE_BYTES:
         raise ValueError("softorder: a handler's error message is too long")
 
     def codegen(context, builder, signature, args):
@@ -237,6 +239,11 @@ def fail(typingctx, frame, *pieces):
                     builder, builder.gep(start, [position]), source, word(len(data)), 1
                 )
                 position = builder.add(position, word(len(data)))
+            elif isinstance(piece, types.Float):  # (at most 24 characters, and the NUL)
+                number = context.cast(builder, value, piece, types.float64)
+                at = builder.gep(start, [position])
+                written = cgutils.snprintf(builder, at, word(25), "%.17g", number)
+                position = builder.add(position, builder.sext(written, word))
             else:
                 number = context.cast(builder, value, types.unliteral(piece), types.int64)
                 position = builder.call(put_int, (start, position, number))
@@ -506,14 +513,106 @@ _permutation_loss_vjp = _calls.permutation_loss_vjp
 
 @inner_helper
 def _input_rows(frame, rows, n, negate):
-    """The input's rows (argument 0, negated on request) and ``alpha`` per row (argument 1),
-    widened to float64.
+    """The input's rows (argument 0, negated on request), ``alpha`` per row (argument 1),
+    widened to float64, and 0, or the error to return for an alpha the NumPy API refuses (a
+    traced one is known only now; a concrete one was checked when the call was traced).
     """
     values = empty((rows, n), np.float64)
     widen(values, *buffer(frame, ARGS, 0), negate)
     alpha = empty((rows,), np.float64)
     widen(alpha, *buffer(frame, ARGS, 1), False)
-    return values, alpha
+    for r in range(rows):
+        a = alpha[r]
+        if not (a > 0.0 and a <= LARGEST_FLOAT):  # (NaN fails the first test)
+            error = fail(frame, "softorder: alpha must be positive and finite; got alpha=", a)
+            return values, alpha, error
+        if a < SMALLEST_ALPHA:
+            error = fail(
+                frame,
+                "softorder: alpha must be at least 2.23e-308 (1/alpha must be finite); got alpha=",
+                a,
+            )
+            return values, alpha, error
+    return values, alpha, np.int64(0)
+
+
+@inner_helper
+def _pairwise_sum(a, start, count, stack, partial):
+    """``a[start:start + count]`` (float64) summed as NumPy's ``sum`` sums a C-contiguous
+    float64 array, to the bit: ``0.0 +`` its pairwise sum (``pairwise_sum`` in NumPy's
+    ``loops_utils.h.src``: fewer than 8 values one after the other; up to 128 over eight
+    accumulators, ``((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))``, then the rest one
+    after the other; more split at ``count // 2`` rounded down to a multiple of 8), its
+    recursion run on ``stack`` (int64 (128, 2): ``(start, count)`` of a range to sum, or
+    ``(0, -1)`` to add the two sums on top of ``partial``, float64 (64,)).
+    """
+    top, sums = 1, 0
+    stack[0, 0], stack[0, 1] = start, count
+    while top > 0:
+        top -= 1
+        s, m = stack[top, 0], stack[top, 1]
+        if m < 0:
+            sums -= 1
+            partial[sums - 1] = partial[sums - 1] + partial[sums]
+        elif m < 8:
+            res = 0.0
+            for i in range(m):
+                res += a[s + i]
+            partial[sums] = res
+            sums += 1
+        elif m <= 128:
+            r0, r1, r2, r3 = a[s], a[s + 1], a[s + 2], a[s + 3]
+            r4, r5, r6, r7 = a[s + 4], a[s + 5], a[s + 6], a[s + 7]
+            i = 8
+            while i < m - m % 8:
+                r0 += a[s + i]
+                r1 += a[s + i + 1]
+                r2 += a[s + i + 2]
+                r3 += a[s + i + 3]
+                r4 += a[s + i + 4]
+                r5 += a[s + i + 5]
+                r6 += a[s + i + 6]
+                r7 += a[s + i + 7]
+                i += 8
+            res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+            for j in range(i, m):
+                res += a[s + j]
+            partial[sums] = res
+            sums += 1
+        else:  # the left half, then the right one, then their sum (popped in that order)
+            half = m // 2
+            half -= half % 8
+            stack[top, 0], stack[top, 1] = 0, -1
+            stack[top + 1, 0], stack[top + 1, 1] = s + half, m - half
+            stack[top + 2, 0], stack[top + 2, 1] = s, half
+            top += 3
+    return 0.0 + partial[0]
+
+
+@inner_helper
+def _alpha_sums(frame, alpha_bar, rows, index):
+    """A backward pass asked for alpha's gradient (with argument ``index``, after the
+    cotangent: int32 ``(group, summed)``): ``alpha_bar`` summed over each run of ``group``
+    rows in float64, as the NumPy API sums it (:func:`_pairwise_sum`; a run of one row is
+    ``0.0 +`` its value when ``summed``, as NumPy's sum over a broadcast axis of length 1
+    gives it, and its value as it is otherwise), into result 1, rounded once to its dtype.
+    Rows of one group never cancel in the rounding of another: the sums are not rounded
+    before they are complete.
+    """
+    if peek(frame, ARG_COUNT, np.int64) <= index:
+        return
+    info = buffer(frame, ARGS, index)[0]
+    group = np.int64(peek(info, 0, np.int32))
+    summed = peek(info, 1, np.int32) != 0
+    out = empty((rows // group,), np.float64)
+    stack = empty((128, 2), np.int64)
+    partial = empty((64,), np.float64)
+    for g in range(rows // group):
+        if group == 1 and not summed:
+            out[g] = alpha_bar[g]
+        else:
+            out[g] = _pairwise_sum(alpha_bar, g * group, group, stack, partial)
+    narrow(*buffer(frame, RESULTS, 1), out, False)
 
 
 @inner_helper
@@ -567,7 +666,9 @@ def rank_handler(frame):
     if not run:
         return 0
     negate = peek(buffer(frame, ARGS, 2)[0], 0, np.int32) != 0
-    values, alpha = _input_rows(frame, rows, n, negate)
+    values, alpha, error = _input_rows(frame, rows, n, negate)
+    if error:
+        return error
     if peek(frame, ARG_COUNT, np.int64) > 3:  # the backward pass: more arguments
         order = array_at(buffer(frame, ARGS, 3)[0], (rows, n), np.int32)
         xs = empty((rows, n), np.float64)
@@ -580,6 +681,7 @@ def rank_handler(frame):
         work = empty((rows, rank.LINEAR_WORK, n), np.float64)
         _rank_vjp(xs, order, alpha, decay, v, x_bar, alpha_bar, work)
         narrow(*buffer(frame, RESULTS, 0), x_bar, negate)
+        _alpha_sums(frame, alpha_bar, rows, 6)
         return 0
     order, xs = _sorted_rows(frame, values, rows, n)
     decay = array_at(buffer(frame, RESULTS, 2)[0], (rows, n), np.float64)
@@ -600,7 +702,9 @@ def topk_handler(frame):
         return 0
     flags = buffer(frame, ARGS, 2)[0]
     negate, log = peek(flags, 0, np.int32) != 0, peek(flags, 1, np.int32) != 0
-    values, alpha = _input_rows(frame, rows, n, negate)
+    values, alpha, error = _input_rows(frame, rows, n, negate)
+    if error:
+        return error
     if peek(frame, ARG_COUNT, np.int64) > 4:  # the backward pass: more arguments
         order, xs, anchor, offset = _saved_rows(frame, values, rows, n, 1, 3, np.int64)
         v = empty((rows, 1, n), np.float64)
@@ -611,6 +715,7 @@ def topk_handler(frame):
         work = empty((rows, topk.VJP_WORK, n), np.float64)
         _topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, work)
         narrow(*buffer(frame, RESULTS, 0), x_bar, negate)
+        _alpha_sums(frame, alpha_bar, rows, 7)
         return 0
     order, xs = _sorted_rows(frame, values, rows, n)
     w = empty((rows, 1), np.float64)
@@ -637,7 +742,9 @@ def sort_handler(frame):
     if not run:
         return 0
     negate = peek(buffer(frame, ARGS, 2)[0], 0, np.int32) != 0
-    values, alpha = _input_rows(frame, rows, n, negate)
+    values, alpha, error = _input_rows(frame, rows, n, negate)
+    if error:
+        return error
     if peek(frame, ARG_COUNT, np.int64) > 3:  # the backward pass: more arguments
         order, xs, anchor, offset = _saved_rows(frame, values, rows, n, n, 3, np.int64)
         u = empty((rows, n), np.float64)
@@ -648,6 +755,7 @@ def sort_handler(frame):
         # that row of the gradient is written)
         _sort_vjp(xs, order, alpha, anchor, offset, u, u, alpha_bar, work)
         narrow(*buffer(frame, RESULTS, 0), u, negate)
+        _alpha_sums(frame, alpha_bar, rows, 7)
         return 0
     order, xs = _sorted_rows(frame, values, rows, n)
     anchor, offset = _target_results(frame, rows, n, np.int64)
@@ -677,7 +785,9 @@ def quantile_handler(frame):
     if not run:
         return 0
     m = np.int64(peek(buffer(frame, ARGS, 2)[0], 2, np.int32))
-    values, alpha = _input_rows(frame, rows, n, False)
+    values, alpha, error = _input_rows(frame, rows, n, False)
+    if error:
+        return error
     if peek(frame, ARG_COUNT, np.int64) > 5:  # the backward pass: more arguments
         order, xs, anchor, offset = _saved_rows(frame, values, rows, n, m, 3, np.int64)
         u = empty((rows, m), np.float64)
@@ -692,6 +802,7 @@ def quantile_handler(frame):
             xs, order, alpha, anchor, offset, no_order, u, x_bar, w_bar, alpha_bar, work, no_work
         )
         narrow(*buffer(frame, RESULTS, 0), x_bar, False)
+        _alpha_sums(frame, alpha_bar, rows, 7)
         return 0
     order, xs = _sorted_rows(frame, values, rows, n)
     w = empty((rows, m), np.float64)
@@ -734,7 +845,9 @@ def topk_loss_handler(frame):
         if label < 0 or label >= n:
             return fail(frame, "softorder: labels must lie in [0, ", n - 1, "]; got ", label)
         labels[r] = label
-    values, alpha = _input_rows(frame, rows, n, True)
+    values, alpha, error = _input_rows(frame, rows, n, True)
+    if error:
+        return error
     log_pk = array_at(buffer(frame, ARGS, 4)[0], (rows, K), np.float64)
     pk1 = array_at(buffer(frame, ARGS, 5)[0], (rows,), np.float64)
     worder = empty((K,), np.int64)
@@ -748,6 +861,7 @@ def topk_loss_handler(frame):
         loss = (xs, order, alpha, labels, log_pk, split, pk1)
         _topk_loss_vjp(*loss, anchor, offset, cot, x_bar, alpha_bar, work, worder, kwork)
         narrow(*buffer(frame, RESULTS, 0), x_bar, True)
+        _alpha_sums(frame, alpha_bar, rows, 10)
         return 0
     order, xs = _sorted_rows(frame, values, rows, n)
     w = empty((K,), np.float64)  # the targets 1..K
@@ -788,7 +902,9 @@ def permutation_loss_handler(frame):
             if rank < 1 or rank > n:
                 return fail(frame, "softorder: target_ranks must lie in [1, ", n, "]; got ", rank)
             target[r, i] = rank
-    values, alpha = _input_rows(frame, rows, n, negate)
+    values, alpha, error = _input_rows(frame, rows, n, negate)
+    if error:
+        return error
     m = n - 1
     if peek(frame, ARG_COUNT, np.int64) > 4:  # the backward pass: more arguments
         order, xs, anchor, offset = _saved_rows(frame, values, rows, n, m, 4, np.int32)
@@ -798,6 +914,7 @@ def permutation_loss_handler(frame):
         if _permutation_loss_vjp(*args, work) and rows_left(*args) != 0:
             return fail(frame, "softorder: permutation_cross_entropy's gradient failed (logged)")
         narrow(*buffer(frame, RESULTS, 0), x_bar, negate)
+        _alpha_sums(frame, alpha_bar, rows, 8)
         return 0
     order, xs = _sorted_rows(frame, values, rows, n)
     anchor, offset = _target_results(frame, rows, m, np.int32)

@@ -163,18 +163,29 @@ class _Callbacks:
 @dataclasses.dataclass(frozen=True)
 class _Ffi:
     """The FFI route's ``handler`` (:mod:`softorder.bridges._jax_ffi`) on the arrays (rows, n)
-    of rows, ``alpha`` per row, int32 flags ``(negate, log)`` (and ``m`` for quantiles) and,
-    for top-k, ``k`` per row, for quantiles ``q`` and its argsort (rows, m); for the losses
-    the labels or target ranks (traced or not: checked by the handler) and, for top-k
+    of rows, ``alpha``, int32 flags ``(negate, log)`` (and ``m`` for quantiles) and, for
+    top-k, ``k`` per row, for quantiles ``q`` and its argsort (rows, m); for the losses the
+    labels or target ranks (traced or not: checked by the handler) and, for top-k
     cross-entropy, log P_K and P_K(1) per row (float64 as uint32 words); residuals: the
     argsort (int32) and 64-bit values as pairs of uint32 words (no x64 needed).
+
+    ``alpha`` is one value per row (concrete), or with ``alpha_group`` the caller's traced
+    alpha (:func:`_alpha_group`), one value per run of ``alpha_group[0]`` rows, sent per
+    row; the handler then checks it, and its backward pass sums the rows' gradients of alpha
+    to each value (in float64, as the NumPy API does) when asked.
     """
 
     handler: str  # "rank", "topk", "sort", "quantile", "topk_loss" or "permutation_loss"
-    differentiable = (0,)  # (the other arguments are concrete, or integers)
+    alpha_group: tuple | None = None  # traced alpha: (rows per value, summed)
+
+    @property
+    def differentiable(self) -> tuple:
+        # (the other arguments are concrete, or integers)
+        return (0,) if self.alpha_group is None else (0, 1)
 
     def forward(self, arrays: tuple, keep: bool) -> tuple:
         rows, n = arrays[0].shape
+        arrays = self._per_row(arrays)
         dtype, order = arrays[0].dtype, _struct((rows, n), np.int32)
         if self.handler in ("topk_loss", "permutation_loss"):  # one loss per row
             if self.handler == "topk_loss":
@@ -189,9 +200,24 @@ class _Ffi:
         return self._call((_struct((rows, m), dtype), order, *saved), arrays)
 
     def backward(self, arrays: tuple, residuals: tuple, cotangent, wanted: tuple) -> tuple:
-        x = arrays[0]  # (k, q and its order, the fourth argument on, are not needed)
-        needed = arrays if self.handler in ("topk_loss", "permutation_loss") else arrays[:3]
-        return self._call((_struct(x.shape, x.dtype),), (*needed, *residuals, cotangent))
+        x, alpha = arrays[:2]  # (k, q and its order, the fourth argument on, are not needed)
+        needed = self._per_row(arrays)
+        if self.handler not in ("topk_loss", "permutation_loss"):
+            needed = needed[:3]
+        shapes, operands = (_struct(x.shape, x.dtype),), (*needed, *residuals, cotangent)
+        if 1 in wanted:  # alpha's gradient, summed by the handler: one more argument, result
+            shapes += (_struct((alpha.size,), x.dtype),)
+            operands += (jnp.asarray(np.array(self.alpha_group, np.int32)),)
+        grads = self._call(shapes, operands)
+        return tuple(grads[0] if i == 0 else grads[1].reshape(alpha.shape) for i in wanted)
+
+    def _per_row(self, arrays: tuple) -> tuple:
+        """``arrays`` with a traced ``alpha`` once per row, as the handler reads it."""
+        if self.alpha_group is None:
+            return arrays
+        alpha, group = arrays[1].reshape(-1, 1), self.alpha_group[0]
+        per_row = jnp.broadcast_to(alpha, (alpha.shape[0], group)).reshape(-1)
+        return (arrays[0], per_row, *arrays[2:])
 
     def _call(self, shapes: tuple, operands: tuple) -> tuple:
         from softorder.bridges import _jax_ffi
@@ -362,11 +388,12 @@ _FFI_INTEGERS = {"topk_cross_entropy": "labels", "permutation_cross_entropy": "t
 def _ffi_constants(
     op_name: str, arguments: dict, arrays: dict, layout: Layout, compute, route: str
 ):
-    """The FFI route's arguments after the rows (``alpha`` and ``k`` per row, as the kernels
-    see them through the callbacks, and the flags), or ``None``: the call takes the callbacks.
-    ``arguments``: as the caller gave them; ``arrays``: as JAX arrays.
-    Everything is validated now, so nothing can fail when the handler runs, but for the
-    losses' labels and target ranks, which may be traced: their handlers check them.
+    """``(handler, arguments after the rows, alpha_group)`` of the FFI route (``alpha``, and
+    ``k`` per row as the kernels see them through the callbacks, the flags; ``alpha_group``:
+    :class:`_Ffi`'s), or ``None``: the call takes the callbacks. ``arguments``: as the
+    caller gave them; ``arrays``: as JAX arrays.
+    Concrete values are validated now; traced ones (``alpha``, the losses' labels and target
+    ranks: data of a training step) are checked by the handlers when they run.
     """
     import numba
 
@@ -380,16 +407,23 @@ def _ffi_constants(
         or layout.n > FFI_MAX_N[op_name]
         or layout.n >= 2**31  # the argsort travels as int32
         or not math.prod(layout.batch_shape)
-        or any(_is_traced(arguments.get(name)) for name in ("alpha", "k", "q", "p_k"))
+        or any(_is_traced(arguments.get(name)) for name in ("k", "q", "p_k"))
     ):
         return None
+    if _is_traced(arguments["alpha"]):
+        group = _alpha_group(arguments["alpha"].shape, layout)
+        if group is None:
+            return None
+        alpha = arrays["alpha"]  # (in the compute dtype)
+    else:
+        group, alpha = None, checks.row_values("alpha", arguments["alpha"], layout, compute)
     handler, log = _FFI_OPS[op_name]
     if op_name in _FFI_INTEGERS:
         integers = _ffi_integers(op_name, arrays[_FFI_INTEGERS[op_name]], layout)
         if integers is None:
             return None
-        return _ffi_loss_constants(op_name, arguments, integers, layout, compute)
-    alpha = checks.row_values("alpha", arguments["alpha"], layout, compute)
+        constants = _ffi_loss_constants(op_name, arguments, integers, layout, compute)
+        return None if constants is None else (constants[0], [alpha, *constants[1]], group)
     negate = bool(arguments.get("descending", arguments.get("largest")))
     constants = [alpha, np.array([negate, log], np.int32)]
     if "k" in arguments:
@@ -404,21 +438,42 @@ def _ffi_constants(
         # m, and the argsort of each row's targets, as the NumPy API's Targets.parse sorts them
         constants[1] = np.array([negate, log, q.shape[1]], np.int32)
         constants += [q.astype(compute), np.argsort(q, axis=1).astype(np.int32)]
-    return handler, constants
+    return handler, constants, group
+
+
+def _alpha_group(shape: tuple, layout: Layout) -> tuple | None:
+    """For a traced ``alpha`` of ``shape``: ``(rows per value, summed)`` when each value of
+    alpha is the alpha of a contiguous run of rows (a scalar; one alpha per row; values along
+    leading batch axes, broadcast along the trailing ones), whose gradients the handler sums
+    as the NumPy API does (``summed``: whether NumPy's sum runs, which makes a lone ``-0.0``
+    ``0.0``); ``None`` for another shape (values along inner axes, broadcast along outer
+    ones): the callbacks.
+    """
+    batch = layout.batch_shape
+    rows = math.prod(batch)
+    if shape == ():  # the NumPy API's scalar path (sum_over_rows)
+        return (rows, bool(batch)) if rows < 2**31 else None
+    aligned = checks.alpha_batch_shape(tuple(shape), len(batch), layout.axis)
+    aligned = (1,) * (len(batch) - len(aligned)) + tuple(aligned)  # (as the callbacks see it)
+    spread = [i for i, (a, b) in enumerate(zip(aligned, batch, strict=True)) if a == 1 != b]
+    varying = [i for i, a in enumerate(aligned) if a != 1]
+    group = math.prod(batch[i] for i in spread)
+    if spread and varying and max(varying) > min(spread) or group >= 2**31:
+        return None
+    return group, bool(spread)
 
 
 def _ffi_loss_constants(op_name: str, arguments: dict, integers, layout: Layout, compute):
-    """:func:`_ffi_constants` of a loss: ``alpha`` per row, the flags and the labels or target
+    """:func:`_ffi_constants` of a loss after ``alpha``: the flags and the labels or target
     ranks ``integers`` (:func:`_ffi_integers`); for top-k cross-entropy then log P_K and
     P_K(1) per row, in float64 as pairs of uint32 words (as the NumPy API computes them from
     ``p_k`` rounded to ``compute``, the callbacks' ``p_k``).
     """
-    alpha = checks.row_values("alpha", arguments["alpha"], layout, compute)
     if op_name == "permutation_cross_entropy":
         if layout.n < 2:
             return None  # (no boundaries: the callbacks)
         flags = np.array([bool(arguments["descending"])], np.int32)
-        return "permutation_loss", [alpha, flags, integers]
+        return "permutation_loss", [flags, integers]
     pk = checks.as_computed(checks.host_value(arguments["p_k"], "p_k"), compute)
     pk = checks.p_k_rows(pk, layout.batch_shape).reshape(-1, pk.shape[-1])
     K = pk.shape[1]
@@ -428,7 +483,7 @@ def _ffi_loss_constants(op_name: str, arguments: dict, integers, layout: Layout,
         log_pk = np.log(pk)
     pk1 = np.ascontiguousarray(pk[:, :1])
     flags = np.array([bool(arguments["split_top1"]), K], np.int32)
-    return "topk_loss", [alpha, flags, integers, _words(log_pk), _words(pk1)]
+    return "topk_loss", [flags, integers, _words(log_pk), _words(pk1)]
 
 
 def _words(values: np.ndarray) -> np.ndarray:
@@ -532,10 +587,10 @@ def _dispatch(op: Callable, arguments: dict) -> jax.Array:
     route = _route()
     ffi = _ffi_constants(op.__name__, {**arguments, **statics}, arrays, layout, compute, route)
     if ffi is not None:
-        handler, constants = ffi
+        handler, constants, group = ffi
         moved = jnp.moveaxis(x, layout.axis, -1)
         operands = (moved.reshape(-1, layout.n), *map(jnp.asarray, constants))
-        out = _apply(_Ffi(handler), *_vary(operands, _varying_axes(operands)))
+        out = _apply(_Ffi(handler, group), *_vary(operands, _varying_axes(operands)))
         if op.__name__ in _FFI_INTEGERS:  # a loss: one per row
             return _reduced(out.reshape(layout.batch_shape), statics, out_dtype)
         if handler == "quantile" and not several_per_row("q", arguments["q"], moved.ndim - 1):
