@@ -75,6 +75,16 @@ def flushed(a):
     return np.where(np.abs(a) < np.finfo(a.dtype).tiny, np.copysign(0, a).astype(a.dtype), a)
 
 
+def near_flushed(got, expected):
+    """``expected`` (:func:`flushed`) where ``got`` differs from it within 1e-300: float64
+    values computed from intermediates XLA's threads flush to zero (the handlers' and the
+    callbacks' alike) and the NumPy API does not.
+    """
+    expected = flushed(expected)
+    close = np.abs(np.asarray(got, np.float64) - expected) <= 1e-300
+    return np.where(close, got, expected).astype(expected.dtype)
+
+
 def lowered(f, *args) -> str:
     return jax.jit(f).lower(*args).as_text()
 
@@ -788,3 +798,135 @@ def test_loss_ties_values_equal_gradients_close(case, rng):
     expected, pullback = softorder.vjp(numpy_op, x, labels, *extra, 0.5, reduction="none", **kwargs)
     equal(got[0], expected)
     np.testing.assert_allclose(got[1], pullback(np.ones(4))[0], rtol=1e-12, atol=1e-12)
+
+
+# --- a traced alpha: checked by the handlers, its gradient summed by them ---------------------
+
+#: (bridge, NumPy function, extra positional arguments before alpha, keyword arguments); the
+#: losses take their labels or ranks first (made per test), then these
+ALPHA_OPS = {
+    "rank": (soj.soft_rank, softorder.soft_rank, (), {}),
+    "topk": (soj.soft_topk, softorder.soft_topk, (1,), {}),
+    "log topk smallest": (soj.log_soft_topk, softorder.log_soft_topk, (1,), {"largest": False}),
+    "sort": (soj.soft_sort, softorder.soft_sort, (), {}),
+    "sort descending": (soj.soft_sort, softorder.soft_sort, (), {"descending": True}),
+    "quantile": (soj.soft_quantile, softorder.soft_quantile, (np.float32(0.3),), {}),  # exact
+    "topk CE": (soj.topk_cross_entropy, softorder.topk_cross_entropy, ([0.5, 0.5],), {}),
+    "perm CE": (soj.permutation_cross_entropy, softorder.permutation_cross_entropy, (), {}),
+}
+
+#: (batch shape, n, alpha: a scalar or the shape of values in [0.2, 2), x's scale, a NaN row)
+ALPHAS = {
+    "scalar": ((3, 4), 100, 0.5, 1.0, False),
+    "per row": ((3, 4), 100, (3, 4), 1.0, True),
+    "leading axis": ((3, 4), 100, (3, 1), 1.0, True),
+    "keepdims": ((3, 4), 100, (3, 1, 1), 1.0, True),  # (x's axes, length 1 along axis)
+    "one row": ((), 100, 0.5, 1.0, False),
+    "n=2": ((3, 4), 2, 0.5, 1.0, False),
+    "n=1000": ((2,), 1000, (2,), 1.0, True),
+    "300 rows": ((300,), 2, 0.25, 1.0, False),  # NumPy's pairwise sum splits at 128
+    "runs of 150": ((2, 150), 2, (2, 1), 1.0, False),
+    "alpha 1e-8": ((3, 4), 100, 1e-8, 1.0, False),
+    "alpha 1e8": ((3, 4), 100, 1e8, 1.0, False),
+    "values 1e30": ((3, 4), 100, 3e29, 1e30, False),
+}
+
+
+def alpha_call(case, rng, batch, n):
+    """``f(x, alpha)`` of the operation ``case`` (a loss with labels or ranks of ``batch``,
+    ``reduction="none"``), and its NumPy API twin.
+    """
+    bridge, numpy_op, extra, kwargs = ALPHA_OPS[case]
+    if bridge in (soj.topk_cross_entropy, soj.permutation_cross_entropy):
+        kind = "labels" if bridge is soj.topk_cross_entropy else "ranks"
+        if kind == "labels" and n < 3:
+            extra = ([1.0],)  # (K < n)
+        extra = (integers(rng, kind, batch, n), *extra)
+        kwargs = {**kwargs, "reduction": "none"}
+    return (
+        lambda x, a: bridge(x, *extra, a, **kwargs),
+        lambda x, a: softorder.vjp(numpy_op, x, *extra, a, **kwargs),
+    )
+
+
+def test_pairwise_sum_is_numpys_sum_bitwise(rng):
+    """The handlers' float64 sum of a run of rows' gradients of alpha is NumPy's ``sum`` to
+    the bit: values of many magnitudes and signs, so that any other order shows.
+    """
+    import numba
+
+    stack, partial = np.empty((128, 2), np.int64), np.empty(64)
+    call = numba.njit(lambda a, s, c, stack, sums: _jax_ffi._pairwise_sum(a, s, c, stack, sums))
+
+    def total(a, start, count):
+        return np.float64(call(a, start, count, stack, partial))
+
+    for count in [*range(1, 300), 1000, 1031, 4096, 100_003]:
+        a = rng.standard_normal(count + 5) * 10.0 ** rng.integers(-8, 9, count + 5)
+        got, expected = total(a, 3, count), np.sum(a[3 : 3 + count])
+        assert bits(got) == bits(expected), count
+    assert bits(total(np.array([-0.0, -0.0]), 0, 2)) == bits(np.sum([-0.0, -0.0]))
+
+
+@pytest.mark.parametrize(
+    ("shape", "batch", "axis", "group"),
+    [
+        ((), (3, 4), -1, (12, True)),
+        ((), (), -1, (1, False)),
+        ((3, 4), (3, 4), -1, (1, False)),
+        ((3, 1), (3, 4), -1, (4, True)),
+        ((3, 1, 1), (3, 4), 2, (4, True)),  # keepdims
+        ((1, 1), (3, 4), -1, (12, True)),
+        ((1,), (3, 1), -1, (3, True)),
+        ((2, 1, 1), (2, 5, 6), -1, (30, True)),
+        ((2, 1, 6), (2, 5, 6), -1, None),  # along an inner axis, broadcast along an outer one
+        ((4,), (3, 4), -1, None),
+    ],
+)
+def test_alpha_group_runs_of_rows(shape, batch, axis, group):
+    from softorder._engine.layout import Layout
+
+    layout = Layout.of((*batch, 7) if axis == -1 else (*batch[:axis], 7, *batch[axis:]), axis, "x")
+    assert soj._alpha_group(shape, layout) == group
+
+
+@pytest.mark.parametrize("case", ALPHA_OPS)
+@pytest.mark.parametrize("alphas", ALPHAS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_traced_alpha_takes_the_ffi_route_and_matches_bitwise(case, alphas, dtype, rng, callbacks):
+    """``jit(grad(f, argnums=(0, 1)))`` with a traced alpha runs the handlers (no callback),
+    and gives the callbacks' values and gradients, alpha's included, to the bit, and the
+    NumPy API's (float64 sums of the rows' gradients of alpha, rounded once).
+    """
+    batch, n, alpha, scale, nan = ALPHAS[alphas]
+    f, numpy_f = alpha_call(case, rng, batch, n)
+    x = data(rng, (*batch, max(n, 3)) if batch else (2, n), dtype)[..., :n]  # (NaN: [1, 2])
+    if not nan or not batch:
+        x = np.nan_to_num(x, nan=-7.125)
+    x = (x[0] if not batch else x) * dtype(scale)
+    if isinstance(alpha, tuple):
+        alpha = rng.uniform(0.2, 2.0, alpha)
+    alpha = np.asarray(alpha, dtype)
+    out = np.asarray(numpy_f(x, alpha)[0])
+    w = rng.standard_normal(out.shape).astype(dtype)
+
+    def loss(x, a):
+        return jnp.sum(f(x, a) * w)
+
+    with jax.enable_x64(dtype == np.float64):
+        step = jax.jit(jax.grad(loss, argnums=(0, 1)))
+        text = step.lower(x, alpha).as_text()
+        concrete = jax.jit(jax.grad(lambda x: loss(x, alpha))).lower(x).as_text()
+        if CALLBACK not in concrete:  # (a quantile of rows of 2: not the FFI route's)
+            assert text.count("@softorder_") == 2 and CALLBACK not in text
+        ffi, callback = callbacks(lambda: (jax.jit(f)(x, alpha), *step(x, alpha)))
+    for a, b in zip(ffi, callback, strict=True):
+        assert a.dtype == b.dtype == dtype and a.shape == b.shape
+        np.testing.assert_array_equal(bits(a), bits(b))
+    expected, pullback = numpy_f(x, alpha)
+    grads = pullback(w)
+    equal(ffi[0], flushed(expected))
+    equal(ffi[1], near_flushed(ffi[1], grads[0]))
+    assert bits(ffi[2]).tolist() == bits(np.asarray(grads[-1], dtype)).tolist()
+    if nan:
+        assert np.isnan(ffi[2].reshape(-1)).sum() == 1  # the NaN row's alpha alone
