@@ -726,6 +726,20 @@ def test_fail_writes_xlas_error_arguments():
         (28, 0, f"softorder: a=0, b=-7; c{low}.", _jax_ffi.INVALID_ARGUMENT),
         (28, 0, f"softorder: a={high}, b=1234567890; c10.", _jax_ffi.INVALID_ARGUMENT),
     ]
+    # floats as C's %.17g writes them (every float64 told apart), float32 widened
+    seen.clear()
+
+    @numba.njit
+    def call_floats(frame, a, b, c):
+        return _jax_ffi.fail(frame, "softorder: a=", a, " b=", b, " c=", c)
+
+    tiny = -np.finfo(np.float64).smallest_subnormal
+    assert call_floats(frame.ctypes.data, 0.1, np.float32(-2.5), tiny) == 12345
+    assert call_floats(frame.ctypes.data, np.nan, np.float32(np.inf), -1e300) == 12345
+    assert [message for _, _, message, _ in seen] == [
+        "softorder: a=0.10000000000000001 b=-2.5 c=-4.9406564584124654e-324",
+        "softorder: a=nan b=inf c=-1.0000000000000001e+300",
+    ]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -930,3 +944,134 @@ def test_traced_alpha_takes_the_ffi_route_and_matches_bitwise(case, alphas, dtyp
     assert bits(ffi[2]).tolist() == bits(np.asarray(grads[-1], dtype)).tolist()
     if nan:
         assert np.isnan(ffi[2].reshape(-1)).sum() == 1  # the NaN row's alpha alone
+
+
+@pytest.mark.parametrize("case", ["rank", "sort descending", "quantile", "topk CE", "perm CE"])
+@pytest.mark.parametrize("in_axes", [(0, None), (None, 0), (0, 0)])
+@pytest.mark.parametrize("alpha_shape", [(), (2, 1)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_traced_alpha_under_vmap_sums_per_element(
+    case, in_axes, alpha_shape, dtype, rng, callbacks
+):
+    """``vmap`` over x, over alpha or over both (one call for the batch, alpha tiled where it
+    is not vmapped): each vmapped element gets its own float64 sum of its rows' gradients of
+    alpha (to the bit the callbacks' and, per element, the NumPy API's); a scalar alpha and a
+    leading-axis one; over an alpha that is not vmapped JAX then sums the elements' gradients,
+    as it does the callbacks'.
+    """
+    V, batch, n = 3, (2, 3), 20
+    f, numpy_f = alpha_call(case, rng, batch, n)
+    xs = np.nan_to_num(data(rng, (V, *batch, n), dtype), nan=-7.125)
+    alpha = rng.uniform(0.2, 2.0, (V, *alpha_shape)).astype(dtype)
+    x_in = xs if in_axes[0] == 0 else xs[0]
+    a_in = alpha if in_axes[1] == 0 else alpha[0]
+    w = rng.standard_normal(np.shape(numpy_f(xs[0], alpha[0])[0])).astype(dtype)
+
+    def loss(x, a):
+        return jnp.sum(f(x, a) * w)
+
+    per_element = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1)), in_axes=in_axes))
+    summed = jax.jit(
+        jax.grad(lambda x, a: jnp.sum(jax.vmap(loss, in_axes=in_axes)(x, a)), argnums=(0, 1))
+    )
+    with jax.enable_x64(dtype == np.float64):
+        text = per_element.lower(x_in, a_in).as_text()
+        assert text.count("@softorder_") == 2 and CALLBACK not in text
+        ffi, callback = callbacks(lambda: (*per_element(x_in, a_in), *summed(x_in, a_in)))
+    for a, b in zip(ffi, callback, strict=True):
+        assert a.dtype == b.dtype == dtype and a.shape == b.shape
+        np.testing.assert_array_equal(bits(a), bits(b))
+    for v in range(V):
+        x_v = xs[v] if in_axes[0] == 0 else xs[0]
+        a_v = alpha[v] if in_axes[1] == 0 else alpha[0]
+        grads = numpy_f(x_v, a_v)[1](w)
+        assert bits(ffi[1][v]).tolist() == bits(np.asarray(grads[-1], dtype)).tolist()
+        equal(ffi[0][v], near_flushed(ffi[0][v], grads[0]))
+
+
+#: (a bad alpha, the message of the handlers' error)
+BAD_ALPHAS = [
+    (0.0, "softorder: alpha must be positive and finite; got alpha=0"),
+    (-2.5, "softorder: alpha must be positive and finite; got alpha=-2.5"),
+    (np.nan, "softorder: alpha must be positive and finite; got alpha=nan"),
+    (np.inf, "softorder: alpha must be positive and finite; got alpha=inf"),
+]
+
+
+@pytest.mark.parametrize("case", ["rank", "topk", "quantile", "topk CE", "perm CE"])
+@pytest.mark.parametrize(("bad", "message"), BAD_ALPHAS)
+@pytest.mark.parametrize("x64", [False, True])
+def test_bad_traced_alpha_raises_and_the_process_goes_on(case, bad, message, x64, rng):
+    """A bad traced alpha (a scalar, or one row's) is known only when the handler runs: XLA's
+    INVALID_ARGUMENT with the NumPy API's words, naming softorder and alpha, in the forward
+    pass and in the gradient step; the next good call gives the NumPy API's values.
+    """
+    dtype = np.float64 if x64 else np.float32
+    f, numpy_f = alpha_call(case, rng, (3,), 20)
+    x = np.nan_to_num(data(rng, (3, 20), dtype), nan=1.0625)
+    step = jax.jit(jax.grad(lambda x, a: jnp.sum(f(x, a)), argnums=(0, 1)))
+    value = jax.jit(f)
+    with jax.enable_x64(x64):
+        for alpha in (np.array(bad, dtype), np.array([0.5, bad, 1.0], dtype)):
+            assert CALLBACK not in step.lower(x, alpha).as_text()
+            for run in (lambda a=alpha: value(x, a), lambda a=alpha: step(x, a)):
+                with pytest.raises(jax.errors.JaxRuntimeError) as raised:
+                    jax.block_until_ready(run())
+                assert str(raised.value) == "INVALID_ARGUMENT: " + message
+            with pytest.raises(ValueError, match="alpha must be positive and finite"):
+                numpy_f(x, alpha)
+        if x64:  # a subnormal alpha (XLA's threads compare it as 0: the handlers read bits)
+            tiny = np.array([0.5, 1e-310, 1.0])
+            with pytest.raises(ValueError) as numpy_error:
+                numpy_f(x, tiny)
+            with pytest.raises(jax.errors.JaxRuntimeError) as raised:
+                jax.block_until_ready(step(x, tiny))
+            expected = str(numpy_error.value).replace("1e-310", "9.9999999999999694e-311")
+            assert str(raised.value) == "INVALID_ARGUMENT: softorder: " + expected
+        good = np.array([0.5, 0.25, 1.0], dtype)
+        got = value(x, good), step(x, good)
+    expected, pullback = numpy_f(x, good)
+    equal(got[0], flushed(expected))
+    grads = pullback(np.ones_like(expected))
+    equal(got[1][0], flushed(grads[0]))
+    equal(got[1][1], np.asarray(grads[-1], dtype))
+
+
+def test_traced_alpha_first_derivatives_only():
+    """Forward mode and second derivatives in a traced alpha raise as in x."""
+    x = jnp.array([[0.3, -1.0, 2.0], [1.0, 0.5, -0.25]])
+    alpha = jnp.float32(0.5)
+
+    def loss(x, a):
+        return soj.soft_rank(x, a).sum()
+
+    with pytest.raises(TypeError, match="softorder's JAX operations have reverse-mode"):
+        jax.jvp(lambda a: loss(x, a), (alpha,), (alpha,))
+    with pytest.raises(TypeError, match="softorder's JAX operations have reverse-mode"):
+        jax.jit(lambda a: jax.jvp(lambda a: loss(x, a), (a,), (a,)))(alpha)
+    with pytest.raises(NotImplementedError, match="softorder"):
+        jax.hessian(loss, argnums=1)(x, alpha)
+    with pytest.raises(NotImplementedError, match="softorder"):
+        jax.jit(jax.grad(lambda a: jax.grad(loss, argnums=1)(x, a)))(alpha)
+    with pytest.raises(NotImplementedError, match="softorder"):
+        jax.grad(lambda x: jax.grad(loss, argnums=1)(x, alpha))(x)
+
+
+@pytest.mark.parametrize("case", ALPHA_OPS)
+def test_traced_alpha_with_ties_values_equal_gradients_close(case, rng):
+    """With ties (the handlers sort stably, NumPy's argsort does not) the values are the
+    NumPy API's to the bit and the gradients, alpha's included, equal to rounding.
+    """
+    x = np.round(rng.standard_normal((4, 40)), 1)
+    x[0, :6] = 0.0
+    x[1, ::2] = 1.0
+    f, numpy_f = alpha_call(case, rng, (4,), 40)
+    alpha = np.array([0.5, 0.25, 1.0, 2.0])
+    with jax.enable_x64(True):
+        value = jax.jit(f)(x, alpha)
+        grads = jax.jit(jax.grad(lambda x, a: jnp.sum(f(x, a)), argnums=(0, 1)))(x, alpha)
+    expected, pullback = numpy_f(x, alpha)
+    equal(value, expected)
+    expected_grads = pullback(np.ones_like(expected))
+    np.testing.assert_allclose(grads[0], expected_grads[0], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(grads[1], expected_grads[-1], rtol=1e-12, atol=1e-12)

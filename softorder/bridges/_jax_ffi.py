@@ -50,7 +50,7 @@ from numba.core.ccallback import CFunc
 from numba.extending import intrinsic
 from numba.np.arrayobj import np_cfarray
 
-from softorder._engine.checks import LARGEST_FLOAT, SMALLEST_ALPHA
+from softorder._engine.checks import SMALLEST_ALPHA
 from softorder.core import _jit, lapsum, permutation, rank, sort, topk, topk_loss
 from softorder.core._jit import (
     SymbolCalls,
@@ -69,6 +69,11 @@ INVALID_ARGUMENT = 3  # XLA_FFI_Error_Code of a bad value (labels, target ranks)
 API_MAJOR, API_MINOR = 0, 1
 EXECUTE = 3  # XLA_FFI_ExecutionStage_EXECUTE
 METADATA = 1  # XLA_FFI_Extension_Metadata
+
+#: the bits of float64 +inf, and of the smallest alpha taken, as int64 (positive floats
+#: order as their bits)
+INFINITY_BITS = int(np.array(np.inf).view(np.int64))
+SMALLEST_ALPHA_BITS = int(np.array(SMALLEST_ALPHA).view(np.int64))
 
 _lock = threading.Lock()
 _registered: dict = {}
@@ -521,16 +526,20 @@ def _input_rows(frame, rows, n, negate):
     widen(values, *buffer(frame, ARGS, 0), negate)
     alpha = empty((rows,), np.float64)
     widen(alpha, *buffer(frame, ARGS, 1), False)
+    # tested on the bits: XLA's threads treat subnormal numbers as zero in comparisons
+    bits = alpha.view(np.int64)
     for r in range(rows):
-        a = alpha[r]
-        if not (a > 0.0 and a <= LARGEST_FLOAT):  # (NaN fails the first test)
-            error = fail(frame, "softorder: alpha must be positive and finite; got alpha=", a)
+        if not (0 < bits[r] < INFINITY_BITS):  # (negative: the sign bit; NaN: above)
+            error = fail(
+                frame, "softorder: alpha must be positive and finite; got alpha=", alpha[r]
+            )
             return values, alpha, error
-        if a < SMALLEST_ALPHA:
+        if bits[r] < SMALLEST_ALPHA_BITS:  # (the NumPy API's words, SMALLEST_ALPHA in them)
             error = fail(
                 frame,
-                "softorder: alpha must be at least 2.23e-308 (1/alpha must be finite); got alpha=",
-                a,
+                "softorder: alpha must be at least 2.23e-308 ",
+                "(1/alpha must be finite); got alpha=",
+                alpha[r],
             )
             return values, alpha, error
     return values, alpha, np.int64(0)
