@@ -41,7 +41,7 @@ the losses on one row, their labels and ranks constants of the step: traced ones
 route) on one row of n = 1e2 and 1e3, through the bridge's default route on
 the CPU (the FFI route where it covers the call: see :mod:`softorder.bridges.jax`), through
 ``buffer_callback`` (the CPU kernels in place: the other calls' default, and every
-operation's with a traced ``alpha``, ``k`` or ``q``) and through ``pure_callback``
+operation's with a traced ``k`` or ``q``) and through ``pure_callback``
 (``_IN_PLACE = False``), against the NumPy API's forward + VJP, as ratios to the NumPy API.
 Each call takes the next of 16 different inputs: sorting the same row over and over lets the
 branch predictor learn it, which flatters comparison sorts. ``--floor-only`` prints only this table.

@@ -493,10 +493,12 @@ def test_traced_bad_shapes_raise_at_trace_time():
         (lambda x, q: soj.soft_quantile(x, q, 0.5), 0.0, "q must lie strictly"),
     ],
 )
-def test_traced_bad_values_raise_when_the_callback_runs(call, bad, match):
+def test_traced_bad_values_raise_when_the_callback_runs(call, bad, match, monkeypatch):
     """A traced value can only be checked on the host: jax.errors.JaxRuntimeError carrying
-    the NumPy API's message and the callback's traceback.
+    the NumPy API's message and the callback's traceback (the FFI route's handlers check a
+    traced alpha themselves: tests/test_jax_ffi.py).
     """
+    monkeypatch.setattr(soj, "_FFI_CALLS", False)
     x = jnp.arange(10.0).reshape(2, 5)
     f = jax.jit(call)
     with pytest.raises(jax.errors.JaxRuntimeError, match=match) as raised:
@@ -723,11 +725,12 @@ def test_alpha_in_the_keepdims_shape(rng, x64, count_calls):
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_callbacks_run_the_numpy_apis_kernels(rng, dtype):
+def test_callbacks_run_the_numpy_apis_kernels(rng, dtype, monkeypatch):
     """NumPy sees XLA's buffers as read-only arrays, for which numba would compile every kernel
     again: the callbacks hand the kernels writable ones, so a JAX call compiles nothing the
     NumPy API has compiled (in a fresh cache: half the first call's compile time).
     """
+    monkeypatch.setattr(soj, "_FFI_CALLS", False)  # (a traced alpha takes it where it can)
     x = distinct(rng, (3, 9)).astype(dtype)
     before = read_only_signatures()
     cases = [
@@ -735,7 +738,7 @@ def test_callbacks_run_the_numpy_apis_kernels(rng, dtype):
         ("soft_permutation", ()),
         ("topk_cross_entropy", (np.array([0, 2, 1]), np.array([0.5, 0.5]))),
         ("permutation_cross_entropy", (np.tile(np.arange(1, 10), (3, 1)),)),
-        ("soft_rank", ()),  # a traced alpha: the callbacks, not the FFI route
+        ("soft_rank", ()),
     ]
     with jax.enable_x64(dtype == "float64"):
         for name, extras in cases:
@@ -746,7 +749,7 @@ def test_callbacks_run_the_numpy_apis_kernels(rng, dtype):
     assert read_only_signatures() == before
 
 
-#: the operations without an FFI route: (function, extra arguments, argnums to differentiate)
+#: (function, extra arguments, argnums to differentiate), on the callbacks
 IN_PLACE_CASES = {
     "soft_quantile": (soj.soft_quantile, (np.array([[0.2, 0.5, 0.9]]),), (0, 1, 2)),
     "soft_permutation": (soj.soft_permutation, (), (0, 1)),
@@ -768,6 +771,7 @@ def test_in_place_callbacks_equal_pure_callback_bitwise(case, x64_on, rng, monke
     under jit, grad (every differentiable argument) and vmap.
     """
     fn, extra, argnums = IN_PLACE_CASES[case]
+    monkeypatch.setattr(soj, "_FFI_CALLS", False)  # (a traced alpha takes it where it can)
     x = distinct(rng, (3, 5))
     with jax.enable_x64(x64_on):
         args = (jnp.asarray(x), *(jnp.asarray(a) for a in extra), jnp.asarray(0.7))

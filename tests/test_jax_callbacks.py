@@ -16,6 +16,13 @@ from tests.compiled import read_only_signatures  # noqa: E402
 
 RANKS = np.array([[3, 1, 2, 5, 4], [1, 2, 3, 4, 5], [5, 4, 3, 2, 1]])
 
+
+@pytest.fixture(autouse=True)
+def _callbacks_only(monkeypatch):
+    """Every call on the callbacks: a traced alpha would take the FFI route where it has one."""
+    monkeypatch.setattr(soj, "_FFI_CALLS", False)
+
+
 #: the operations on the callbacks (no FFI route), with their arguments after x and alpha's
 #: position among the arguments
 CASES = {

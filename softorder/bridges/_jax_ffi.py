@@ -1,13 +1,14 @@
 """XLA FFI handlers of the JAX bridge: numba ``cfunc`` s that XLA calls in place, on the CPU.
 
 The JAX bridge routes ``soft_rank``, ``soft_sort``, ``soft_topk``, ``log_soft_topk`` and
-``soft_quantile`` here when a call is traced for the CPU backend with a concrete ``alpha`` (and
-``k``, one per row, or a few ``q`` per row), and ``topk_cross_entropy`` and
-``permutation_cross_entropy`` with a concrete ``alpha`` (and ``p_k``):
-everything is validated then, so a call costs its kernels, without the Python, the GIL and the
-host copies of a callback (figures in CHANGELOG.md). The losses' labels and target ranks are
-data, traced in a training step: their handlers check them as they read them, and return an
-XLA error (INVALID_ARGUMENT, with the NumPy API's message: :func:`fail`) for a bad one.
+``soft_quantile`` here when a call is traced for the CPU backend with a concrete ``k`` (one
+per row) or a few concrete ``q`` per row, and ``topk_cross_entropy`` and
+``permutation_cross_entropy`` with a concrete ``p_k``: those are validated then, so a call
+costs its kernels, without the Python, the GIL and the host copies of a callback (figures in
+CHANGELOG.md). The losses' labels and target ranks, and ``alpha`` (a learnable temperature),
+are data that may be traced in a training step: the handlers check them as they read them,
+and return an XLA error (INVALID_ARGUMENT, with the NumPy API's message: :func:`fail`) for a
+bad one; a traced ``alpha``'s gradient is summed by the backward pass (:func:`_alpha_sums`).
 
 Each handler is one C function of XLA's typed FFI (``api_version=1``,
 ``XLA_FFI_Error* handler(XLA_FFI_CallFrame*)``, ``xla/ffi/api/c_api.h`` in
@@ -29,7 +30,9 @@ of operands. The rows are flattened over every leading axis (``vmap`` adds some,
   float64 or int64 residuals (the rank decays; the targets' anchors and offsets) as
   uint32 words, two per value, so that they survive without ``jax_enable_x64``;
 * backward: the same input, ``alpha`` and flags, the argsort and residuals, and the
-  cotangent; result: the gradient of the input.
+  cotangent; result: the gradient of the input; with one more argument after the cotangent
+  (int32 ``(group, summed)``: a traced ``alpha``, one value per run of ``group`` rows), a
+  second result: the gradient of alpha, one value per run.
 
 The losses' handlers take one value per row (the loss; its cotangent) and every forward
 argument again in the backward pass (the labels or target ranks, ``P_K``), which they check

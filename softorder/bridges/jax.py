@@ -639,18 +639,26 @@ _JAX = Dialect(
     ),
 )
 
+_ALPHA_NOTE = (
+    "``alpha`` may be traced (a learnable temperature) when it is a scalar, one per row, or "
+    "varies along leading batch axes only: the handler checks it when it runs (a bad one "
+    "raises :class:`jax.errors.JaxRuntimeError` with the NumPy API's message, naming "
+    "softorder) and sums the rows' gradients of alpha in float64, as the NumPy API does"
+)
 _FFI_NOTE = (
-    "FFI route: on the CPU backend, with a concrete (not traced) ``alpha`` (and ``k``, one per "
-    "row, or ``q``, a few per row), this is an XLA FFI call into numba C functions, with no "
-    'Python per call; otherwise a callback (see the module\'s "FFI route").'
+    "FFI route: on the CPU backend, with a concrete ``k`` (one per row) or ``q`` (a few per "
+    "row), this is an XLA FFI call into numba C functions, with no Python per call; "
+    + _ALPHA_NOTE
+    + '. Otherwise a callback (see the module\'s "FFI route").'
 )
 _LOSS_NOTE = (
     "Under ``vmap`` the reduction applies to each vmapped element separately. FFI route: on "
-    "the CPU backend, with a concrete (not traced) ``alpha`` (and ``p_k``), this is an XLA FFI "
-    "call into numba C functions, with no Python per call; its {integers} may be traced (data "
-    "of a training step): the handler checks them when it runs, and a bad one raises "
-    ":class:`jax.errors.JaxRuntimeError` with the NumPy API's message, naming softorder. "
-    'Otherwise a callback (see the module\'s "FFI route").'
+    "the CPU backend, with a concrete ``p_k``, this is an XLA FFI call into numba C "
+    "functions, with no Python per call; its {integers} may be traced (data of a training "
+    "step): the handler checks them when it runs, and a bad one raises "
+    ":class:`jax.errors.JaxRuntimeError` with the NumPy API's message, naming softorder; "
+    + _ALPHA_NOTE
+    + '. Otherwise a callback (see the module\'s "FFI route").'
 )
 
 
