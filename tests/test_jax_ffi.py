@@ -1075,3 +1075,25 @@ def test_traced_alpha_with_ties_values_equal_gradients_close(case, rng):
     expected_grads = pullback(np.ones_like(expected))
     np.testing.assert_allclose(grads[0], expected_grads[0], rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(grads[1], expected_grads[-1], rtol=1e-12, atol=1e-12)
+
+
+def test_alpha_gradient_only_when_asked(rng):
+    """The backward pass sums alpha's gradient only when alpha is differentiated: with a
+    traced alpha and ``argnums=0`` the backward call has one result, as with a concrete
+    alpha; ``argnums=1`` alone gives the same gradient of alpha as ``argnums=(0, 1)``.
+    """
+    x = np.nan_to_num(data(rng, (2, 5)), nan=0.125)
+    alpha = np.float32(0.5)
+
+    def loss(x, a):
+        return jnp.sum(soj.soft_rank(x, a) ** 2)
+
+    calls = [
+        line
+        for line in lowered(jax.grad(loss), x, alpha).splitlines()
+        if "@softorder_rank(" in line
+    ]
+    assert len(calls) == 2 and all("-> (" in c for c in calls[:1]) and "-> (" not in calls[1]
+    both = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, alpha)
+    equal(jax.jit(jax.grad(loss, argnums=1))(x, alpha), both[1])
+    equal(jax.jit(jax.grad(loss))(x, alpha), both[0])

@@ -469,83 +469,8 @@ def begin(typingctx, frame):
     return types.Tuple((types.boolean, types.int64, types.int64))(types.int64), codegen
 
 
-#: The kernels the handlers call by symbol (:class:`~softorder.core._jit.SymbolCalls`): the very
-#: compilations of the NumPy API's calls (same argument types: int32 orders), not linked in
-KERNELS = {
-    "rank_forward": (rank.rank_forward.serial, (_F2, _I2, _F1, _F2, _F2, _F3)),
-    "rank_vjp": (rank.rank_vjp.serial, (_F2, _I2, _F1, _F2, _F2, _F2, _F1, _F3)),
-    "topk_forward": (
-        topk.topk_forward.serial,
-        (_F2, _I2, _F1, _F2, _L2, types.boolean, _F3, _L2, _F2, _F3),
-    ),
-    "topk_vjp": (
-        topk.topk_vjp.serial,
-        (_F2, _I2, _F1, _L2, _F2, types.boolean, _F3, _F2, _F2, _F1, _F3),
-    ),
-    "sort_forward": (lapsum.sort_kernel.serial, (_F2, _F1, _F2, _L2, _F2, _F3)),
-    "sort_vjp": (sort.sort_vjp.serial, (_F2, _I2, _F1, _L2, _F2, _F2, _F2, _F1, _F3)),
-    "quantile_forward": (lapsum.inverse_kernel.serial, (_F2, _F1, _F2, _L2, _F2, _L2, _F2, _F3)),
-    "quantile_vjp": (
-        sort.few_inverse_vjp.serial,
-        (_F2, _I2, _F1, _L2, _F2, _L2, _F2, _F2, _F2, _F1, _F3, _F3),
-    ),
-    # (the NumPy API's CPU kernels of the losses: top-k cross-entropy's with its targets
-    # 1..K and their order from the caller; the permutation loss's ladder kernels, int32
-    # anchors; the rows they leave go to the general kernel through rows_left)
-    "topk_loss_forward": (
-        topk_loss._loss_forward.serial,
-        (_F2, _I2, _F1, _L1, _F2, _B, _F1, _F1, _L2, _F2, _F3, _F1, _L1),
-    ),
-    "topk_loss_vjp": (
-        topk_loss._loss_vjp.serial,
-        (_F2, _I2, _F1, _L1, _F2, _B, _F1, _L2, _F2, _F1, _F2, _F1, _F3, _L1, _F3),
-    ),
-    "permutation_loss_forward": (
-        permutation._ladder_forward_rows.serial,
-        (_F2, _I2, _F1, _I2, _F1, _I2, _F2, _F3),
-    ),
-    "permutation_loss_vjp": (
-        permutation._ladder_vjp_rows.serial,
-        (_F2, _I2, _F1, _I2, _I2, _F2, _F1, _F2, _F1, _F3),
-    ),
-}
-_calls = SymbolCalls(**KERNELS)
-_rank_forward, _rank_vjp = _calls.rank_forward, _calls.rank_vjp
-_topk_forward, _topk_vjp = _calls.topk_forward, _calls.topk_vjp
-_sort_forward, _sort_vjp = _calls.sort_forward, _calls.sort_vjp
-_quantile_forward, _quantile_vjp = _calls.quantile_forward, _calls.quantile_vjp
-_topk_loss_forward, _topk_loss_vjp = _calls.topk_loss_forward, _calls.topk_loss_vjp
-_permutation_loss_forward = _calls.permutation_loss_forward
-_permutation_loss_vjp = _calls.permutation_loss_vjp
-
-
-@inner_helper
-def _input_rows(frame, rows, n, negate):
-    """The input's rows (argument 0, negated on request), ``alpha`` per row (argument 1),
-    widened to float64, and 0, or the error to return for an alpha the NumPy API refuses (a
-    traced one is known only now; a concrete one was checked when the call was traced).
-    """
-    values = empty((rows, n), np.float64)
-    widen(values, *buffer(frame, ARGS, 0), negate)
-    alpha = empty((rows,), np.float64)
-    widen(alpha, *buffer(frame, ARGS, 1), False)
-    # tested on the bits: XLA's threads treat subnormal numbers as zero in comparisons
-    bits = alpha.view(np.int64)
-    for r in range(rows):
-        if not (0 < bits[r] < INFINITY_BITS):  # (negative: the sign bit; NaN: above)
-            error = fail(
-                frame, "softorder: alpha must be positive and finite; got alpha=", alpha[r]
-            )
-            return values, alpha, error
-        if bits[r] < SMALLEST_ALPHA_BITS:  # (the NumPy API's words, SMALLEST_ALPHA in them)
-            error = fail(
-                frame,
-                "softorder: alpha must be at least 2.23e-308 ",
-                "(1/alpha must be finite); got alpha=",
-                alpha[r],
-            )
-            return values, alpha, error
-    return values, alpha, np.int64(0)
+# The helpers every handler calls, compiled once (and cached) for all of them and called by
+# symbol: inlined, they doubled each handler's first compilation (CHANGELOG.md).
 
 
 @inner_helper
@@ -601,29 +526,128 @@ def _pairwise_sum(a, start, count, stack, partial):
     return 0.0 + partial[0]
 
 
+def alpha_error(frame, alpha) -> int:
+    """0 when every row's ``alpha`` (float64) is positive, finite and at least
+    :data:`~softorder._engine.checks.SMALLEST_ALPHA`, else the error (:func:`fail`) naming
+    the first that is not, with the NumPy API's words. Tested on the bits: XLA's threads
+    compare subnormal numbers as zero.
+    """
+    bits = alpha.view(np.int64)
+    for r in range(alpha.shape[0]):
+        if not (0 < bits[r] < INFINITY_BITS):  # (negative: the sign bit; NaN: above)
+            return fail(frame, "softorder: alpha must be positive and finite; got alpha=", alpha[r])
+        if bits[r] < SMALLEST_ALPHA_BITS:  # (SMALLEST_ALPHA written as the NumPy API does)
+            return fail(
+                frame,
+                "softorder: alpha must be at least 2.23e-308 ",
+                "(1/alpha must be finite); got alpha=",
+                alpha[r],
+            )
+    return 0
+
+
+def alpha_sums(alpha_bar, group, summed, out) -> None:
+    """``out[g]``: the float64 sum of ``alpha_bar`` (per row) over rows ``g group`` to
+    ``(g + 1) group - 1``, as the NumPy API sums a gradient of alpha over the rows it was
+    broadcast to (:func:`_pairwise_sum`); a run of one row is ``0.0 +`` its value when
+    ``summed`` (NumPy's sum over a broadcast axis of length 1) and its value as it is
+    otherwise.
+    """
+    stack = empty((128, 2), np.int64)
+    partial = empty((64,), np.float64)
+    for g in range(out.shape[0]):
+        if group == 1 and not summed:
+            out[g] = alpha_bar[g]
+        else:
+            out[g] = _pairwise_sum(alpha_bar, g * group, group, stack, partial)
+
+
+alpha_error = _jit._jit(alpha_error, no_cfunc_wrapper=True)
+alpha_sums = _jit._jit(alpha_sums, no_cfunc_wrapper=True)
+
+
+#: The kernels the handlers call by symbol (:class:`~softorder.core._jit.SymbolCalls`): the very
+#: compilations of the NumPy API's calls (same argument types: int32 orders), not linked in
+KERNELS = {
+    "rank_forward": (rank.rank_forward.serial, (_F2, _I2, _F1, _F2, _F2, _F3)),
+    "rank_vjp": (rank.rank_vjp.serial, (_F2, _I2, _F1, _F2, _F2, _F2, _F1, _F3)),
+    "topk_forward": (
+        topk.topk_forward.serial,
+        (_F2, _I2, _F1, _F2, _L2, types.boolean, _F3, _L2, _F2, _F3),
+    ),
+    "topk_vjp": (
+        topk.topk_vjp.serial,
+        (_F2, _I2, _F1, _L2, _F2, types.boolean, _F3, _F2, _F2, _F1, _F3),
+    ),
+    "sort_forward": (lapsum.sort_kernel.serial, (_F2, _F1, _F2, _L2, _F2, _F3)),
+    "sort_vjp": (sort.sort_vjp.serial, (_F2, _I2, _F1, _L2, _F2, _F2, _F2, _F1, _F3)),
+    "quantile_forward": (lapsum.inverse_kernel.serial, (_F2, _F1, _F2, _L2, _F2, _L2, _F2, _F3)),
+    "quantile_vjp": (
+        sort.few_inverse_vjp.serial,
+        (_F2, _I2, _F1, _L2, _F2, _L2, _F2, _F2, _F2, _F1, _F3, _F3),
+    ),
+    # (the NumPy API's CPU kernels of the losses: top-k cross-entropy's with its targets
+    # 1..K and their order from the caller; the permutation loss's ladder kernels, int32
+    # anchors; the rows they leave go to the general kernel through rows_left)
+    "topk_loss_forward": (
+        topk_loss._loss_forward.serial,
+        (_F2, _I2, _F1, _L1, _F2, _B, _F1, _F1, _L2, _F2, _F3, _F1, _L1),
+    ),
+    "topk_loss_vjp": (
+        topk_loss._loss_vjp.serial,
+        (_F2, _I2, _F1, _L1, _F2, _B, _F1, _L2, _F2, _F1, _F2, _F1, _F3, _L1, _F3),
+    ),
+    "permutation_loss_forward": (
+        permutation._ladder_forward_rows.serial,
+        (_F2, _I2, _F1, _I2, _F1, _I2, _F2, _F3),
+    ),
+    "permutation_loss_vjp": (
+        permutation._ladder_vjp_rows.serial,
+        (_F2, _I2, _F1, _I2, _I2, _F2, _F1, _F2, _F1, _F3),
+    ),
+}
+#: the helpers every handler calls by symbol
+SHARED = {
+    "alpha_error": (alpha_error, (types.int64, _F1)),
+    "alpha_sums": (alpha_sums, (_F1, types.int64, types.boolean, _F1)),
+}
+_calls = SymbolCalls(**KERNELS, **SHARED)
+_alpha_error, _alpha_sums_call = _calls.alpha_error, _calls.alpha_sums
+_rank_forward, _rank_vjp = _calls.rank_forward, _calls.rank_vjp
+_topk_forward, _topk_vjp = _calls.topk_forward, _calls.topk_vjp
+_sort_forward, _sort_vjp = _calls.sort_forward, _calls.sort_vjp
+_quantile_forward, _quantile_vjp = _calls.quantile_forward, _calls.quantile_vjp
+_topk_loss_forward, _topk_loss_vjp = _calls.topk_loss_forward, _calls.topk_loss_vjp
+_permutation_loss_forward = _calls.permutation_loss_forward
+_permutation_loss_vjp = _calls.permutation_loss_vjp
+
+
+@inner_helper
+def _input_rows(frame, rows, n, negate):
+    """The input's rows (argument 0, negated on request), ``alpha`` per row (argument 1),
+    widened to float64, and 0, or the error to return for an alpha the NumPy API refuses (a
+    traced one is known only now; a concrete one was checked when the call was traced).
+    """
+    values = empty((rows, n), np.float64)
+    widen(values, *buffer(frame, ARGS, 0), negate)
+    alpha = empty((rows,), np.float64)
+    widen(alpha, *buffer(frame, ARGS, 1), False)
+    return values, alpha, _alpha_error(frame, alpha)
+
+
 @inner_helper
 def _alpha_sums(frame, alpha_bar, rows, index):
     """A backward pass asked for alpha's gradient (with argument ``index``, after the
     cotangent: int32 ``(group, summed)``): ``alpha_bar`` summed over each run of ``group``
-    rows in float64, as the NumPy API sums it (:func:`_pairwise_sum`; a run of one row is
-    ``0.0 +`` its value when ``summed``, as NumPy's sum over a broadcast axis of length 1
-    gives it, and its value as it is otherwise), into result 1, rounded once to its dtype.
-    Rows of one group never cancel in the rounding of another: the sums are not rounded
-    before they are complete.
+    rows (:func:`alpha_sums`) into result 1, each sum complete in float64 before it is
+    rounded once to its dtype (rows whose gradients cancel lose nothing to a rounding).
     """
     if peek(frame, ARG_COUNT, np.int64) <= index:
         return
     info = buffer(frame, ARGS, index)[0]
     group = np.int64(peek(info, 0, np.int32))
-    summed = peek(info, 1, np.int32) != 0
     out = empty((rows // group,), np.float64)
-    stack = empty((128, 2), np.int64)
-    partial = empty((64,), np.float64)
-    for g in range(rows // group):
-        if group == 1 and not summed:
-            out[g] = alpha_bar[g]
-        else:
-            out[g] = _pairwise_sum(alpha_bar, g * group, group, stack, partial)
+    _alpha_sums_call(alpha_bar, group, peek(info, 1, np.int32) != 0, out)
     narrow(*buffer(frame, RESULTS, 1), out, False)
 
 
@@ -979,6 +1003,8 @@ def _compile(name: str):
     for kernel in _HANDLER_KERNELS[name]:
         # linked first: numba runs no ``reload_init`` for a C function loaded from the cache
         _jit.link_symbol(*KERNELS[kernel])
+    for helper in SHARED.values():
+        _jit.link_symbol(*helper)
     if name == "permutation_loss":
         _link_rows_left()
     fn = _HANDLERS[name]
