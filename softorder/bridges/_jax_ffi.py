@@ -470,7 +470,7 @@ def begin(typingctx, frame):
 
 
 # The helpers every handler calls, compiled once (and cached) for all of them and called by
-# symbol: inlined, they doubled each handler's first compilation (CHANGELOG.md).
+# symbol: inlined, they tripled each handler's first compilation (CHANGELOG.md).
 
 
 @inner_helper
