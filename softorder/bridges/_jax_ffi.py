@@ -59,6 +59,7 @@ from softorder.core._jit import (
     SymbolCalls,
     cache_classes,
     cache_dir,
+    helper,
     inner_helper,
     internal_function,
 )
@@ -526,6 +527,7 @@ def _pairwise_sum(a, start, count, stack, partial):
     return 0.0 + partial[0]
 
 
+@helper
 def alpha_error(frame, alpha) -> int:
     """0 when every row's ``alpha`` (float64) is positive, finite and at least
     :data:`~softorder._engine.checks.SMALLEST_ALPHA`, else the error (:func:`fail`) naming
@@ -546,6 +548,7 @@ def alpha_error(frame, alpha) -> int:
     return 0
 
 
+@helper
 def alpha_sums(alpha_bar, group, summed, out) -> None:
     """``out[g]``: the float64 sum of ``alpha_bar`` (per row) over rows ``g group`` to
     ``(g + 1) group - 1``, as the NumPy API sums a gradient of alpha over the rows it was
@@ -560,10 +563,6 @@ def alpha_sums(alpha_bar, group, summed, out) -> None:
             out[g] = alpha_bar[g]
         else:
             out[g] = _pairwise_sum(alpha_bar, g * group, group, stack, partial)
-
-
-alpha_error = _jit._jit(alpha_error, no_cfunc_wrapper=True)
-alpha_sums = _jit._jit(alpha_sums, no_cfunc_wrapper=True)
 
 
 #: The kernels the handlers call by symbol (:class:`~softorder.core._jit.SymbolCalls`): the very
@@ -1003,8 +1002,8 @@ def _compile(name: str):
     for kernel in _HANDLER_KERNELS[name]:
         # linked first: numba runs no ``reload_init`` for a C function loaded from the cache
         _jit.link_symbol(*KERNELS[kernel])
-    for helper in SHARED.values():
-        _jit.link_symbol(*helper)
+    for shared in SHARED.values():
+        _jit.link_symbol(*shared)
     if name == "permutation_loss":
         _link_rows_left()
     fn = _HANDLERS[name]
