@@ -458,7 +458,7 @@ def _alpha_group(shape: tuple, layout: Layout) -> tuple | None:
     spread = [i for i, (a, b) in enumerate(zip(aligned, batch, strict=True)) if a == 1 != b]
     varying = [i for i, a in enumerate(aligned) if a != 1]
     group = math.prod(batch[i] for i in spread)
-    if spread and varying and max(varying) > min(spread) or group >= 2**31:
+    if (spread and varying and max(varying) > min(spread)) or group >= 2**31:
         return None
     return group, bool(spread)
 
