@@ -1,7 +1,8 @@
 """JAX sharding: a batch sharded over 2 host devices stays sharded through the operations.
 
 The recipe (docs/scaling.rst): ``jax.shard_map`` over the batch axis around the bridge's
-functions, inside ``jax.jit`` and ``jax.grad``. Each device's callback must see only its own
+functions, inside ``jax.jit`` and ``jax.grad``, through the callbacks and through the FFI
+route (which a traced alpha takes). Each device's callback or FFI call must see only its own
 rows, the compiled program must hold no all-gather, and values and gradients must equal the
 unsharded call. JAX fixes its device count when it is imported, so the checks run in a child
 process started with ``XLA_FLAGS=--xla_force_host_platform_device_count=2``.
@@ -20,7 +21,7 @@ DEVICES = 2
 ROWS, N, CLASSES = 8, 6, 5
 
 
-def _child() -> None:  # runs in the child process
+def _child(route: str) -> None:  # runs in the child process
     import warnings
 
     warnings.simplefilter("error")
@@ -44,6 +45,20 @@ def _child() -> None:  # runs in the child process
         return in_place(self, ctx, out, *buffers)
 
     soj._Callbacks.in_place = record
+    if route == "callbacks":
+        soj._FFI_CALLS = False
+    else:  # the FFI route (a traced alpha takes it): the rows each handler call is traced on
+        ffi_forward, ffi_backward = soj._Ffi.forward, soj._Ffi.backward
+
+        def forward(self, arrays, keep):
+            seen.append(("forward", self.handler, np.shape(arrays[0])[0]))
+            return ffi_forward(self, arrays, keep)
+
+        def backward(self, arrays, residuals, cotangent, wanted):
+            seen.append(("backward", self.handler, np.shape(arrays[0])[0]))
+            return ffi_backward(self, arrays, residuals, cotangent, wanted)
+
+        soj._Ffi.forward, soj._Ffi.backward = forward, backward
 
     mesh = Mesh(np.array(jax.devices()), ("batch",))
     rows = NamedSharding(mesh, P("batch"))
@@ -142,14 +157,15 @@ def _child() -> None:  # runs in the child process
     print(json.dumps(report))
 
 
-def test_shard_map_keeps_the_batch_sharded():
+@pytest.mark.parametrize("route", ["callbacks", "ffi"])
+def test_shard_map_keeps_the_batch_sharded(route):
     env = dict(os.environ)
     env["XLA_FLAGS"] = (
         f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={DEVICES}"
     )
     env["JAX_PLATFORMS"] = "cpu"
     done = subprocess.run(
-        [sys.executable, __file__],
+        [sys.executable, __file__, route],
         env=env,
         capture_output=True,
         text=True,
@@ -158,29 +174,29 @@ def test_shard_map_keeps_the_batch_sharded():
     assert done.returncode == 0, done.stderr[-5000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     local = ROWS // DEVICES
-    # every callback, forward and backward, ran once per device on that device's rows only
-    assert report["rank_rows"] == [
-        ["backward", "soft_rank", local],
-        ["backward", "soft_rank", local],
-        ["forward", "soft_rank", local],
-        ["forward", "soft_rank", local],
-    ]
+    # every callback, forward and backward, ran once per device on that device's rows only;
+    # an FFI call was traced once, on one device's rows (the run is the HLO's: no all-gather)
+    runs = 2 if route == "callbacks" else 1
+    rank, loss = ("soft_rank", "topk_cross_entropy") if runs == 2 else ("rank", "topk_loss")
+    assert (
+        report["rank_rows"]
+        == [["backward", rank, local]] * runs + [["forward", rank, local]] * runs
+    )
+    # (a traced k per row takes the callbacks on either route)
     assert report["members_rows"] == [
         ["backward", "soft_topk", local],
         ["backward", "soft_topk", local],
         ["forward", "soft_topk", local],
         ["forward", "soft_topk", local],
     ]
-    assert report["topk_rows"] == [
-        ["backward", "topk_cross_entropy", local],
-        ["backward", "topk_cross_entropy", local],
-        ["forward", "topk_cross_entropy", local],
-        ["forward", "topk_cross_entropy", local],
-    ]
+    assert (
+        report["topk_rows"]
+        == [["backward", loss, local]] * runs + [["forward", loss, local]] * runs
+    )
     assert report["rank_all_gathers"] == 0
     assert report["topk_all_gathers"] == 0
     assert report["plain_all_gathers"] > 0
 
 
 if __name__ == "__main__":
-    _child()
+    _child(sys.argv[1])
