@@ -103,6 +103,71 @@ def test_rank_gradient_of_separated_values_keeps_its_diagonal(spacing, dtype):
     )
 
 
+def _topk_jacobian(x, k, alpha, largest, log):
+    """d p_i / d x_l of soft top-k (or of its log), entry by entry from the bisected inverse:
+    ``g_i (g_l / G - delta_il)`` (over ``p_i`` for logs) with the diagonal's ``G - g_i`` summed
+    over the other elements, so no entry is a difference of nearly equal numbers.
+    """
+    y = -np.asarray(x, np.float64) if largest else np.asarray(x, np.float64)
+    b = naive.lapsum_inverse(y, k, alpha)[0]
+    z = (b - y) / alpha
+    g = 0.5 * np.exp(-np.abs(z)) / alpha
+    jac = g[:, None] * g[None, :] / g.sum()
+    rest = np.array([np.delete(g, i).sum() for i in range(g.size)])
+    np.fill_diagonal(jac, -g * rest / g.sum())
+    if log:  # d log p_i = dp_i / p_i, with g_i / p_i the hazard (1 / alpha for z <= 0)
+        hazard = np.where(z <= 0.0, 1.0 / alpha, g / naive.laplace_cdf(z))
+        jac *= (hazard / g)[:, None]
+    return -jac if largest else jac
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("largest", [False, True])
+@pytest.mark.parametrize(
+    "name, x, ks, alpha",
+    [
+        ("soft_topk", [0.0, 40.0, 80.0], [1.5], 1.0),
+        ("soft_topk", [60.0, 0.0, 30.0], [1.3], 1.0),
+        ("soft_topk", [0.0, 40.0, 80.0], [1.5, 1.3, 0.2], 1.0),
+        ("log_soft_topk", [47.68, 7.39, 0.79], [2.032], 0.5),
+        ("log_soft_topk", [47.68, 0.79, 30.0, 7.39], [2.032, 3.5, 1.0], 0.5),
+    ],
+)
+def test_topk_gradient_keeps_the_diagonal_of_the_nearest_element(
+    name, x, ks, alpha, largest, dtype
+):
+    """With a fractional k and one element close to the threshold (the others far off), that
+    element carries nearly all of G, and its diagonal entry ``kappa (omega - 1)`` was formed
+    as ``omega phi - v kappa``, a difference of nearly equal numbers: all its bits lost, 0 or
+    twice the exact value (x = [0, 40, 80], k = 1.5), rows that no longer sum to 0.
+    """
+    x = np.asarray(x, np.float64) * alpha
+    if largest:
+        x = -x
+    x = x.astype(dtype)
+    fn = getattr(so, name)
+    log = name == "log_soft_topk"
+    k = ks[0] if len(ks) == 1 else np.array(ks)
+    expected = [_topk_jacobian(x, kj, alpha, largest, log) for kj in ks]
+    out, pullback = so.vjp(fn, x, k, alpha, largest=largest)
+    eye = np.eye(x.size, dtype=dtype)
+    rtol = 1e-12 if dtype == np.float64 else 2e-7
+    tiny = np.finfo(dtype).tiny
+    for j in range(len(ks)):
+        v = np.zeros((len(ks), x.size), dtype) if len(ks) > 1 else None
+        rows = []
+        for row in eye:
+            if v is not None:
+                v[:] = 0.0
+                v[j] = row
+            rows.append(pullback(row if v is None else v)[0])
+        by_vjp = np.array(rows, np.float64)
+        tangents = [so.jvp(fn, (x, k, alpha), (col,), largest=largest)[1] for col in eye]
+        by_jvp = np.array([t if len(ks) == 1 else t[j] for t in tangents], np.float64).T
+        for got in (by_vjp, by_jvp):
+            np.testing.assert_allclose(got, expected[j], rtol=rtol, atol=tiny)
+
+
 def test_ties():
     x = np.array([1.0, 2.0, 2.0, 2.0, 5.0])
     np.testing.assert_allclose(so.soft_rank(x, 1e-9), rankdata(x), atol=1e-12)

@@ -81,3 +81,39 @@ def test_one_target_kernel_refuses_several_targets(rng):
         topk._vjp_one(xs, order, *args, *rest)
     topk.topk_vjp(xs, order, *args, *rest)  # several targets: the general kernel
     assert topk.topk_vjp.serial is topk._vjp_one.serial
+
+
+def _near_rows(rng):
+    """Rows whose target's nearest point carries nearly all of G for a fractional k (the other
+    points 20 to 40 alphas off), next to 1e6, and with a tie at that point."""
+    base = np.arange(12) * 40.0 + rng.uniform(-3.0, 3.0, 12)
+    tie = base.copy()
+    tie[5] = tie[4]
+    return np.stack([rng.permutation(base), base + 1e6, tie, base * 0.5])
+
+
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("k", [4.5, 4.03, 0.2, 11.9])
+@pytest.mark.parametrize("same", [False, True])
+def test_nearest_point_terms_are_the_same_bits_in_every_kernel(rng, log, k, same):
+    """The nearest point's terms formed apart (``topk.anchor_term``, below ``NEAR_SHARE_G``):
+    from the terms left in the gradient's row (``_vjp_one``, ``_vjp_several``'s first target)
+    or formed anew (``topk_vjp_narrow``): the same bits, zero and underflowing terms included;
+    the float32 kernel's gradient is the float64 one, rounded once."""
+    x = _near_rows(rng)
+    xs, order, anchor, offset = _forward(x, k, 1.0, log)
+    v = rng.normal(size=(x.shape[0], 1, x.shape[1]))
+    v[0, 0, ::3] = 0.0
+    v[1, 0, ::2] *= -1e-300  # terms that underflow to signed zeros
+    one = _vjp(topk._vjp_one, xs, order, 1.0, anchor, offset, log, v, same)
+    several = _vjp(topk._vjp_several, xs, order, 1.0, anchor, offset, log, v, same)
+    for a, b in zip(one, several, strict=True):
+        assert a.tobytes() == b.tobytes()
+    rows, n = xs.shape
+    x_bar = np.empty((rows, n), np.float32)
+    w_bar, alpha_bar = np.empty((rows, 1)), np.empty(rows)
+    work = np.empty((rows, topk.ONE_TARGET_VJP_WORK, n))
+    args = (xs, order, np.ones(rows), anchor, offset, log, v, x_bar, w_bar, alpha_bar, work)
+    topk.topk_vjp_narrow(*args)
+    assert x_bar.tobytes() == one[0].astype(np.float32).tobytes()
+    assert w_bar.tobytes() == one[1].tobytes() and alpha_bar.tobytes() == one[2].tobytes()

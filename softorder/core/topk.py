@@ -198,6 +198,44 @@ def target_shift(r, inv_alpha, anchor, t):
     return -zr if -zr < zl else zl  # min(zl, -zr), no builtin compiled (``helper``)
 
 
+@helper
+def nearest_point(r, inv_alpha, anchor, t):
+    """The index of a point at the distance :func:`target_shift` of a target ``(anchor, t)``
+    (relative weight 1; the left one of two at that distance); -1 for a target at infinite
+    distance from every point.
+    """
+    n = r.shape[0]
+    if t <= 0.0:
+        R = anchor
+        L = anchor - 1
+    else:
+        L = anchor
+        R = anchor + 1
+    zl = offset_z(r[anchor], r[L], inv_alpha, t) if L >= 0 else INF
+    zr = offset_z(r[anchor], r[R], inv_alpha, t) if R < n else -INF
+    if zl == INF and zr == -INF:
+        return -1
+    return R if -zr < zl else L  # target_shift's choice
+
+
+#: Below this ``G`` (sum of the relative weights) the nearest point carries more than half of
+#: it, and the gradient kernels form that point's terms apart (:func:`anchor_term`): with ``k``
+#: an integer the two sides of the target weigh the same, so ``G >= 2`` there.
+NEAR_SHARE_G = 2.0
+
+
+@inner_helper
+def anchor_term(e_a, vk_a, phi_rest, g_rest, inv_g):
+    """The nearest point's term of ``x_bar`` for one target, ``omega_a phi - v_a kappa_a``,
+    as ``(e_a phi_rest - v_a kappa_a G_rest) / G`` from the sums over the other points.
+
+    Where that point carries nearly all of ``G`` (a fractional k, the other points far off)
+    the difference of nearly equal numbers lost every bit of it: the diagonal of the
+    Jacobian is ``kappa_a (omega_a - 1) = -kappa_a G_rest / G``.
+    """
+    return e_a * (phi_rest * inv_g) - vk_a * (g_rest * inv_g)
+
+
 #: Below this ``shift`` the VJP forms ``exp(-|z|)`` as ``exp(shift - |z|) exp(-shift)`` (one
 #: ``exp`` per element instead of two); ``exp(-shift)`` is a normal number there.
 ONE_EXP_SHIFT = 700.0
@@ -297,6 +335,8 @@ def _vjp_several(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_b
         rbar = x_bar[row]
         fresh = True  # rbar holds nothing yet
         pg = 0.0  # phi / G of the target in e
+        pend = -1  # its nearest point where that is formed apart (anchor_term): its value
+        fix = 0.0
         abar = 0.0
         for j in range(m):
             t = offset[row, j]
@@ -316,6 +356,10 @@ def _vjp_several(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_b
             if not fresh:
                 for i in range(n):
                     rbar[i] = rbar[i] + e[i] * pg
+                if pend >= 0:
+                    rbar[pend] = fix
+            near = nearest_point(r, inv_alpha, an, t)
+            acc_near = 0.0 if fresh else rbar[near]
             _relative_weights(r, ra, t, inv_alpha, shift, rbar if fresh else e)
             G = 0.0
             Z = 0.0
@@ -337,17 +381,29 @@ def _vjp_several(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_b
                     vi, zi, ei, decay, one_exp, inv_alpha, log, G, Z, phi, phi_z, k_bar, v_common
                 )
                 rbar[i] = acc - vk  # (acc itself where vk is 0)
-            fresh = False
             pg, w_bar[row, j], alpha_term = _target_factors(
                 G, Z, phi, phi_z, k_bar, v_common, shift
             )
             abar += alpha_term
+            pend = -1
+            if G < NEAR_SHARE_G:
+                if fresh:  # (rbar holds 0 - v_i kappa_i; v may have been vs, or x_bar)
+                    rest = _rest_from_terms(e, rbar, near)
+                else:  # (m > 1: v is apart from x_bar, and vs from e)
+                    rest = _rest_sums(
+                        r, o, ra, t, inv_alpha, decay, one_exp, log, e, v[row, j], near
+                    )
+                pend = near
+                fix = acc_near + anchor_term(e[near], rest[2], rest[1], rest[0], 1.0 / G)
+            fresh = False
         alpha_bar[row] = abar
         if fresh:
             x_bar[row, :] = 0.0
             continue
         for i in range(n):
             vs[i] = rbar[i] + e[i] * pg
+        if pend >= 0:
+            vs[pend] = fix
         xb = x_bar[row]
         ahead = AHEAD if n >= PREFETCH_FROM else 0  # (0: the row stays in the caches)
         for i in range(n):
@@ -408,8 +464,16 @@ def _vjp_one(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
             rbar[i] = 0.0 - vk  # (_vjp_several's acc - vk with acc = 0)
         pg, w_bar[row, 0], alpha_term = _target_factors(G, Z, phi, phi_z, k_bar, v_common, shift)
         alpha_bar[row] = 0.0 + alpha_term  # (_vjp_several's sum over one target)
+        near = -1
+        fix = 0.0
+        if G < NEAR_SHARE_G:  # (_vjp_several's, as with its first target)
+            near = nearest_point(r, inv_alpha, an, t)
+            g_rest, phi_rest, vk_near = _rest_from_terms(vs, rbar, near)
+            fix = 0.0 + anchor_term(vs[near], vk_near, phi_rest, g_rest, 1.0 / G)
         for i in range(n):
             vs[i] = rbar[i] + vs[i] * pg
+        if near >= 0:
+            vs[near] = fix
         ahead = AHEAD if n >= PREFETCH_FROM else 0  # (0: the row stays in the caches)
         for i in range(n):
             if ahead:  # (a condition the loop does not change: LLVM splits it)
@@ -459,6 +523,45 @@ def _pullback_step(vi, zi, ei, decay, one_exp, inv_alpha, log, G, Z, phi, phi_z,
         vk = vi * (0.5 * ez * inv_alpha)
         k_bar += vi * ei
     return vk, G, Z, phi + vk, phi_z + vk * zi, k_bar, v_common
+
+
+@inner_helper
+def _rest_from_terms(e, terms, near):
+    """:func:`anchor_term`'s ``(G_rest, phi_rest, v_near kappa_near)`` from the relative weights
+    ``e`` and the terms ``0 - v_i kappa_i`` (where the sums have no other terms yet); each
+    ``v_i kappa_i`` as ``0 + v_i kappa_i`` (a zero is +0.0), as :func:`_rest_sums` forms it.
+    """
+    g_rest = 0.0
+    phi_rest = 0.0
+    for i in range(e.shape[0]):
+        if i != near:
+            g_rest += e[i]
+            phi_rest += 0.0 - terms[i]
+    return g_rest, phi_rest, 0.0 - terms[near]
+
+
+@inner_helper
+def _rest_sums(r, o, ra, t, inv_alpha, decay, one_exp, log, e, v, near):
+    """:func:`_rest_from_terms`'s sums, each ``v_i kappa_i`` formed anew (:func:`_element_vk`,
+    the summing pass's arithmetic) from the cotangent ``v`` (in the order of the input;
+    float32 or float64) and the relative weights ``e``.
+    """
+    g_rest = 0.0
+    phi_rest = 0.0
+    vk_near = 0.0
+    for i in range(r.shape[0]):
+        zi = offset_z(ra, r[i], inv_alpha, t)
+        az = abs(zi)
+        vi = np.float64(v[o[i]])
+        vk = 0.0
+        if az != INF and vi != 0.0:
+            vk = 0.0 + _element_vk(vi, zi, az, e[i], decay, one_exp, inv_alpha, log)
+        if i == near:
+            vk_near = vk
+        else:
+            g_rest += e[i]
+            phi_rest += vk
+    return g_rest, phi_rest, vk_near
 
 
 @inner_helper
@@ -594,10 +697,20 @@ def _one_target_vjp(r, o, inv_alpha, an, t, log, v, xb, w_bar, e):
     if v_common != 0.0:
         k_bar += v_common * (2.0 * math.exp(shift) * inv_g)
     w_bar[0] = k_bar
+    near = -1
+    fix = 0.0
+    if G < NEAR_SHARE_G:  # (topk_vjp's; v is read before xb is written)
+        near = nearest_point(r, inv_alpha, an, t)
+        g_rest, phi_rest, vk_near = _rest_sums(
+            r, o, ra, t, inv_alpha, decay, one_exp, log, e, v, near
+        )
+        fix = 0.0 + anchor_term(e[near], vk_near, phi_rest, g_rest, inv_g)
     if log:
         _one_target_terms(r, o, inv_alpha, ra, t, True, decay, one_exp, pg, v, xb, e)
     else:
         _one_target_terms(r, o, inv_alpha, ra, t, False, decay, one_exp, pg, v, xb, e)
+    if near >= 0 and abs(r[near]) != INF:  # (no cotangent reaches +-inf)
+        xb[o[near]] = fix
     return 0.0 + (phi * (Z * inv_g) - phi_z)
 
 
@@ -659,13 +772,28 @@ def topk_jvp(xs, order, alpha, anchor, offset, log, x_dot, w_dot, alpha_dot, out
             bdot = 0.0
             for i in range(n):
                 bdot += omega[i] * rdot[i]
+            # omega_near - 1 as minus the sum of the other omegas where the nearest point
+            # carries more than half of G (anchor_term)
+            near = nearest_point(r, 1.0 / a, anchor[row, j], offset[row, j])
+            bdot_rest = 0.0
+            omega_rest = 0.0
+            if near >= 0 and omega[near] > 1.0 / NEAR_SHARE_G:
+                for i in range(n):
+                    if i != near:
+                        bdot_rest += omega[i] * rdot[i]
+                        omega_rest += omega[i]
+            else:
+                near = -1
             ad = alpha_dot[row]
             wd = w_dot[row, j]
             for i in range(n):
                 k = kappa[i]
                 val = 0.0
                 if k != 0.0:
-                    val = k * (bdot - rdot[i] + (zg - z[i]) * ad)
+                    if i == near:
+                        val = k * (bdot_rest - omega_rest * rdot[i] + (zg - z[i]) * ad)
+                    else:
+                        val = k * (bdot - rdot[i] + (zg - z[i]) * ad)
                 if wd != 0.0:
                     val += wd * kappa_k[i]
                 sorted_out[i] = val
