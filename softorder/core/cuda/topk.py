@@ -35,11 +35,18 @@ _log_cdf = _launch.device(log_cdf)
 _offset_z = _launch.device(offset_z)
 _target_scales = _launch.device(cpu.target_scales)
 _element_terms = _launch.device(cpu.element_terms)
+_nearest_point = _launch.device(cpu.nearest_point)
 
-#: Per-target factors, the first axis of the ``factors`` (4, rows, m) array.
-SHIFT, INV_G, ZG, COMMON = range(4)
-#: Per-target sums of the VJP, the first axis of its ``sums`` (4, rows * m) array.
-PHI, PHI_Z, K_BAR, V_COMMON = range(4)
+#: Per-target factors, the first axis of the ``factors`` (5, rows, m) array: ``NEAR`` is the
+#: index of the nearest point (:func:`softorder.core.topk.nearest_point`; -1 where the target
+#: is at infinite distance), whose terms are formed apart (:func:`softorder.core.topk.anchor_term`).
+SHIFT, INV_G, ZG, COMMON, NEAR = range(5)
+#: Per-target sums of the VJP, the first axis of its ``sums`` (6, rows * m) array: the last two
+#: are ``phi`` and ``sum omega`` without the nearest point.
+PHI, PHI_Z, K_BAR, V_COMMON, PHI_REST, OMEGA_REST = range(6)
+#: Per-target sums of the JVP, the first axis of its ``bdot`` (3, rows * m) array: ``bdot`` and,
+#: without the nearest point, ``bdot`` and ``sum omega``.
+BDOT, BDOT_REST, BDOT_OMEGA_REST = range(3)
 
 
 @cuda.jit(device=True, inline="always")
@@ -87,10 +94,12 @@ def _target_factors(xs, alpha, A, B, Ad, Bd, anchor, offset, log, factors):
     row, j, inside = element(anchor.shape)
     if inside:
         shift = inv_g = zg = common = 0.0
+        near = -1
         if not nan_row(xs, row):
+            inv_alpha = 1.0 / alpha[row]
             shift, inv_g, zg, common = _target_scales(
                 xs[row],
-                1.0 / alpha[row],
+                inv_alpha,
                 A[row],
                 B[row],
                 Ad[row],
@@ -99,16 +108,19 @@ def _target_factors(xs, alpha, A, B, Ad, Bd, anchor, offset, log, factors):
                 offset[row, j],
                 log,
             )
+            if shift != INF:
+                near = _nearest_point(xs[row], inv_alpha, anchor[row, j], offset[row, j])
         factors[SHIFT, row, j] = shift
         factors[INV_G, row, j] = inv_g
         factors[ZG, row, j] = zg
         factors[COMMON, row, j] = common
+        factors[NEAR, row, j] = near
 
 
 def _factors(xs, alpha, tables, anchor, offset, log):
-    """The (4, rows, m) per-target factors (indexed by ``SHIFT, INV_G, ZG, COMMON``)."""
+    """The (5, rows, m) per-target factors (indexed by ``SHIFT, INV_G, ZG, COMMON, NEAR``)."""
     E, A, B, Ad, Bd, S = tables
-    factors = _launch.empty((4,) + tuple(anchor.shape))
+    factors = _launch.empty((5,) + tuple(anchor.shape))
     _launch.for_each(
         _target_factors, anchor.size, xs, alpha, A, B, Ad, Bd, anchor, offset, log, factors
     )
@@ -118,15 +130,16 @@ def _factors(xs, alpha, tables, anchor, offset, log):
 @_launch.kernel(F2, I2, F1, I2, F2, "boolean", F3, F3, F3)
 def _vjp_terms(xs, order, alpha, anchor, offset, log, factors, v, terms):
     """One thread per element of ``v`` (rows, m, n): its terms of the target's sums ``phi``,
-    ``phi_z``, ``k_bar`` and ``v_common`` into ``terms[:, row * m + j, i]``.
+    ``phi_z``, ``k_bar``, ``v_common`` and (0 at the nearest point) ``phi`` and ``omega`` into
+    ``terms[:, row * m + j, i]``.
     """
     row, j, i, inside = _target_element(v.shape)
     if inside:
-        phi = phi_z = k_bar = v_common = 0.0
+        phi = phi_z = k_bar = v_common = omega = 0.0
         vi = v[row, j, order[row, i]]
-        if vi != 0.0 and not nan_row(xs, row):
+        if not nan_row(xs, row):
             z, kappa, omega, kappa_k = _terms_at(xs, alpha, anchor, offset, log, factors, row, j, i)
-            if abs(z) != INF:  # (kappa may underflow where kappa_k does not: keep going)
+            if vi != 0.0 and abs(z) != INF:  # (kappa may underflow where kappa_k does not)
                 phi = vi * kappa
                 phi_z = phi * z
                 if log and z <= 0.0:
@@ -138,6 +151,9 @@ def _vjp_terms(xs, order, alpha, anchor, offset, log, factors, v, terms):
         terms[PHI_Z, rj, i] = phi_z
         terms[K_BAR, rj, i] = k_bar
         terms[V_COMMON, rj, i] = v_common
+        rest = i != factors[NEAR, row, j]
+        terms[PHI_REST, rj, i] = phi if rest else 0.0
+        terms[OMEGA_REST, rj, i] = omega if rest else 0.0
 
 
 @_launch.kernel(F3, F2, F2, F2)
@@ -155,7 +171,8 @@ def _vjp_targets(factors, sums, w_bar, alpha_terms):
 @_launch.kernel(F2, I2, F1, I2, F2, "boolean", F3, F3, F2, F2)
 def _vjp_points(xs, order, alpha, anchor, offset, log, factors, v, sums, rbar):
     """One thread per element of the sorted row, looping over the row's m targets (few):
-    ``rbar_i = sum_j (omega_ij phi_j - v_ij kappa_ij)``.
+    ``rbar_i = sum_j (omega_ij phi_j - v_ij kappa_ij)``, at each target's nearest point from
+    the sums without it (:func:`softorder.core.topk.anchor_term`).
     """
     row, i, inside = element(rbar.shape)
     if inside:
@@ -166,31 +183,42 @@ def _vjp_points(xs, order, alpha, anchor, offset, log, factors, v, sums, rbar):
             for j in range(m):
                 z, kappa, omega, _ = _terms_at(xs, alpha, anchor, offset, log, factors, row, j, i)
                 vi = v[row, j, oi]
-                if vi != 0.0 and abs(z) != INF:
-                    acc -= vi * kappa
-                acc += omega * sums[PHI, row * m + j]
+                vk = vi * kappa if vi != 0.0 and abs(z) != INF else 0.0
+                rj = row * m + j
+                if i == factors[NEAR, row, j]:
+                    # omega phi_rest - vk (1 - omega), 1 - omega summed over the other points
+                    acc += omega * sums[PHI_REST, rj] - vk * sums[OMEGA_REST, rj]
+                else:
+                    acc -= vk
+                    acc += omega * sums[PHI, rj]
         rbar[row, i] = acc
 
 
-@_launch.kernel(F2, F1, I2, F2, "boolean", F3, F2, F2)
+@_launch.kernel(F2, F1, I2, F2, "boolean", F3, F2, F3)
 def _jvp_terms(xs, alpha, anchor, offset, log, factors, rdot, terms):
-    """One thread per (row, target, element): ``terms[row * m + j, i] = omega_ij rdot_i``."""
-    rj, i, inside = element(terms.shape)
+    """One thread per (row, target, element) of ``terms`` (3, rows * m, n): ``omega_ij rdot_i``
+    and, 0 at the target's nearest point, ``omega_ij rdot_i`` and ``omega_ij``.
+    """
+    rj, i, inside = element(terms.shape[1:])
     if inside:
         m = anchor.shape[1]
         row = rj // m
         j = rj - row * m
-        value = 0.0
+        value = omega = 0.0
         if not nan_row(xs, row):
             _, _, omega, _ = _terms_at(xs, alpha, anchor, offset, log, factors, row, j, i)
             value = omega * rdot[row, i]
-        terms[rj, i] = value
+        rest = i != factors[NEAR, row, j]
+        terms[BDOT, rj, i] = value
+        terms[BDOT_REST, rj, i] = value if rest else 0.0
+        terms[BDOT_OMEGA_REST, rj, i] = omega if rest else 0.0
 
 
-@_launch.kernel(F2, I2, F1, I2, F2, "boolean", F3, F1, F2, F2, F1, F3)
+@_launch.kernel(F2, I2, F1, I2, F2, "boolean", F3, F2, F2, F2, F1, F3)
 def _tangents(xs, order, alpha, anchor, offset, log, factors, bdot, rdot, w_dot, alpha_dot, out):
     """One thread per element of ``out`` (rows, m, n):
-    ``kappa (bdot - rdot_i + (db/dalpha - z) alpha_dot) + w_dot kappa_k``.
+    ``kappa (bdot - rdot_i + (db/dalpha - z) alpha_dot) + w_dot kappa_k``, at the target's
+    nearest point with ``bdot - rdot_i`` from the sums without it.
     """
     row, j, i, inside = _target_element(out.shape)
     if inside:
@@ -200,8 +228,12 @@ def _tangents(xs, order, alpha, anchor, offset, log, factors, bdot, rdot, w_dot,
         z, kappa, omega, kappa_k = _terms_at(xs, alpha, anchor, offset, log, factors, row, j, i)
         value = 0.0
         if kappa != 0.0:
-            b = bdot[row * anchor.shape[1] + j]
-            value = kappa * (b - rdot[row, i] + (factors[ZG, row, j] - z) * alpha_dot[row])
+            rj = row * anchor.shape[1] + j
+            if i == factors[NEAR, row, j]:
+                db = bdot[BDOT_REST, rj] - bdot[BDOT_OMEGA_REST, rj] * rdot[row, i]
+            else:
+                db = bdot[BDOT, rj] - rdot[row, i]
+            value = kappa * (db + (factors[ZG, row, j] - z) * alpha_dot[row])
         wd = w_dot[row, j]
         if wd != 0.0:
             value += wd * kappa_k
@@ -229,10 +261,10 @@ def topk_vjp(xs, order, alpha, anchor, offset, log: bool, v, x_bar, w_bar, alpha
     m = anchor.shape[1]
     tables = row_tables(xs, alpha, True, work)
     factors = _factors(xs, alpha, tables, anchor, offset, log)
-    terms = _launch.empty((4, rows * m, n))
+    terms = _launch.empty((6, rows * m, n))
     _launch.for_each(_vjp_terms, v.size, xs, order, alpha, anchor, offset, log, factors, v, terms)
-    sums = _launch.empty((4, rows * m))
-    row_sums(terms.reshape(4 * rows * m, n), sums.reshape(4 * rows * m))
+    sums = _launch.empty((6, rows * m))
+    row_sums(terms.reshape(6 * rows * m, n), sums.reshape(6 * rows * m))
     alpha_terms = _launch.empty((rows, m))
     _launch.for_each(_vjp_targets, anchor.size, factors, sums, w_bar, alpha_terms)
     row_sums(alpha_terms, alpha_bar)
@@ -249,8 +281,9 @@ def topk_jvp(
 ) -> None:
     """GPU :func:`softorder.core.topk.topk_jvp`.
 
-    Tables (scans); per-target factors; ``db = sum_i omega_i rdot_i`` per target as one
-    ``row_sums`` of a (rows * m, n) array; one thread per element of ``out``.
+    Tables (scans); per-target factors; ``db = sum_i omega_i rdot_i`` per target (and the sums
+    without its nearest point) as one ``row_sums`` of a (3 rows m, n) array; one thread per
+    element of ``out``.
     """
     rows, n = xs.shape
     m = anchor.shape[1]
@@ -258,10 +291,10 @@ def topk_jvp(
     rdot = work[:, TABLES_WITH_MOMENTS, :]
     gather_finite(xs, order, x_dot, rdot)
     factors = _factors(xs, alpha, tables, anchor, offset, log)
-    terms = _launch.empty((rows * m, n))
-    _launch.for_each(_jvp_terms, terms.size, xs, alpha, anchor, offset, log, factors, rdot, terms)
-    bdot = _launch.empty((rows * m,))
-    row_sums(terms, bdot)
+    terms = _launch.empty((3, rows * m, n))
+    _launch.for_each(_jvp_terms, rows * m * n, xs, alpha, anchor, offset, log, factors, rdot, terms)
+    bdot = _launch.empty((3, rows * m))
+    row_sums(terms.reshape(3 * rows * m, n), bdot.reshape(3 * rows * m))
     _launch.for_each(
         _tangents,
         out.size,

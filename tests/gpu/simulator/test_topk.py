@@ -101,3 +101,34 @@ def test_jvp(case, m, log):
     args = [xs, order, alpha, anchor, offset, log, rng.normal(size=(rows, n)), w_dot]
     args += [rng.normal(size=rows), np.empty((rows, m, n)), work(rows, cpu.GRADIENT_WORK, n)]
     compare(cpu.topk_jvp, gpu.topk_jvp, args, [9])
+
+
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("log", [False, True])
+def test_nearest_point_keeps_its_terms(m, log):
+    """Fractional k with one point near the threshold and the others far off (that point
+    carries nearly all of G): its terms of the VJP and the JVP are formed from the sums
+    without it, as on the CPU (``tests/test_edge_cases.py`` checks those against the exact
+    Jacobian); ``omega phi - v kappa`` lost every bit, far beyond these tolerances.
+    """
+    x = np.array([[0.0, 40.0, 80.0, 200.0], [23.84, 3.695, 0.395, 15.0]])
+    alpha = np.array([1.0, 0.5])
+    k = np.array([[1.5, 1.3, 0.2], [2.032, 3.5, 1.0]])[:, :m]
+    xs, order = rows_of(x)
+    rows, n = xs.shape
+    args = [xs, order, alpha, np.ascontiguousarray(k), np.argsort(k, axis=1), log]
+    args += [np.empty((rows, m, n)), np.empty((rows, m), np.int64), np.empty((rows, m))]
+    args += [work(rows, cpu.FORWARD_WORK, n)]
+    cpu.topk_forward(*args)
+    anchor, offset = args[7], args[8]
+    rng = np.random.default_rng(3)
+    v = rng.normal(size=(rows, m, n))
+    args = [xs, order, alpha, anchor, offset, log, v]
+    args += [np.empty((rows, n)), np.empty((rows, m)), np.empty(rows)]
+    args += [work(rows, cpu.GRADIENT_WORK, n)]
+    compare(cpu.topk_vjp, gpu.topk_vjp, args, [7], rtol=1e-12, atol=1e-300)
+    # tangents of x alone: the alpha term of the nearest point is a difference of its own
+    args = [xs, order, alpha, anchor, offset, log, rng.normal(size=(rows, n))]
+    args += [np.zeros((rows, m)), np.zeros(rows), np.empty((rows, m, n))]
+    args += [work(rows, cpu.GRADIENT_WORK, n)]
+    compare(cpu.topk_jvp, gpu.topk_jvp, args, [9], rtol=1e-12, atol=1e-300)
