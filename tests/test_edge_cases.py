@@ -104,9 +104,10 @@ def test_rank_gradient_of_separated_values_keeps_its_diagonal(spacing, dtype):
 
 
 def _topk_jacobian(x, k, alpha, largest, log):
-    """d p_i / d x_l of soft top-k (or of its log), entry by entry from the bisected inverse:
-    ``g_i (g_l / G - delta_il)`` (over ``p_i`` for logs) with the diagonal's ``G - g_i`` summed
-    over the other elements, so no entry is a difference of nearly equal numbers.
+    """d p_i / d x_l and d p_i / d alpha of soft top-k (or of its log), entry by entry from the
+    bisected inverse: ``g_i (g_l / G - delta_il)`` with the diagonal's ``G - g_i`` summed over
+    the other elements, and ``g_i sum_l g_l (z_l - z_i) / G`` (over ``p_i`` for logs): no entry
+    is a difference of nearly equal numbers.
     """
     y = -np.asarray(x, np.float64) if largest else np.asarray(x, np.float64)
     b = naive.lapsum_inverse(y, k, alpha)[0]
@@ -115,10 +116,12 @@ def _topk_jacobian(x, k, alpha, largest, log):
     jac = g[:, None] * g[None, :] / g.sum()
     rest = np.array([np.delete(g, i).sum() for i in range(g.size)])
     np.fill_diagonal(jac, -g * rest / g.sum())
+    d_alpha = g * (g[None, :] * (z[None, :] - z[:, None])).sum(1) / g.sum()
     if log:  # d log p_i = dp_i / p_i, with g_i / p_i the hazard (1 / alpha for z <= 0)
         hazard = np.where(z <= 0.0, 1.0 / alpha, g / naive.laplace_cdf(z))
         jac *= (hazard / g)[:, None]
-    return -jac if largest else jac
+        d_alpha *= hazard / g
+    return (-jac if largest else jac), d_alpha
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -139,7 +142,8 @@ def test_topk_gradient_keeps_the_diagonal_of_the_nearest_element(
     """With a fractional k and one element close to the threshold (the others far off), that
     element carries nearly all of G, and its diagonal entry ``kappa (omega - 1)`` was formed
     as ``omega phi - v kappa``, a difference of nearly equal numbers: all its bits lost, 0 or
-    twice the exact value (x = [0, 40, 80], k = 1.5), rows that no longer sum to 0.
+    twice the exact value (x = [0, 40, 80], k = 1.5), rows that no longer sum to 0. Its alpha
+    derivative ``kappa (Z / G - z)`` likewise (0 where it is 1e-16).
     """
     x = np.asarray(x, np.float64) * alpha
     if largest:
@@ -153,19 +157,25 @@ def test_topk_gradient_keeps_the_diagonal_of_the_nearest_element(
     eye = np.eye(x.size, dtype=dtype)
     rtol = 1e-12 if dtype == np.float64 else 2e-7
     tiny = np.finfo(dtype).tiny
+    _, alpha_dot = so.jvp(fn, (x, k, alpha), (None, None, 1.0), largest=largest)
     for j in range(len(ks)):
         v = np.zeros((len(ks), x.size), dtype) if len(ks) > 1 else None
-        rows = []
+        rows, alpha_rows = [], []
         for row in eye:
             if v is not None:
                 v[:] = 0.0
                 v[j] = row
-            rows.append(pullback(row if v is None else v)[0])
+            grads = pullback(row if v is None else v)
+            rows.append(grads[0])
+            alpha_rows.append(grads[2])
         by_vjp = np.array(rows, np.float64)
         tangents = [so.jvp(fn, (x, k, alpha), (col,), largest=largest)[1] for col in eye]
         by_jvp = np.array([t if len(ks) == 1 else t[j] for t in tangents], np.float64).T
         for got in (by_vjp, by_jvp):
-            np.testing.assert_allclose(got, expected[j], rtol=rtol, atol=tiny)
+            np.testing.assert_allclose(got, expected[j][0], rtol=rtol, atol=tiny)
+        a_jvp = alpha_dot if len(ks) == 1 else alpha_dot[j]
+        for got in (np.array(alpha_rows, np.float64), np.asarray(a_jvp, np.float64)):
+            np.testing.assert_allclose(got, expected[j][1], rtol=rtol, atol=tiny)
 
 
 def test_ties():

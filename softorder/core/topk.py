@@ -225,15 +225,22 @@ NEAR_SHARE_G = 2.0
 
 
 @inner_helper
-def anchor_term(e_a, vk_a, phi_rest, g_rest, inv_g):
-    """The nearest point's term of ``x_bar`` for one target, ``omega_a phi - v_a kappa_a``,
-    as ``(e_a phi_rest - v_a kappa_a G_rest) / G`` from the sums over the other points.
+def anchor_term(e_a, rest, Z, inv_g):
+    """The nearest point's term of ``x_bar`` for one target, ``omega_a phi - v_a kappa_a``, and
+    the target's term of ``alpha_bar``, ``sum_i v_i kappa_i (Z / G - z_i)``, from the sums over
+    the other points ``rest = (G_rest, phi_rest, phi_z_rest, D, v_a kappa_a)``
+    (:func:`_rest_from_terms`, ``D = sum_(l != a) e_l (z_l - z_a)``):
+    ``(e_a phi_rest - v_a kappa_a G_rest) / G`` and
+    ``phi_rest Z / G - phi_z_rest + v_a kappa_a D / G``.
 
     Where that point carries nearly all of ``G`` (a fractional k, the other points far off)
-    the difference of nearly equal numbers lost every bit of it: the diagonal of the
-    Jacobian is ``kappa_a (omega_a - 1) = -kappa_a G_rest / G``.
+    the differences of nearly equal numbers lost every bit of its terms: the Jacobian's
+    diagonal is ``kappa_a (omega_a - 1) = -kappa_a G_rest / G``, its alpha column
+    ``kappa_a (Z / G - z_a) = kappa_a D / G``.
     """
-    return e_a * (phi_rest * inv_g) - vk_a * (g_rest * inv_g)
+    g_rest, phi_rest, phi_z_rest, d_rest, vk_a = rest
+    x_term = e_a * (phi_rest * inv_g) - vk_a * (g_rest * inv_g)
+    return x_term, phi_rest * (Z * inv_g) - phi_z_rest + vk_a * (d_rest * inv_g)
 
 
 #: Below this ``shift`` the VJP forms ``exp(-|z|)`` as ``exp(shift - |z|) exp(-shift)`` (one
@@ -384,17 +391,18 @@ def _vjp_several(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_b
             pg, w_bar[row, j], alpha_term = _target_factors(
                 G, Z, phi, phi_z, k_bar, v_common, shift
             )
-            abar += alpha_term
             pend = -1
             if G < NEAR_SHARE_G:
                 if fresh:  # (rbar holds 0 - v_i kappa_i; v may have been vs, or x_bar)
-                    rest = _rest_from_terms(e, rbar, near)
+                    rest = _rest_from_terms(r, ra, t, inv_alpha, e, rbar, near)
                 else:  # (m > 1: v is apart from x_bar, and vs from e)
                     rest = _rest_sums(
                         r, o, ra, t, inv_alpha, decay, one_exp, log, e, v[row, j], near
                     )
                 pend = near
-                fix = acc_near + anchor_term(e[near], rest[2], rest[1], rest[0], 1.0 / G)
+                x_term, alpha_term = anchor_term(e[near], rest, Z, 1.0 / G)
+                fix = acc_near + x_term
+            abar += alpha_term
             fresh = False
         alpha_bar[row] = abar
         if fresh:
@@ -463,13 +471,14 @@ def _vjp_one(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
             )
             rbar[i] = 0.0 - vk  # (_vjp_several's acc - vk with acc = 0)
         pg, w_bar[row, 0], alpha_term = _target_factors(G, Z, phi, phi_z, k_bar, v_common, shift)
-        alpha_bar[row] = 0.0 + alpha_term  # (_vjp_several's sum over one target)
         near = -1
         fix = 0.0
         if G < NEAR_SHARE_G:  # (_vjp_several's, as with its first target)
             near = nearest_point(r, inv_alpha, an, t)
-            g_rest, phi_rest, vk_near = _rest_from_terms(vs, rbar, near)
-            fix = 0.0 + anchor_term(vs[near], vk_near, phi_rest, g_rest, 1.0 / G)
+            rest = _rest_from_terms(r, ra, t, inv_alpha, vs, rbar, near)
+            x_term, alpha_term = anchor_term(vs[near], rest, Z, 1.0 / G)
+            fix = 0.0 + x_term
+        alpha_bar[row] = 0.0 + alpha_term  # (_vjp_several's sum over one target)
         for i in range(n):
             vs[i] = rbar[i] + vs[i] * pg
         if near >= 0:
@@ -526,18 +535,27 @@ def _pullback_step(vi, zi, ei, decay, one_exp, inv_alpha, log, G, Z, phi, phi_z,
 
 
 @inner_helper
-def _rest_from_terms(e, terms, near):
-    """:func:`anchor_term`'s ``(G_rest, phi_rest, v_near kappa_near)`` from the relative weights
+def _rest_from_terms(r, ra, t, inv_alpha, e, terms, near):
+    """:func:`anchor_term`'s sums over the points other than ``near`` from the relative weights
     ``e`` and the terms ``0 - v_i kappa_i`` (where the sums have no other terms yet); each
     ``v_i kappa_i`` as ``0 + v_i kappa_i`` (a zero is +0.0), as :func:`_rest_sums` forms it.
     """
+    za = offset_z(ra, r[near], inv_alpha, t)
     g_rest = 0.0
     phi_rest = 0.0
-    for i in range(e.shape[0]):
-        if i != near:
-            g_rest += e[i]
-            phi_rest += 0.0 - terms[i]
-    return g_rest, phi_rest, 0.0 - terms[near]
+    phi_z_rest = 0.0
+    d_rest = 0.0
+    for i in range(r.shape[0]):
+        zi = offset_z(ra, r[i], inv_alpha, t)
+        if i == near or abs(zi) == INF:  # (no terms at infinite distance)
+            continue
+        ei = e[i]
+        vk = 0.0 - terms[i]
+        g_rest += ei
+        phi_rest += vk
+        phi_z_rest += vk * zi
+        d_rest += ei * (zi - za)
+    return g_rest, phi_rest, phi_z_rest, d_rest, 0.0 - terms[near]
 
 
 @inner_helper
@@ -546,22 +564,30 @@ def _rest_sums(r, o, ra, t, inv_alpha, decay, one_exp, log, e, v, near):
     the summing pass's arithmetic) from the cotangent ``v`` (in the order of the input;
     float32 or float64) and the relative weights ``e``.
     """
+    za = offset_z(ra, r[near], inv_alpha, t)
     g_rest = 0.0
     phi_rest = 0.0
+    phi_z_rest = 0.0
+    d_rest = 0.0
     vk_near = 0.0
     for i in range(r.shape[0]):
         zi = offset_z(ra, r[i], inv_alpha, t)
         az = abs(zi)
+        if az == INF:  # (no terms at infinite distance)
+            continue
         vi = np.float64(v[o[i]])
         vk = 0.0
-        if az != INF and vi != 0.0:
+        if vi != 0.0:
             vk = 0.0 + _element_vk(vi, zi, az, e[i], decay, one_exp, inv_alpha, log)
         if i == near:
             vk_near = vk
         else:
-            g_rest += e[i]
+            ei = e[i]
+            g_rest += ei
             phi_rest += vk
-    return g_rest, phi_rest, vk_near
+            phi_z_rest += vk * zi
+            d_rest += ei * (zi - za)
+    return g_rest, phi_rest, phi_z_rest, d_rest, vk_near
 
 
 @inner_helper
@@ -697,21 +723,21 @@ def _one_target_vjp(r, o, inv_alpha, an, t, log, v, xb, w_bar, e):
     if v_common != 0.0:
         k_bar += v_common * (2.0 * math.exp(shift) * inv_g)
     w_bar[0] = k_bar
+    alpha_term = phi * (Z * inv_g) - phi_z
     near = -1
     fix = 0.0
     if G < NEAR_SHARE_G:  # (topk_vjp's; v is read before xb is written)
         near = nearest_point(r, inv_alpha, an, t)
-        g_rest, phi_rest, vk_near = _rest_sums(
-            r, o, ra, t, inv_alpha, decay, one_exp, log, e, v, near
-        )
-        fix = 0.0 + anchor_term(e[near], vk_near, phi_rest, g_rest, inv_g)
+        rest = _rest_sums(r, o, ra, t, inv_alpha, decay, one_exp, log, e, v, near)
+        x_term, alpha_term = anchor_term(e[near], rest, Z, inv_g)
+        fix = 0.0 + x_term
     if log:
         _one_target_terms(r, o, inv_alpha, ra, t, True, decay, one_exp, pg, v, xb, e)
     else:
         _one_target_terms(r, o, inv_alpha, ra, t, False, decay, one_exp, pg, v, xb, e)
     if near >= 0 and abs(r[near]) != INF:  # (no cotangent reaches +-inf)
         xb[o[near]] = fix
-    return 0.0 + (phi * (Z * inv_g) - phi_z)
+    return 0.0 + alpha_term
 
 
 @inner_helper
@@ -777,11 +803,13 @@ def topk_jvp(xs, order, alpha, anchor, offset, log, x_dot, w_dot, alpha_dot, out
             near = nearest_point(r, 1.0 / a, anchor[row, j], offset[row, j])
             bdot_rest = 0.0
             omega_rest = 0.0
+            zg_near = 0.0  # Z / G - z_near as sum_(l != near) omega_l (z_l - z_near)
             if near >= 0 and omega[near] > 1.0 / NEAR_SHARE_G:
                 for i in range(n):
-                    if i != near:
+                    if i != near and omega[i] != 0.0:  # (0 at infinite distance)
                         bdot_rest += omega[i] * rdot[i]
                         omega_rest += omega[i]
+                        zg_near += omega[i] * (z[i] - z[near])
             else:
                 near = -1
             ad = alpha_dot[row]
@@ -791,7 +819,7 @@ def topk_jvp(xs, order, alpha, anchor, offset, log, x_dot, w_dot, alpha_dot, out
                 val = 0.0
                 if k != 0.0:
                     if i == near:
-                        val = k * (bdot_rest - omega_rest * rdot[i] + (zg - z[i]) * ad)
+                        val = k * (bdot_rest - omega_rest * rdot[i] + zg_near * ad)
                     else:
                         val = k * (bdot - rdot[i] + (zg - z[i]) * ad)
                 if wd != 0.0:

@@ -41,12 +41,13 @@ _nearest_point = _launch.device(cpu.nearest_point)
 #: index of the nearest point (:func:`softorder.core.topk.nearest_point`; -1 where the target
 #: is at infinite distance), whose terms are formed apart (:func:`softorder.core.topk.anchor_term`).
 SHIFT, INV_G, ZG, COMMON, NEAR = range(5)
-#: Per-target sums of the VJP, the first axis of its ``sums`` (6, rows * m) array: the last two
-#: are ``phi`` and ``sum omega`` without the nearest point.
-PHI, PHI_Z, K_BAR, V_COMMON, PHI_REST, OMEGA_REST = range(6)
-#: Per-target sums of the JVP, the first axis of its ``bdot`` (3, rows * m) array: ``bdot`` and,
-#: without the nearest point, ``bdot`` and ``sum omega``.
-BDOT, BDOT_REST, BDOT_OMEGA_REST = range(3)
+#: Per-target sums of the VJP, the first axis of its ``sums`` (9, rows * m) array: then
+#: ``phi``, ``phi_z`` and ``sum omega`` without the nearest point a, ``D / G = sum_(l != a)
+#: omega_l (z_l - z_a)`` and ``v_a kappa_a`` (:func:`softorder.core.topk.anchor_term`).
+PHI, PHI_Z, K_BAR, V_COMMON, PHI_REST, PHI_Z_REST, OMEGA_REST, D_REST, VK_NEAR = range(9)
+#: Per-target sums of the JVP, the first axis of its ``bdot`` (4, rows * m) array: ``bdot`` and,
+#: without the nearest point, ``bdot``, ``sum omega`` and ``D / G``.
+BDOT, BDOT_REST, BDOT_OMEGA_REST, BDOT_D_REST = range(4)
 
 
 @cuda.jit(device=True, inline="always")
@@ -59,6 +60,19 @@ def _target_element(shape):
     rest = idx - row * (m * n)
     j = rest // n
     return row, j, rest - j * n, idx < shape[0] * m * n
+
+
+@cuda.jit(device=True, inline="always")
+def _near_z(xs, alpha, anchor, offset, factors, row, j):
+    """``(a, z_a)`` of target ``j``'s nearest point (``a = -1``, ``z_a = 0`` where there is
+    none: a target at infinite distance).
+    """
+    near = int(factors[NEAR, row, j])
+    za = 0.0
+    if near >= 0:
+        r = xs[row]
+        za = _offset_z(r[anchor[row, j]], r[near], 1.0 / alpha[row], offset[row, j])
+    return near, za
 
 
 @cuda.jit(device=True, inline="always")
@@ -129,16 +143,19 @@ def _factors(xs, alpha, tables, anchor, offset, log):
 
 @_launch.kernel(F2, I2, F1, I2, F2, "boolean", F3, F3, F3)
 def _vjp_terms(xs, order, alpha, anchor, offset, log, factors, v, terms):
-    """One thread per element of ``v`` (rows, m, n): its terms of the target's sums ``phi``,
-    ``phi_z``, ``k_bar``, ``v_common`` and (0 at the nearest point) ``phi`` and ``omega`` into
-    ``terms[:, row * m + j, i]``.
+    """One thread per element of ``v`` (rows, m, n): its terms of the target's sums (the first
+    axis of ``sums``) into ``terms[:, row * m + j, i]``.
     """
     row, j, i, inside = _target_element(v.shape)
     if inside:
-        phi = phi_z = k_bar = v_common = omega = 0.0
+        phi = phi_z = k_bar = v_common = omega = d = 0.0
         vi = v[row, j, order[row, i]]
+        near = -1
         if not nan_row(xs, row):
             z, kappa, omega, kappa_k = _terms_at(xs, alpha, anchor, offset, log, factors, row, j, i)
+            near, za = _near_z(xs, alpha, anchor, offset, factors, row, j)
+            if omega != 0.0:  # (0 at infinite distance)
+                d = omega * (z - za)
             if vi != 0.0 and abs(z) != INF:  # (kappa may underflow where kappa_k does not)
                 phi = vi * kappa
                 phi_z = phi * z
@@ -151,9 +168,12 @@ def _vjp_terms(xs, order, alpha, anchor, offset, log, factors, v, terms):
         terms[PHI_Z, rj, i] = phi_z
         terms[K_BAR, rj, i] = k_bar
         terms[V_COMMON, rj, i] = v_common
-        rest = i != factors[NEAR, row, j]
+        rest = i != near
         terms[PHI_REST, rj, i] = phi if rest else 0.0
+        terms[PHI_Z_REST, rj, i] = phi_z if rest else 0.0
         terms[OMEGA_REST, rj, i] = omega if rest else 0.0
+        terms[D_REST, rj, i] = d if rest else 0.0
+        terms[VK_NEAR, rj, i] = 0.0 if rest else phi
 
 
 @_launch.kernel(F3, F2, F2, F2)
@@ -165,7 +185,12 @@ def _vjp_targets(factors, sums, w_bar, alpha_terms):
         k_bar = sums[K_BAR, rj]
         v_common = sums[V_COMMON, rj]
         w_bar[row, j] = k_bar + v_common * factors[COMMON, row, j] if v_common != 0.0 else k_bar
-        alpha_terms[row, j] = sums[PHI, rj] * factors[ZG, row, j] - sums[PHI_Z, rj]
+        # Z / G - z_a of the nearest point as D / G (softorder.core.topk.anchor_term)
+        alpha_terms[row, j] = (
+            sums[PHI_REST, rj] * factors[ZG, row, j]
+            - sums[PHI_Z_REST, rj]
+            + sums[VK_NEAR, rj] * sums[D_REST, rj]
+        )
 
 
 @_launch.kernel(F2, I2, F1, I2, F2, "boolean", F3, F3, F2, F2)
@@ -196,22 +221,28 @@ def _vjp_points(xs, order, alpha, anchor, offset, log, factors, v, sums, rbar):
 
 @_launch.kernel(F2, F1, I2, F2, "boolean", F3, F2, F3)
 def _jvp_terms(xs, alpha, anchor, offset, log, factors, rdot, terms):
-    """One thread per (row, target, element) of ``terms`` (3, rows * m, n): ``omega_ij rdot_i``
-    and, 0 at the target's nearest point, ``omega_ij rdot_i`` and ``omega_ij``.
+    """One thread per (row, target, element) of ``terms`` (4, rows * m, n): ``omega_ij rdot_i``
+    and, 0 at the target's nearest point a, ``omega_ij rdot_i``, ``omega_ij`` and
+    ``omega_ij (z_ij - z_aj)``.
     """
     rj, i, inside = element(terms.shape[1:])
     if inside:
         m = anchor.shape[1]
         row = rj // m
         j = rj - row * m
-        value = omega = 0.0
+        value = omega = d = 0.0
+        near = -1
         if not nan_row(xs, row):
-            _, _, omega, _ = _terms_at(xs, alpha, anchor, offset, log, factors, row, j, i)
+            z, _, omega, _ = _terms_at(xs, alpha, anchor, offset, log, factors, row, j, i)
             value = omega * rdot[row, i]
-        rest = i != factors[NEAR, row, j]
+            near, za = _near_z(xs, alpha, anchor, offset, factors, row, j)
+            if omega != 0.0:  # (0 at infinite distance)
+                d = omega * (z - za)
+        rest = i != near
         terms[BDOT, rj, i] = value
         terms[BDOT_REST, rj, i] = value if rest else 0.0
         terms[BDOT_OMEGA_REST, rj, i] = omega if rest else 0.0
+        terms[BDOT_D_REST, rj, i] = d if rest else 0.0
 
 
 @_launch.kernel(F2, I2, F1, I2, F2, "boolean", F3, F2, F2, F2, F1, F3)
@@ -231,9 +262,11 @@ def _tangents(xs, order, alpha, anchor, offset, log, factors, bdot, rdot, w_dot,
             rj = row * anchor.shape[1] + j
             if i == factors[NEAR, row, j]:
                 db = bdot[BDOT_REST, rj] - bdot[BDOT_OMEGA_REST, rj] * rdot[row, i]
+                dz = bdot[BDOT_D_REST, rj]  # Z / G - z, with no difference of near numbers
             else:
                 db = bdot[BDOT, rj] - rdot[row, i]
-            value = kappa * (db + (factors[ZG, row, j] - z) * alpha_dot[row])
+                dz = factors[ZG, row, j] - z
+            value = kappa * (db + dz * alpha_dot[row])
         wd = w_dot[row, j]
         if wd != 0.0:
             value += wd * kappa_k
@@ -261,10 +294,10 @@ def topk_vjp(xs, order, alpha, anchor, offset, log: bool, v, x_bar, w_bar, alpha
     m = anchor.shape[1]
     tables = row_tables(xs, alpha, True, work)
     factors = _factors(xs, alpha, tables, anchor, offset, log)
-    terms = _launch.empty((6, rows * m, n))
+    terms = _launch.empty((9, rows * m, n))
     _launch.for_each(_vjp_terms, v.size, xs, order, alpha, anchor, offset, log, factors, v, terms)
-    sums = _launch.empty((6, rows * m))
-    row_sums(terms.reshape(6 * rows * m, n), sums.reshape(6 * rows * m))
+    sums = _launch.empty((9, rows * m))
+    row_sums(terms.reshape(9 * rows * m, n), sums.reshape(9 * rows * m))
     alpha_terms = _launch.empty((rows, m))
     _launch.for_each(_vjp_targets, anchor.size, factors, sums, w_bar, alpha_terms)
     row_sums(alpha_terms, alpha_bar)
@@ -282,7 +315,7 @@ def topk_jvp(
     """GPU :func:`softorder.core.topk.topk_jvp`.
 
     Tables (scans); per-target factors; ``db = sum_i omega_i rdot_i`` per target (and the sums
-    without its nearest point) as one ``row_sums`` of a (3 rows m, n) array; one thread per
+    without its nearest point) as one ``row_sums`` of a (4 rows m, n) array; one thread per
     element of ``out``.
     """
     rows, n = xs.shape
@@ -291,10 +324,10 @@ def topk_jvp(
     rdot = work[:, TABLES_WITH_MOMENTS, :]
     gather_finite(xs, order, x_dot, rdot)
     factors = _factors(xs, alpha, tables, anchor, offset, log)
-    terms = _launch.empty((3, rows * m, n))
+    terms = _launch.empty((4, rows * m, n))
     _launch.for_each(_jvp_terms, rows * m * n, xs, alpha, anchor, offset, log, factors, rdot, terms)
-    bdot = _launch.empty((3, rows * m))
-    row_sums(terms.reshape(3 * rows * m, n), bdot.reshape(3 * rows * m))
+    bdot = _launch.empty((4, rows * m))
+    row_sums(terms.reshape(4 * rows * m, n), bdot.reshape(4 * rows * m))
     _launch.for_each(
         _tangents,
         out.size,

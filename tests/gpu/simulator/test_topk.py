@@ -4,6 +4,7 @@ simulator.
 
 import numpy as np
 import pytest
+from numba import cuda
 
 from softorder.core import topk as cpu
 from softorder.core.cuda import topk as gpu
@@ -107,9 +108,9 @@ def test_jvp(case, m, log):
 @pytest.mark.parametrize("log", [False, True])
 def test_nearest_point_keeps_its_terms(m, log):
     """Fractional k with one point near the threshold and the others far off (that point
-    carries nearly all of G): its terms of the VJP and the JVP are formed from the sums
-    without it, as on the CPU (``tests/test_edge_cases.py`` checks those against the exact
-    Jacobian); ``omega phi - v kappa`` lost every bit, far beyond these tolerances.
+    carries nearly all of G): its terms of the VJP and the JVP (in x and alpha) are formed
+    from the sums without it, as on the CPU (``tests/test_edge_cases.py`` checks those against
+    the exact Jacobian); ``omega phi - v kappa`` lost every bit, far beyond these tolerances.
     """
     x = np.array([[0.0, 40.0, 80.0, 200.0], [23.84, 3.695, 0.395, 15.0]])
     alpha = np.array([1.0, 0.5])
@@ -126,9 +127,18 @@ def test_nearest_point_keeps_its_terms(m, log):
     args = [xs, order, alpha, anchor, offset, log, v]
     args += [np.empty((rows, n)), np.empty((rows, m)), np.empty(rows)]
     args += [work(rows, cpu.GRADIENT_WORK, n)]
-    compare(cpu.topk_vjp, gpu.topk_vjp, args, [7], rtol=1e-12, atol=1e-300)
-    # tangents of x alone: the alpha term of the nearest point is a difference of its own
+    compare(cpu.topk_vjp, gpu.topk_vjp, args, [7, 9], rtol=1e-12, atol=1e-300)
     args = [xs, order, alpha, anchor, offset, log, rng.normal(size=(rows, n))]
     args += [np.zeros((rows, m)), np.zeros(rows), np.empty((rows, m, n))]
     args += [work(rows, cpu.GRADIENT_WORK, n)]
     compare(cpu.topk_jvp, gpu.topk_jvp, args, [9], rtol=1e-12, atol=1e-300)
+    # the alpha column: where the far points' terms cancel (k = 1.5 midway between them) the
+    # entry is 0 to within the rounding of b, so the tolerance is relative to each target's
+    args[6], args[8] = np.zeros((rows, n)), np.ones(rows)
+    want = compare(cpu.topk_jvp, gpu.topk_jvp, args, [])[9]
+    got = [cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
+    gpu.topk_jvp(*got)
+    scale = np.abs(want).max(axis=2, keepdims=True)
+    got = got[9].copy_to_host()
+    bad = np.abs(got - want) > 1e-12 * np.abs(want) + 1e-13 * scale
+    assert not bad.any(), (got[bad], want[bad])
