@@ -301,7 +301,10 @@ def topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
     ``Z = sum z_i e_i`` (the sums of :func:`~softorder.core.lapsum.target_sums`) beside the
     cotangent's sums, so ``1 / G`` enters after it; ``exp(-|z_i|)`` of ``kappa`` is
     ``e_i exp(-shift)`` (:data:`ONE_EXP_SHIFT`). Each target's ``omega_i phi = e_i phi / G``
-    is added in the next target's first pass, the last one's in the scatter.
+    is added in the next target's first pass, the last one's in the scatter. Where the
+    target's nearest point carries more than half of ``G`` (``G <`` :data:`NEAR_SHARE_G`: a
+    fractional k), one more pass sums the terms of the other points, from which that point's
+    terms are formed (:func:`anchor_term`).
 
     ``x_bar`` (float64) holds the gradient in sorted order until the scatter; with one
     target it may be ``v`` itself. :func:`topk_vjp_narrow` writes a float32 ``x_bar``.
