@@ -537,7 +537,7 @@ def _pullback_step(vi, zi, ei, decay, one_exp, inv_alpha, log, G, Z, phi, phi_z,
     return vk, G, Z, phi + vk, phi_z + vk * zi, k_bar, v_common
 
 
-@inner_helper
+@helper
 def _rest_from_terms(r, ra, t, inv_alpha, e, terms, near):
     """:func:`anchor_term`'s sums over the points other than ``near`` from the relative weights
     ``e`` and the terms ``0 - v_i kappa_i`` (where the sums have no other terms yet); each
@@ -561,7 +561,7 @@ def _rest_from_terms(r, ra, t, inv_alpha, e, terms, near):
     return g_rest, phi_rest, phi_z_rest, d_rest, 0.0 - terms[near]
 
 
-@inner_helper
+@helper
 def _rest_sums(r, o, ra, t, inv_alpha, decay, one_exp, log, e, v, near):
     """:func:`_rest_from_terms`'s sums, each ``v_i kappa_i`` formed anew (:func:`_element_vk`,
     the summing pass's arithmetic) from the cotangent ``v`` (in the order of the input;
