@@ -180,11 +180,10 @@ def target_terms(r, alpha, tables, anchor, t, log, z, kappa, omega, kappa_k):
     return zg, common
 
 
-@helper
-def target_shift(r, inv_alpha, anchor, t):
-    """``shift = min_i |z_i|`` of a target ``(anchor, t)``, from its two neighbouring points
-    (as :func:`~softorder.core.lapsum.target_sums` finds it); ``inf`` for a target at infinite
-    distance from every point (``G == 0``: all its terms are 0).
+@inner_helper
+def _neighbours(r, inv_alpha, anchor, t):
+    """``(L, R, zl, zr)``: the two points around a target ``(anchor, t)`` and their ``z``
+    (``inf`` / ``-inf`` beyond the row's ends).
     """
     n = r.shape[0]
     if t <= 0.0:
@@ -195,6 +194,16 @@ def target_shift(r, inv_alpha, anchor, t):
         R = anchor + 1
     zl = offset_z(r[anchor], r[L], inv_alpha, t) if L >= 0 else INF
     zr = offset_z(r[anchor], r[R], inv_alpha, t) if R < n else -INF
+    return L, R, zl, zr
+
+
+@helper
+def target_shift(r, inv_alpha, anchor, t):
+    """``shift = min_i |z_i|`` of a target ``(anchor, t)``, from its two neighbouring points
+    (as :func:`~softorder.core.lapsum.target_sums` finds it); ``inf`` for a target at infinite
+    distance from every point (``G == 0``: all its terms are 0).
+    """
+    _, _, zl, zr = _neighbours(r, inv_alpha, anchor, t)
     return -zr if -zr < zl else zl  # min(zl, -zr), no builtin compiled (``helper``)
 
 
@@ -204,15 +213,7 @@ def nearest_point(r, inv_alpha, anchor, t):
     (relative weight 1; the left one of two at that distance); -1 for a target at infinite
     distance from every point.
     """
-    n = r.shape[0]
-    if t <= 0.0:
-        R = anchor
-        L = anchor - 1
-    else:
-        L = anchor
-        R = anchor + 1
-    zl = offset_z(r[anchor], r[L], inv_alpha, t) if L >= 0 else INF
-    zr = offset_z(r[anchor], r[R], inv_alpha, t) if R < n else -INF
+    L, R, zl, zr = _neighbours(r, inv_alpha, anchor, t)
     if zl == INF and zr == -INF:
         return -1
     return R if -zr < zl else L  # target_shift's choice
