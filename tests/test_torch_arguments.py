@@ -163,21 +163,23 @@ def test_numpy_settings_under_torch_compile_are_refused_naming_softorder(fullgra
             IndexError,
             r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)",
         ),
-        (-3, IndexError, r"but got -3\)"),
-        (1.5, Exception, "^TypeError: dim must be an integer; got 1.5"),
-        (None, Exception, "^TypeError: dim must be an integer; got None"),
+        (-3, IndexError, r"Dimension out of range \(.*, but got -3\)"),
+        (1.5, TypeError, "dim must be an integer; got 1.5"),
+        (None, TypeError, "dim must be an integer; got None"),
     ],
 )
 def test_a_bad_dim_under_torch_compile_gets_the_eager_error(dim, error, text):
     # (raised in traced code, dynamo reported an "Observed exception" without the text;
     # reset: a dim that changed between compilations would be a symbol, which gets dynamo's)
     torch.compiler.reset()
-    with pytest.raises(error, match=text.replace("^TypeError: ", "")):
+    with pytest.raises(error, match=text):
         sot.soft_rank(X, 0.5, dim=dim)
     compiled = torch.compile(
         lambda x: sot.soft_rank(x, 0.5, dim=dim), backend="eager", fullgraph=True
     )
-    with pytest.raises(error, match=text):
+    # (dynamo may wrap the error, InternalTorchDynamoError "TypeError: ..."; either way the
+    # eager text comes first, not dynamo's "Observed exception")
+    with pytest.raises(Exception, match=rf"^({error.__name__}: )?{text}"):
         compiled(X)
 
 
