@@ -1097,3 +1097,29 @@ def test_alpha_gradient_only_when_asked(rng):
     both = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, alpha)
     equal(jax.jit(jax.grad(loss, argnums=1))(x, alpha), both[1])
     equal(jax.jit(jax.grad(loss))(x, alpha), both[0])
+
+
+@pytest.mark.parametrize(
+    ("alpha_shape", "batch"), [((1,), (3, 4)), ((1, 1), (3, 2, 2)), ((1,), (2, 3, 4))]
+)
+def test_traced_alpha_with_fewer_axes_than_the_batch_sums_as_the_numpy_api(alpha_shape, batch, rng):
+    """An alpha of ones with fewer axes than the batch (one value for a run of every row) on
+    the FFI route: its gradient is the NumPy API's to the bit, both NumPy's one pairwise sum
+    of the rows' gradients (not a sum over the leading axes, then one over the rest).
+    """
+    n = 5
+    alpha = np.full(alpha_shape, 0.7)
+    f = jax.jit(jax.grad(lambda x, a, w: jnp.sum(soj.soft_rank(x, a) * w), argnums=1))
+    for _ in range(20):  # (a wrong order shows in about half the draws)
+        x = rng.standard_normal((*batch, n)) * 10.0 ** rng.integers(-3, 4, (*batch, 1))
+        w = rng.standard_normal((*batch, n))
+        with jax.enable_x64(True):
+            got = np.asarray(f(x, alpha, w))
+        expected = softorder.vjp(softorder.soft_rank, x, alpha)[1](w)[1]
+        per_row = softorder.vjp(softorder.soft_rank, x, np.full(batch, 0.7))[1](w)[1]
+        assert got.shape == expected.shape == alpha_shape
+        assert (
+            bits(got).tolist()
+            == bits(expected).tolist()
+            == bits(np.sum(per_row)).reshape(alpha_shape).tolist()
+        )

@@ -76,12 +76,16 @@ def unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:
     if grad.shape == shape:  # nothing was broadcast (tuple equality: cheap)
         return grad
     extra = grad.ndim - len(shape)
+    # One sum over every axis broadcast added (the leading ones and the length-1 ones): NumPy
+    # then sums a contiguous run of values pairwise, as the JAX bridge's FFI handlers sum a
+    # traced alpha's run of rows; two sums (the leading axes first) would round otherwise.
+    axes = tuple(range(extra)) + tuple(
+        extra + i for i, s in enumerate(shape) if s == 1 and grad.shape[extra + i] != 1
+    )
     # Rows whose gradients overflow float64 with opposite signs sum to NaN, the honest answer
     # (documented in docs/gotchas.rst); NumPy's "invalid value" warning would only obscure it.
     with np.errstate(invalid="ignore"):
-        grad = grad.sum(axis=tuple(range(extra))) if extra > 0 else grad
-        axes = tuple(i for i, s in enumerate(shape) if s == 1 and grad.shape[i] != 1)
-        return grad.sum(axis=axes, keepdims=True) if axes else grad
+        return grad.sum(axis=axes, keepdims=True).reshape(shape) if axes else grad
 
 
 def sum_over_rows(per_row: np.ndarray, batched: bool):
