@@ -230,7 +230,7 @@ def anchor_term(e_a, rest, Z, inv_g):
     """The nearest point's term of ``x_bar`` for one target, ``omega_a phi - v_a kappa_a``, and
     the target's term of ``alpha_bar``, ``sum_i v_i kappa_i (Z / G - z_i)``, from the sums over
     the other points ``rest = (G_rest, phi_rest, phi_z_rest, D, v_a kappa_a)``
-    (:func:`_rest_from_terms`, ``D = sum_(l != a) e_l (z_l - z_a)``):
+    (:func:`_rest_sums`, ``D = sum_(l != a) e_l (z_l - z_a)``):
     ``(e_a phi_rest - v_a kappa_a G_rest) / G`` and
     ``phi_rest Z / G - phi_z_rest + v_a kappa_a D / G``.
 
@@ -398,10 +398,12 @@ def _vjp_several(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_b
             pend = -1
             if G < NEAR_SHARE_G:
                 if fresh:  # (rbar holds 0 - v_i kappa_i; v may have been vs, or x_bar)
-                    rest = _rest_from_terms(r, ra, t, inv_alpha, e, rbar, near)
+                    rest = _rest_sums(
+                        r, o, ra, t, inv_alpha, decay, one_exp, log, e, None, rbar, near
+                    )
                 else:  # (m > 1: v is apart from x_bar, and vs from e)
                     rest = _rest_sums(
-                        r, o, ra, t, inv_alpha, decay, one_exp, log, e, v[row, j], near
+                        r, o, ra, t, inv_alpha, decay, one_exp, log, e, v[row, j], None, near
                     )
                 pend = near
                 x_term, alpha_term = anchor_term(e[near], rest, Z, 1.0 / G)
@@ -479,7 +481,7 @@ def _vjp_one(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
         fix = 0.0
         if G < NEAR_SHARE_G:  # (_vjp_several's, as with its first target)
             near = nearest_point(r, inv_alpha, an, t)
-            rest = _rest_from_terms(r, ra, t, inv_alpha, vs, rbar, near)
+            rest = _rest_sums(r, o, ra, t, inv_alpha, decay, one_exp, log, vs, None, rbar, near)
             x_term, alpha_term = anchor_term(vs[near], rest, Z, 1.0 / G)
             fix = 0.0 + x_term
         alpha_bar[row] = 0.0 + alpha_term  # (_vjp_several's sum over one target)
@@ -539,34 +541,14 @@ def _pullback_step(vi, zi, ei, decay, one_exp, inv_alpha, log, G, Z, phi, phi_z,
 
 
 @helper
-def _rest_from_terms(r, ra, t, inv_alpha, e, terms, near):
-    """:func:`anchor_term`'s sums over the points other than ``near`` from the relative weights
-    ``e`` and the terms ``0 - v_i kappa_i`` (where the sums have no other terms yet); each
-    ``v_i kappa_i`` as ``0 + v_i kappa_i`` (a zero is +0.0), as :func:`_rest_sums` forms it.
-    """
-    za = offset_z(ra, r[near], inv_alpha, t)
-    g_rest = 0.0
-    phi_rest = 0.0
-    phi_z_rest = 0.0
-    d_rest = 0.0
-    for i in range(r.shape[0]):
-        zi = offset_z(ra, r[i], inv_alpha, t)
-        if i == near or abs(zi) == INF:  # (no terms at infinite distance)
-            continue
-        ei = e[i]
-        vk = 0.0 - terms[i]
-        g_rest += ei
-        phi_rest += vk
-        phi_z_rest += vk * zi
-        d_rest += ei * (zi - za)
-    return g_rest, phi_rest, phi_z_rest, d_rest, 0.0 - terms[near]
-
-
-@helper
-def _rest_sums(r, o, ra, t, inv_alpha, decay, one_exp, log, e, v, near):
-    """:func:`_rest_from_terms`'s sums, each ``v_i kappa_i`` formed anew (:func:`_element_vk`,
-    the summing pass's arithmetic) from the cotangent ``v`` (in the order of the input;
-    float32 or float64) and the relative weights ``e``.
+def _rest_sums(r, o, ra, t, inv_alpha, decay, one_exp, log, e, v, terms, near):
+    """:func:`anchor_term`'s sums over the points other than ``near``, from the relative
+    weights ``e`` and each point's ``v_i kappa_i``: read from ``terms`` (``0 - v_i kappa_i``,
+    where the summing pass left them and nothing else yet), or, with ``terms`` None, formed
+    anew (:func:`_element_vk`, the summing pass's arithmetic) from the cotangent ``v`` (in
+    the order of the input; float32 or float64). Each ``v_i kappa_i`` is ``0 + v_i kappa_i``
+    (a zero is +0.0) either way, so the kernels' sums agree to the bit. ``o``, ``v`` and the
+    decay arguments are read only when ``terms`` is None (each case a specialization).
     """
     za = offset_z(ra, r[near], inv_alpha, t)
     g_rest = 0.0
@@ -577,12 +559,16 @@ def _rest_sums(r, o, ra, t, inv_alpha, decay, one_exp, log, e, v, near):
     for i in range(r.shape[0]):
         zi = offset_z(ra, r[i], inv_alpha, t)
         az = abs(zi)
-        if az == INF:  # (no terms at infinite distance)
+        if az == INF:  # (no terms at infinite distance; never the nearest point)
             continue
-        vi = np.float64(v[o[i]])
         vk = 0.0
-        if vi != 0.0:
-            vk = 0.0 + _element_vk(vi, zi, az, e[i], decay, one_exp, inv_alpha, log)
+        # (one test or the other, pruned by the types: None or an array)
+        if terms is not None:
+            vk = 0.0 - terms[i]
+        if v is not None:
+            vi = np.float64(v[o[i]])
+            if vi != 0.0:
+                vk = 0.0 + _element_vk(vi, zi, az, e[i], decay, one_exp, inv_alpha, log)
         if i == near:
             vk_near = vk
         else:
@@ -732,7 +718,7 @@ def _one_target_vjp(r, o, inv_alpha, an, t, log, v, xb, w_bar, e):
     fix = 0.0
     if G < NEAR_SHARE_G:  # (topk_vjp's; v is read before xb is written)
         near = nearest_point(r, inv_alpha, an, t)
-        rest = _rest_sums(r, o, ra, t, inv_alpha, decay, one_exp, log, e, v, near)
+        rest = _rest_sums(r, o, ra, t, inv_alpha, decay, one_exp, log, e, v, None, near)
         x_term, alpha_term = anchor_term(e[near], rest, Z, inv_g)
         fix = 0.0 + x_term
     if log:
