@@ -103,6 +103,23 @@ def test_permutation_cross_entropy(rng):
     np.testing.assert_allclose(desc, expected_desc, rtol=1e-10)
 
 
+def test_naive_permutation_keeps_tiny_entries():
+    """The reference's P[k, i] above both boundaries is a difference of upper tails: as a
+    difference of CDFs near 1 it lost the digits of the tiny entries of a wrong ranking
+    (the descending loss below was 1e-6 off, enough to move its finite differences by units).
+    """
+    x = np.array([-1.18394066, -1.12347315, -0.78212786, -0.72350781])
+    x = np.concatenate([x, [0.04894283, 1.82187797, -0.81942585, -0.65247026]])
+    target = np.array([4, 1, 7, 3, 2, 5, 6, 8])
+    alpha = 0.10529026948410591
+    # mpmath, 250 digits, bisection for the boundaries: ascending, descending
+    for sign, expected in ((1.0, 66.850000560525806), (-1.0, 62.193232147142324)):
+        got = naive.permutation_cross_entropy_row(sign * x, target, alpha)
+        np.testing.assert_allclose(got, expected, rtol=2e-13)
+        lib = so.permutation_cross_entropy(x, target, alpha, descending=sign < 0)
+        np.testing.assert_allclose(lib, expected, rtol=2e-13)
+
+
 def test_hard_limits(rng):
     x = rng.normal(size=(3, 9))
     alpha = 1e-6
