@@ -24,11 +24,13 @@ Arguments
     shape ``(1, m)``) goes whole to every task.
 Losses
     Each task returns its rows' losses; ``reduction="mean"`` and ``"sum"`` are taken over all
-    rows by dask, so they equal the NumPy call on the whole batch.
+    rows by dask, so they equal the NumPy call on the whole batch up to rounding: dask sums
+    per chunk, then the chunks' sums (a few ulp from NumPy's pairwise sum over all rows).
 Gradients
     ``pullback`` returns the gradients of :func:`softorder.vjp` (same order) as dask arrays:
     the input's, and those of per-row arguments, chunked like them; those of shared
-    arguments (a scalar ``alpha``) are sums of the tasks' gradients over the chunks. Each
+    arguments (a scalar ``alpha``) are sums of the tasks' gradients over the chunks (so,
+    as a reduced loss, equal to NumPy's up to rounding: a few ulp). Each
     gradient task runs its chunk's forward pass again (O(n log n) per row), so nothing is kept
     between the two graphs.
 Schedulers
