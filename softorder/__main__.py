@@ -23,7 +23,6 @@ import sys
 import time
 
 import numpy as np
-from scipy.stats import rankdata
 
 import softorder
 from softorder._timing import best_times
@@ -90,6 +89,8 @@ def _show_rank_sort(image, label):
         f"\n2. soft_rank / soft_sort of one image's 64 pixels (a '{label}', values 0..16, "
         "many ties)"
     )
+    from scipy.stats import rankdata  # (scipy comes with scikit-learn, the demo's extra)
+
     exact_rank, exact_sort = rankdata(image), np.sort(image)
     print(_row("pixel[:12]", image[:12], "{:5.0f}"))
     print(_row("rankdata", exact_rank[:12], "{:5.1f}"))
