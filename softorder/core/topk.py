@@ -104,9 +104,12 @@ def topk_forward(xs, order, alpha, w, worder, log, out, anchor, offset, work):
     for row in prange(rows):
         r = xs[row]
         if has_nan(r):
-            out[row, :, :] = np.nan
-            anchor[row, :] = 0
-            offset[row, :] = np.nan
+            # (loops: numba's slice assignments compiled longer on a first call)
+            for j in range(m):
+                anchor[row, j] = 0
+                offset[row, j] = np.nan
+                for i in range(n):
+                    out[row, j, i] = np.nan
             continue
         inv_alpha = 1.0 / alpha[row]
         A = out[row, 0]  # written by the first scatter, once the targets are solved
@@ -219,6 +222,20 @@ def nearest_point(r, inv_alpha, anchor, t):
     return R if -zr < zl else L  # target_shift's choice
 
 
+@helper
+def shift_and_nearest(r, inv_alpha, anchor, t):
+    """``(target_shift, nearest_point)`` of a target ``(anchor, t)`` from one look at its two
+    neighbouring points, the same values: the VJP kernels' one helper for both (each helper
+    is a compilation of its own on a first call).
+    """
+    L, R, zl, zr = _neighbours(r, inv_alpha, anchor, t)
+    if zl == INF and zr == -INF:
+        return INF, -1
+    if -zr < zl:
+        return -zr, R
+    return zl, L
+
+
 #: Below this ``G`` (sum of the relative weights) the nearest point carries more than half of
 #: it, and the gradient kernels form that point's terms apart (:func:`anchor_term`): with ``k``
 #: an integer the two sides of the target weigh the same, so ``G >= 2`` there.
@@ -286,10 +303,10 @@ _TOPK_CALLS = SymbolCalls(
     # r, inv_alpha, A, B, w, worder, anchor, offset (one row's)
     solve=(solve_targets_ab, (_F1, _F, _F1, _F1, _F1, _L1, _L1, _F1)),
     # r, inv_alpha, anchor, t
-    target_shift=(target_shift, (_F1, _F, types.int64, _F)),
+    shift_and_nearest=(shift_and_nearest, (_F1, _F, types.int64, _F)),
 )
 _call_solve = _TOPK_CALLS.solve
-_call_target_shift = _TOPK_CALLS.target_shift
+_call_shift_and_nearest = _TOPK_CALLS.shift_and_nearest
 _call_exp_pass = _TOPK_CALLS.exp_pass
 _call_prefix_sums = _TOPK_CALLS.prefix_sums
 
@@ -352,7 +369,7 @@ def _vjp_several(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_b
         for j in range(m):
             t = offset[row, j]
             an = anchor[row, j]
-            shift = _call_target_shift(r, inv_alpha, an, t)
+            shift, near = _call_shift_and_nearest(r, inv_alpha, an, t)
             w_bar[row, j] = 0.0
             if shift == INF:
                 continue  # G == 0: every term of this target is 0
@@ -369,7 +386,6 @@ def _vjp_several(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_b
                     rbar[i] = rbar[i] + e[i] * pg
                 if pend >= 0:
                     rbar[pend] = fix
-            near = nearest_point(r, inv_alpha, an, t)
             acc_near = 0.0 if fresh else rbar[near]
             _relative_weights(r, ra, t, inv_alpha, shift, rbar if fresh else e)
             G = 0.0
@@ -440,17 +456,20 @@ def _vjp_one(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
         r = xs[row]
         o = order[row]
         if has_nan(r):
-            x_bar[row, :] = np.nan
-            w_bar[row, :] = np.nan
+            # (loops: numba's slice assignments compiled longer on a first call)
+            for i in range(n):
+                x_bar[row, i] = np.nan
+            w_bar[row, 0] = np.nan
             alpha_bar[row] = np.nan
             continue
         inv_alpha = 1.0 / alpha[row]
         t = offset[row, 0]
         an = anchor[row, 0]
-        shift = _call_target_shift(r, inv_alpha, an, t)
+        shift, nearest = _call_shift_and_nearest(r, inv_alpha, an, t)
         w_bar[row, 0] = 0.0
         if shift == INF:  # G == 0: every term is 0
-            x_bar[row, :] = 0.0
+            for i in range(n):
+                x_bar[row, i] = 0.0
             alpha_bar[row] = 0.0
             continue
         ra = r[an]
@@ -480,7 +499,7 @@ def _vjp_one(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, 
         near = -1
         fix = 0.0
         if G < NEAR_SHARE_G:  # (_vjp_several's, as with its first target)
-            near = nearest_point(r, inv_alpha, an, t)
+            near = nearest
             rest = _rest_sums(r, o, ra, t, inv_alpha, decay, one_exp, log, vs, None, rbar, near)
             x_term, alpha_term = anchor_term(vs[near], rest, Z, 1.0 / G)
             fix = 0.0 + x_term
@@ -640,7 +659,7 @@ def _one_target_vjp(r, o, inv_alpha, an, t, log, v, xb, w_bar, e):
     """
     n = r.shape[0]
     w_bar[0] = 0.0
-    shift = target_shift(r, inv_alpha, an, t)
+    shift, nearest = shift_and_nearest(r, inv_alpha, an, t)
     if shift == INF:  # G == 0: every term of this target is 0
         xb[:] = 0.0
         return 0.0
@@ -717,7 +736,7 @@ def _one_target_vjp(r, o, inv_alpha, an, t, log, v, xb, w_bar, e):
     near = -1
     fix = 0.0
     if G < NEAR_SHARE_G:  # (topk_vjp's; v is read before xb is written)
-        near = nearest_point(r, inv_alpha, an, t)
+        near = nearest
         rest = _rest_sums(r, o, ra, t, inv_alpha, decay, one_exp, log, e, v, None, near)
         x_term, alpha_term = anchor_term(e[near], rest, Z, inv_g)
         fix = 0.0 + x_term
