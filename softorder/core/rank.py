@@ -114,8 +114,10 @@ def rank_forward(xs, order, alpha, out, decay, work):
     for row in prange(rows):
         r = xs[row]
         if has_nan(r):
-            out[row, :] = np.nan
-            decay[row, :] = np.nan
+            # (loops: numba's slice assignments compiled longer on a first call)
+            for i in range(n):
+                out[row, i] = np.nan
+                decay[row, i] = np.nan
             continue
         # the decays in a pass of their own (independent exps: vectorized), then the
         # recurrences, with one row of scratch for A, B and the ranks (the second row of
@@ -289,7 +291,9 @@ def rank_vjp(xs, order, alpha, decay, v, x_bar, alpha_bar, work):
     rows, n = xs.shape
     for row in prange(rows):
         if has_nan(xs[row]):
-            x_bar[row, :] = np.nan
+            # (loops: numba's slice assignments compiled longer on a first call)
+            for i in range(n):
+                x_bar[row, i] = np.nan
             alpha_bar[row] = np.nan
             continue
         alpha_bar[row] = _rank_linear(
@@ -310,7 +314,9 @@ def rank_vjp_narrow(xs, order, alpha, decay, v, x_bar, alpha_bar, work):
         raise ValueError("softorder: rank_vjp_narrow takes a float32 v and x_bar")
     for row in prange(rows):
         if has_nan(xs[row]):
-            x_bar[row, :] = np.nan
+            # (loops: numba's slice assignments compiled longer on a first call)
+            for i in range(n):
+                x_bar[row, i] = np.nan
             alpha_bar[row] = np.nan
             continue
         alpha_bar[row] = _rank_vjp_narrow(
@@ -327,7 +333,9 @@ def rank_jvp(xs, order, alpha, decay, x_dot, alpha_dot, out, work):
     rows, n = xs.shape
     for row in prange(rows):
         if has_nan(xs[row]):
-            out[row, :] = np.nan
+            # (loops: numba's slice assignments compiled longer on a first call)
+            for i in range(n):
+                out[row, i] = np.nan
             continue
         _rank_linear(
             xs[row],

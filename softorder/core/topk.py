@@ -347,8 +347,11 @@ def _vjp_several(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_b
         r = xs[row]
         o = order[row]
         if has_nan(r):
-            x_bar[row, :] = np.nan
-            w_bar[row, :] = np.nan
+            # (loops: numba's slice assignments compiled longer on a first call)
+            for i in range(n):
+                x_bar[row, i] = np.nan
+            for j in range(w_bar.shape[1]):
+                w_bar[row, j] = np.nan
             alpha_bar[row] = np.nan
             continue
         a = alpha[row]
@@ -428,7 +431,8 @@ def _vjp_several(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_b
             fresh = False
         alpha_bar[row] = abar
         if fresh:
-            x_bar[row, :] = 0.0
+            for i in range(n):
+                x_bar[row, i] = 0.0
             continue
         for i in range(n):
             vs[i] = rbar[i] + e[i] * pg
@@ -628,8 +632,11 @@ def topk_vjp_narrow(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alph
     for row in prange(rows):
         r = xs[row]
         if has_nan(r):
-            x_bar[row, :] = np.nan
-            w_bar[row, :] = np.nan
+            # (loops: numba's slice assignments compiled longer on a first call)
+            for i in range(n):
+                x_bar[row, i] = np.nan
+            for j in range(w_bar.shape[1]):
+                w_bar[row, j] = np.nan
             alpha_bar[row] = np.nan
             continue
         alpha_bar[row] = _one_target_vjp(
@@ -661,7 +668,8 @@ def _one_target_vjp(r, o, inv_alpha, an, t, log, v, xb, w_bar, e):
     w_bar[0] = 0.0
     shift, nearest = shift_and_nearest(r, inv_alpha, an, t)
     if shift == INF:  # G == 0: every term of this target is 0
-        xb[:] = 0.0
+        for i in range(n):
+            xb[i] = 0.0
         return 0.0
     ra = r[an]
     one_exp = shift < ONE_EXP_SHIFT
@@ -793,7 +801,10 @@ def topk_jvp(xs, order, alpha, anchor, offset, log, x_dot, w_dot, alpha_dot, out
     for row in prange(rows):
         r = xs[row]
         if has_nan(r):
-            out[row, :, :] = np.nan
+            # (loops: numba's slice assignments compiled longer on a first call)
+            for j in range(m):
+                for i in range(n):
+                    out[row, j, i] = np.nan
             continue
         a = alpha[row]
         tables = moment_tables(r, 1.0 / a, work[row])
