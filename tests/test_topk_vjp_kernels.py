@@ -117,3 +117,29 @@ def test_nearest_point_terms_are_the_same_bits_in_every_kernel(rng, log, k, same
     topk.topk_vjp_narrow(*args)
     assert x_bar.tobytes() == one[0].astype(np.float32).tobytes()
     assert w_bar.tobytes() == one[1].tobytes() and alpha_bar.tobytes() == one[2].tobytes()
+
+
+def test_shift_and_nearest_is_the_smallest_distance_and_its_point(rng):
+    """``topk.shift_and_nearest`` (the VJP kernels' one helper for both) at solved targets:
+    ``min_i |z_i|`` over the row, brute force, and a point at that distance, the one
+    ``nearest_point`` gives; ``(inf, -1)`` for a target at infinite distance."""
+    import numba
+
+    both = numba.njit(lambda r, inv_alpha, a, t: topk.shift_and_nearest(r, inv_alpha, a, t))
+    nearest = numba.njit(lambda r, inv_alpha, a, t: topk.nearest_point(r, inv_alpha, a, t))
+    offset_z = numba.njit(lambda ra, ri, inv_alpha, t: topk.offset_z(ra, ri, inv_alpha, t))
+    x = _row_cases(rng)
+    checked = 0
+    for k in (0.2, 4.5, 11.9, 20.0, 39.7):
+        for alpha in (1.0, 1e-3, 1e3):
+            xs, _, anchor, offset = _forward(x, k, alpha, False)
+            for r, a, t in zip(xs, anchor[:, 0], offset[:, 0], strict=True):
+                if np.isnan(r[-1]):
+                    continue
+                a, t = int(a), float(t)
+                z = np.array([abs(offset_z(r[a], ri, 1.0 / alpha, t)) for ri in r])
+                shift, near = both(r, 1.0 / alpha, a, t)
+                assert shift == z.min() and near == nearest(r, 1.0 / alpha, a, t)
+                assert near == -1 if shift == np.inf else z[near] == shift
+                checked += near >= 0
+    assert checked > 40

@@ -201,39 +201,32 @@ def _neighbours(r, inv_alpha, anchor, t):
 
 
 @helper
-def target_shift(r, inv_alpha, anchor, t):
-    """``shift = min_i |z_i|`` of a target ``(anchor, t)``, from its two neighbouring points
-    (as :func:`~softorder.core.lapsum.target_sums` finds it); ``inf`` for a target at infinite
-    distance from every point (``G == 0``: all its terms are 0).
-    """
-    _, _, zl, zr = _neighbours(r, inv_alpha, anchor, t)
-    return -zr if -zr < zl else zl  # min(zl, -zr), no builtin compiled (``helper``)
-
-
-@helper
-def nearest_point(r, inv_alpha, anchor, t):
-    """The index of a point at the distance :func:`target_shift` of a target ``(anchor, t)``
-    (relative weight 1; the left one of two at that distance); -1 for a target at infinite
-    distance from every point.
-    """
-    L, R, zl, zr = _neighbours(r, inv_alpha, anchor, t)
-    if zl == INF and zr == -INF:
-        return -1
-    return R if -zr < zl else L  # target_shift's choice
-
-
-@helper
 def shift_and_nearest(r, inv_alpha, anchor, t):
-    """``(target_shift, nearest_point)`` of a target ``(anchor, t)`` from one look at its two
-    neighbouring points, the same values: the VJP kernels' one helper for both (each helper
-    is a compilation of its own on a first call).
+    """``(shift, nearest)`` of a target ``(anchor, t)``, from its two neighbouring points:
+    ``shift = min_i |z_i|`` (as :func:`~softorder.core.lapsum.target_sums` finds it) and
+    the index of a point at that distance (relative weight 1; the left one of two at that
+    distance); ``(inf, -1)`` for a target at infinite distance from every point (``G == 0``:
+    all its terms are 0). One helper for both: each helper is a compilation of its own on a
+    first call.
     """
     L, R, zl, zr = _neighbours(r, inv_alpha, anchor, t)
     if zl == INF and zr == -INF:
         return INF, -1
-    if -zr < zl:
+    if -zr < zl:  # min(zl, -zr), no builtin compiled (``helper``)
         return -zr, R
     return zl, L
+
+
+@helper
+def nearest_point(r, inv_alpha, anchor, t):
+    """The ``nearest`` of :func:`shift_and_nearest` alone: the index of a point at the
+    shift's distance of a target ``(anchor, t)``, -1 for a target at infinite distance from
+    every point.
+    """
+    L, R, zl, zr = _neighbours(r, inv_alpha, anchor, t)
+    if zl == INF and zr == -INF:
+        return -1
+    return R if -zr < zl else L  # shift_and_nearest's choice
 
 
 #: Below this ``G`` (sum of the relative weights) the nearest point carries more than half of
