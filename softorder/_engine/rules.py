@@ -496,8 +496,9 @@ class SortRule(InverseRule):
         rows = ctx.rows
         if rows.backend is NUMPY:  # the CPU kernel needs no targets: they are k - 1/2
             xs = rows.xs
-            shape, work = xs.shape, ctx.work(core.lapsum.SORT_TABLES)
+            shape = xs.shape
             if rows.n >= 2**31:
+                work = ctx.work(core.lapsum.SORT_TABLES)
                 out = ctx.empty(shape)
                 anchor, offset = ctx.target_storage(rows.n)
                 core.lapsum.sort_kernel(xs, ctx.alpha, out, anchor, offset, work)
@@ -510,9 +511,14 @@ class SortRule(InverseRule):
             else:
                 out = np.empty(shape)
                 counts = out.view(_I64)
-            # long rows keep no offsets: ladder_vjp solves them again (8 bytes per element)
+            # long rows keep no offsets: the VJP solves them again (8 bytes per element); the
+            # longest float32 rows solve in two rows of scratch (no row of A)
+            long_row = rows.n >= core.sort.SOLVE_AGAIN_N
+            work = ctx.work(
+                core.sort.LEAN_FORWARD_WORK if self._lean(rows) else core.lapsum.SORT_TABLES
+            )
             offset = ratios = None  # (exactly one: each a specialization of the kernel)
-            if rows.n < core.sort.SOLVE_AGAIN_N:
+            if not long_row:
                 ctx.saved["offset"] = offset = np.empty(shape)
             else:
                 ratios = np.empty((shape[0], core.sort.TBLOCK))
@@ -570,31 +576,31 @@ class SortRule(InverseRule):
         # a float32 cotangent of a float32 input is read as it is, into a float32 x_bar (the
         # float64 gradient rounded once)
         if v is not None:
-            u, x_bar = (v if rows.sign > 0 else np.negative(v)), np.empty(v.shape, _F32)
+            u = v if rows.sign > 0 else np.negative(v)
+        grad_dtype = _F32 if v is not None else _F64
         s = ctx.saved
         alpha_bar = np.empty(rows.rows)
         if rows.n < 2**31:  # the ladder forward (or its residuals): anchors counted again
-            if v is None:
-                x_bar = np.empty(rows.xs.shape)  # (never u: the counts wait in x_bar)
-            counts = x_bar.view(_I32 if v is not None else _I64)
             redo = np.empty(rows.rows, _U8)
-            work = ctx.work(core.sort.LADDER_WORK)
-            offset = s.get("offset")  # (none kept: solved again, A's window in ring)
-            ring = np.empty((rows.rows, core.sort.WINDOW)) if offset is None else None
-            core.sort.ladder_vjp(
-                rows.xs,
-                rows.order,
-                ctx.alpha,
-                offset,
-                ring,
-                u,
-                x_bar,
-                counts,
-                alpha_bar,
-                work,
-                redo,
-            )
-            del work
+            offset = s.get("offset")  # (none kept: solved again)
+            if offset is None and self._lean(rows):
+                x_bar = self._lean_vjp(ctx, u, grad_dtype, alpha_bar, redo)
+            else:
+                x_bar = np.empty(rows.xs.shape, grad_dtype)  # (the counts wait in x_bar)
+                ring = np.empty((rows.rows, core.sort.WINDOW)) if offset is None else None
+                self._ladder_vjp(
+                    ctx,
+                    rows.xs,
+                    rows.order,
+                    ctx.alpha,
+                    offset,
+                    ring,
+                    u,
+                    x_bar,
+                    alpha_bar,
+                    redo,
+                    ctx.work(core.sort.LADDER_WORK),
+                )
             # rows whose ties threw an injection beyond the window: sort_vjp's rows
             # (count_nonzero, and one row's flag read directly, are cheaper than redo.any()
             # on a small call)
@@ -633,6 +639,71 @@ class SortRule(InverseRule):
             ctx.work(core.sort.SORT_VJP_WORK),
         )
         return rows.grad_to_user(x_bar), ctx.alpha_grad(alpha_bar)
+
+    @staticmethod
+    def _lean(rows) -> bool:
+        """Whether soft sort's passes take two rows of scratch (float32 rows of
+        :data:`~softorder.core.sort.LEAN_N` or more, which keep no offsets either).
+        """
+        return rows.n >= core.sort.LEAN_N and rows.xs.dtype == _F32
+
+    @staticmethod
+    def _ladder_vjp(ctx, xs, order, alpha, offset, ring, u, x_bar, alpha_bar, redo, work):
+        """:func:`~softorder.core.sort.ladder_vjp` of the rows ``xs``, its counts in
+        ``x_bar``'s memory.
+        """
+        counts = x_bar.view(_I32 if x_bar.dtype == _F32 else _I64)
+        core.sort.ladder_vjp(
+            xs, order, alpha, offset, ring, u, x_bar, counts, alpha_bar, work, redo
+        )
+
+    def _lean_vjp(self, ctx, u, grad_dtype, alpha_bar, redo):
+        """The gradient ``x_bar`` (of ``grad_dtype``) of long float32 rows, which keep no
+        offsets (:func:`~softorder.core.sort.lean_vjp`): two rows of scratch and 2-byte
+        counts, the gradient in sorted order left in the row ``B``, which ``scatter_rows``
+        reads once the other row and the counts are gone (the gradient's array comes after
+        them). The rows it hands back (a count beyond 2 bytes; ties that send an injection
+        below or beyond its window) take :func:`~softorder.core.sort.ladder_vjp` (three rows
+        of scratch, their own); those that one hands back stay flagged in ``redo``.
+        """
+        rows = ctx.rows
+        shape = rows.xs.shape
+        counts = np.empty(shape, core.sort.LEAN_COUNTS)
+        E = ctx.work(1).reshape(shape)
+        B = ctx.work(1).reshape(shape)
+        marks = np.empty((shape[0], shape[1] // core.sort.BD_STEP + 1))
+        core.sort.lean_vjp(rows.xs, ctx.alpha, u, counts, E, B, marks, alpha_bar, redo)
+        del counts, E, marks
+        x_bar = np.empty(shape, grad_dtype)
+        core.sort.scatter_rows(rows.xs, B, rows.order, x_bar, redo)
+        del B
+        if not (redo[0] if rows.rows == 1 else np.count_nonzero(redo)):
+            return x_bar
+        at = np.flatnonzero(redo)
+        ring = np.empty((len(at), core.sort.WINDOW))
+        work = np.empty((len(at), core.sort.LADDER_WORK, rows.n))
+        if len(at) == rows.rows:  # (every row: into x_bar itself)
+            self._ladder_vjp(
+                ctx, rows.xs, rows.order, ctx.alpha, None, ring, u, x_bar, alpha_bar, redo, work
+            )
+            return x_bar
+        sub_x_bar, sub_alpha_bar = np.empty((len(at), rows.n), grad_dtype), np.empty(len(at))
+        sub_redo = np.empty(len(at), _U8)
+        self._ladder_vjp(
+            ctx,
+            rows.xs[at],
+            rows.order[at],
+            ctx.alpha[at],
+            None,
+            ring,
+            u[at],
+            sub_x_bar,
+            sub_alpha_bar,
+            sub_redo,
+            work,
+        )
+        x_bar[at], alpha_bar[at], redo[at] = sub_x_bar, sub_alpha_bar, sub_redo
+        return x_bar
 
     def jvp(self, ctx, tangents):
         rows, s = ctx.rows, ctx.saved

@@ -18,6 +18,7 @@ from numba import prange, types
 
 from softorder.core import fast_exp, fast_log
 from softorder.core._jit import SymbolCalls, helper, inner_helper, kernel
+from softorder.core.fast_exp import FAST_EXP, exp_or_zero, needs_libm
 from softorder.core.kernel_sums import (
     _first_at_or_above,
     carry_both_ways,
@@ -779,16 +780,18 @@ def ladder_forward(xs, alpha, out, counts, offset, ratios, wide, work, values):
     memory seen as integers of its width (int32 or int64: each row's counts, then its
     anchors wait in its slots, :func:`_ladder_values`), ``offset`` (rows, n) for the
     offsets and ``ratios`` None, or for none (soft sort's forward on long rows:
-    :func:`ladder_vjp` solves them again) ``offset`` None and ``ratios`` (rows,
-    :data:`TBLOCK`), through which they pass; ``work`` (rows, :data:`LADDER_WORK`, n). The
-    VJP counts the anchors again. Without ``values`` the anchors stay in ``counts``
+    :func:`ladder_vjp` or :func:`lean_vjp` solves them again) ``offset`` None and
+    ``ratios`` (rows, :data:`TBLOCK`), through which they pass; ``work`` (rows,
+    :data:`LADDER_WORK`, n): ``E``, ``A``, ``B``, or with ``ratios`` (rows,
+    :data:`LEAN_FORWARD_WORK`, n): ``E`` and ``B`` only (:func:`narrow_prefix_counts`,
+    :func:`_narrow_values`: soft sort's forward on rows of :data:`LEAN_N` or more). The VJP
+    counts the anchors again. Without ``values`` the anchors stay in ``counts``
     (``sort_forward``'s, for what reads them).
 
     ``xs`` may be float32 (a float32 input's sorted values: each one widens exactly, so the
-    results are a float64 row's): ``wide`` is then ``work`` seen as (rows,
-    ``LADDER_WORK * n``), whose last ``n`` slots of a row (the row of ``B``) take the widened
-    row for the decays before :func:`prefix_counts` writes ``B``; for float64 ``xs`` it is
-    ``xs`` itself.
+    results are a float64 row's): ``wide`` is then ``work`` seen as (rows, ``width * n``),
+    whose last ``n`` slots of a row (a row the counting pass writes after the decays) take
+    the widened row for the decays; for float64 ``xs`` it is ``xs`` itself.
     """
     rows, n = xs.shape
     for row in prange(rows):
@@ -806,11 +809,16 @@ def ladder_forward(xs, alpha, out, counts, offset, ratios, wide, work, values):
             for i in range(n):
                 rw[i] = r[i]
         E = work[row, 0]
-        A = work[row, 1]
-        B = work[row, 2]
         a = alpha[row]
         c = counts[row, :n]
         _call_row_decays(rw, 1.0 / a, E)
+        if ratios is not None and work.shape[1] == LEAN_FORWARD_WORK:  # no row of A
+            B = work[row, 1]
+            narrow_prefix_counts(E, B, 0.5, c)
+            _narrow_values(r, a, 1.0 / a, E, B, 0.5, c, ratios[row], out[row], values)
+            continue
+        A = work[row, 1]
+        B = work[row, 2]
         prefix_counts(rw, 1.0 / a, E, A, B, 0.5, c)
         # (one call or the other, pruned by the types: None or an array)
         if offset is not None:
@@ -1199,6 +1207,478 @@ def _inject_in_window(r, inv_alpha, ra, t, shift, c, start, F, B, Bd, win_up, wi
         else:
             win_down[(i - 1) & mask] += down
     return True
+
+
+# --- soft sort's long float32 rows in less memory (issue 13): the forward pass keeps no
+# table ``A`` (its lower half waits in the slots of ``B``, and the targets take it from its
+# recurrence), the VJP keeps no decays (each one computed again where it is read) and counts
+# the anchors in 2 bytes each, and its two rows are separate arrays, so that the row of
+# ``Bd`` goes before the gradient's array comes
+
+#: float32 rows at least this long take soft sort's forward pass in two rows of scratch and
+#: its VJP in two rows and 2-byte counts (:func:`lean_vjp`), at n = 1e6 about 8 bytes per
+#: element less at each pass's peak (issue 13: at most 8 times a float32 input's bytes),
+#: for a few per cent more time per pass (a decay computed twice, ``A`` and ``Bd`` by their
+#: recurrences where they are read), which shorter rows, where the bytes are few, do not
+#: pay (CHANGELOG.md)
+LEAN_N = 1 << 18
+#: rows of scratch of :func:`ladder_forward` for soft sort's forward pass on rows of
+#: :data:`LEAN_N` or more (its ``ratios`` path): ``E`` and ``B`` (:func:`narrow_prefix_counts`)
+LEAN_FORWARD_WORK = 2
+#: ``Bd`` is kept at every BD_STEP-th point by :func:`lean_vjp` (:func:`lean_counts`)
+BD_STEP = 64
+#: the type of :func:`lean_vjp`'s counts: a row with a count beyond it goes to
+#: :func:`sort_vjp` (``redo``), which more than 65535 points sharing one target need
+LEAN_COUNTS = np.uint16
+
+
+@helper
+def narrow_prefix_counts(E, B, w0, counts):
+    """:func:`prefix_counts` without the row of ``A``: the same ``B`` and counts to the bit
+    (the same recurrences, in the same order), ``A``'s lower half waiting in the slots of
+    ``B`` until ``B``'s recurrence reaches them (:func:`descending_counts`' order).
+    """
+    n = E.shape[0]
+    counts[:] = 0
+    if n == 0:
+        return
+    h = (n + 1) // 2
+    B[0] = 1.0  # A[0]
+    B[n - 1] = 1.0
+    a = 1.0
+    b = 1.0
+    j = n - 2
+    for i in range(1, h):
+        a = 1.0 + E[i] * a
+        B[i] = a  # A[i] (at the middle of an odd row, overwritten by B just below)
+        ju = np.uint64(j)  # (unsigned: no wraparound)
+        b = 1.0 + E[ju + np.uint64(1)] * b
+        B[ju] = b
+        j -= 1
+    if n % 2 == 1:  # the middle point, both of whose sums the first half computed
+        _count(counts, h - 1, b, a, w0)
+    for i in range(h, n):
+        a = 1.0 + E[i] * a
+        _count(counts, i, B[i], a, w0)
+        ju = np.uint64(j)
+        a_j = B[ju]
+        b = 1.0 + E[ju + np.uint64(1)] * b
+        B[ju] = b
+        _count(counts, j, b, a_j, w0)
+        j -= 1
+
+
+@helper
+def _narrow_values(r, alpha, inv_alpha, E, B, w0, counts, ratios, out, values):
+    """:func:`_ladder_values` without kept offsets and without the row of ``A``
+    (:func:`narrow_prefix_counts`): the targets :data:`TBLOCK` at a time, their offsets in
+    ``ratios``, ``A`` at ``J - 1`` from its recurrence kept for :data:`WINDOW` points (the
+    VJP's :func:`_lean_pullback` solves them so): the same anchors, offsets and values.
+    """
+    n = r.shape[0]
+    m = out.shape[0]
+    mask = WINDOW - 1
+    ring = empty((WINDOW,), np.float64)
+    codes = stack_rows(1, TBLOCK, np.int64)[0]
+    PA = 0  # A is known at the points up to PA - 1 (ring: from PA - WINDOW on)
+    pa = 1.0
+    J = 0
+    for q0 in range(0, m, TBLOCK):
+        kn = TBLOCK if m - q0 >= TBLOCK else m - q0
+        for k in range(kn):
+            q = q0 + k
+            J += counts[q]
+            while PA < J:  # A up to J - 1, BATCH points at a time
+                for i in range(PA, PA + BATCH):
+                    if i < n:
+                        pa = 1.0 + E[np.uint64(i)] * pa if i > 0 else 1.0
+                        ring[i & mask] = pa
+                PA += BATCH
+            uJ = np.uint64(J if J < n else n - 1)
+            e = E[uJ] if J > 0 else 0.0
+            far = (e < SMALL_E) & (J > 0) & (J < n)
+            d = gap(np.float64(r[uJ]), np.float64(r[uJ - np.uint64(1)])) if far else 0.0
+            a = ring[(J - 1) & mask] if J > 0 else 1.0
+            codes[k], ratios[k] = _ladder_ratio(J, n, w0 + q, a, B[uJ], e, d * inv_alpha)
+        fast_log.take_logs(codes[:kn], ratios[:kn])
+        for k in range(kn):
+            q = q0 + k
+            if values:
+                out[q] = target_position(r, alpha, codes[k], ratios[k])
+            else:
+                counts[q] = codes[k]
+
+
+@inner_helper
+def _count_narrow(counts, i, b, a, w0):
+    """:func:`_count` into counts of a narrow type: False where a count wraps around."""
+    first = math.ceil(i + 0.5 + 0.5 * (b - a) - w0)
+    if first < counts.shape[0]:
+        at = np.uint64(first if first > 0 else 0)  # (unsigned: no wraparound)
+        counts[at] += 1
+        return counts[at] != 0
+    return True
+
+
+@inner_helper
+def _keep_bd(marks, j, bd):
+    """Keep ``Bd[j]`` where ``j`` is a multiple of :data:`BD_STEP` (:func:`lean_counts`)."""
+    if j % BD_STEP == 0:
+        marks[np.uint64(j // BD_STEP)] = bd
+
+
+@helper
+def lean_counts(r, inv_alpha, E, B, marks, w0, counts):
+    """:func:`descending_counts` without the row of ``Bd``: the same ``B`` and counts to the
+    bit (the same recurrences in the same order), ``A``'s lower half waiting in the slots of
+    ``B`` (:func:`narrow_prefix_counts`), and ``Bd`` kept at every :data:`BD_STEP`-th point
+    only (``marks[c] = Bd[c * BD_STEP]``), from which :func:`_bd_block` computes it again.
+    ``counts`` of a narrow type (:data:`LEAN_COUNTS`); False where a count does not fit it
+    (the counts are then incomplete).
+    """
+    n = r.shape[0]
+    counts[:] = 0
+    if n == 0:
+        return True
+    fits = True
+    h = (n + 1) // 2
+    B[0] = 1.0  # A[0]
+    B[n - 1] = 1.0
+    _keep_bd(marks, n - 1, 0.0)
+    a = 1.0
+    b = 1.0
+    bd = 0.0
+    j = n - 2
+    for i in range(1, h):
+        a = 1.0 + E[i] * a
+        B[i] = a  # A[i] (at the middle of an odd row, overwritten by B just below)
+        ju = np.uint64(j)  # (unsigned: no wraparound)
+        d = gap(np.float64(r[ju + np.uint64(1)]), np.float64(r[ju]))
+        f = E[ju + np.uint64(1)]
+        bd = f * (bd + d * inv_alpha * b) if f > 0.0 else 0.0
+        b = 1.0 + f * b
+        B[ju] = b
+        _keep_bd(marks, j, bd)
+        j -= 1
+    if n % 2 == 1:
+        fits &= _count_narrow(counts, h - 1, b, a, w0)
+    for i in range(h, n):
+        a = 1.0 + E[i] * a
+        fits &= _count_narrow(counts, i, B[i], a, w0)
+        ju = np.uint64(j)
+        d = gap(np.float64(r[ju + np.uint64(1)]), np.float64(r[ju]))
+        f = E[ju + np.uint64(1)]
+        a_j = B[ju]
+        bd = f * (bd + d * inv_alpha * b) if f > 0.0 else 0.0
+        b = 1.0 + f * b
+        B[ju] = b
+        _keep_bd(marks, j, bd)
+        fits &= _count_narrow(counts, j, b, a_j, w0)
+        j -= 1
+    return fits
+
+
+@helper
+def _bd_block(R, r, inv_alpha, E, B, marks, block, c0, lo):
+    """``Bd`` for :func:`_lean_pullback` at ``R < n``, computed again by its recurrence
+    (:func:`descending_counts`' operations, so its value to the bit) from the kept value
+    at the next multiple of :data:`BD_STEP` (or 0 at the row's last point) down to ``R``,
+    into ``block`` (``Bd`` at the points from ``c0``, computed down to ``lo``; the caller
+    reads ``block[R - c0]``). It reads ``E`` and ``B`` above ``R`` only: slots the pullback
+    has not overwritten. Called once per block (a call per target paid the arrays'
+    reference counting at every target). Returns the new ``(c0, lo)``.
+    """
+    n = r.shape[0]
+    c = R - R % BD_STEP
+    if c != c0:  # another block: from its top (kept in marks), or from the row's last point
+        c0 = c
+        if c + BD_STEP < n:
+            lo = c + BD_STEP
+        else:
+            lo = n - 1
+            block[np.uint64(lo - c)] = 0.0
+    if R < lo:
+        bd = block[np.uint64(lo - c0)] if lo - c0 < BD_STEP else marks[np.uint64(lo // BD_STEP)]
+        for j in range(lo - 1, R - 1, -1):
+            ju = np.uint64(j)  # (unsigned: no wraparound)
+            d = gap(np.float64(r[ju + np.uint64(1)]), np.float64(r[ju]))
+            f = E[ju + np.uint64(1)]
+            bd = f * (bd + d * inv_alpha * B[ju + np.uint64(1)]) if f > 0.0 else 0.0
+            block[np.uint64(j - c0)] = bd
+        lo = R
+    return c0, lo
+
+
+@inner_helper
+def _carry_to_rows(F, M, E, B, win_up, win_down, up):
+    """:func:`_move_to_rows` for :func:`_lean_pullback`, carrying the upward injections as
+    they leave the window (:func:`~softorder.core.kernel_sums.carry_both_ways`' upward
+    pass, the same operations in the same order: no injection reaches a point below ``F``
+    any more): their carried sums into ``B``, the downward injections into the slots of
+    ``E``, each slot's decay read first. Returns the new ``F`` and the carry ``up``.
+    """
+    mask = WINDOW - 1
+    while F + BATCH <= M - 1:
+        for i in range(F, F + BATCH):
+            ui = np.uint64(i)  # (unsigned: no wraparound)
+            if i > 0:
+                up *= E[ui]
+            up += win_up[i & mask]
+            B[ui] = up
+            E[ui] = win_down[i & mask]
+            win_up[i & mask] = 0.0
+            win_down[i & mask] = 0.0
+        F += BATCH
+    return F, up
+
+
+@helper
+def _lean_other_target(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR, u, F, B, D, win_up, win_down):
+    """:func:`_other_target` for :func:`_lean_pullback`: ``B[R]`` and ``Bd[R]`` given
+    (``bR``, ``bdR``), the downward injections below ``F`` into ``D``; :data:`_BEYOND` also
+    where a tie's upward injection lands below ``F``, among the carried sums.
+    """
+    n = r.shape[0]
+    mask = WINDOW - 1
+    how, G, Z, el, er, shift = other_target_weights(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR)
+    if how == 0:
+        return _NOTHING, 0.0
+    c = u / G
+    if how == 1:
+        if R < n:
+            win_up[R & mask] += c * er
+        if L >= 0:
+            if L < F:
+                D[L] += c * el
+            else:
+                win_down[L & mask] += c * el
+        return _ADDED, u * Z / G
+    i = _first_at_or_above(r, inv_alpha, ra, t, R)
+    if i < F or i >= F + WINDOW:
+        return _BEYOND, 0.0
+    if not _inject_in_window(r, inv_alpha, ra, t, shift, c, R, F, B, D, win_up, win_down):
+        return _BEYOND, 0.0
+    return _ADDED, u * Z / G
+
+
+@helper
+def _lean_pullback(r, alpha, inv_alpha, E, B, marks, counts, u, w0):
+    """:func:`_ladder_pullback` solving the targets again (its ``ring`` path) without a row
+    of ``Bd`` (:func:`_bd_block`), the upward injections carried as they leave the window
+    into ``B`` (:func:`_carry_to_rows`) and the downward ones into the slots of ``E`` below
+    it: the same operations on the same values, so the same injections, sums and
+    ``alpha_bar`` to the bit. ``A`` and ``Ad`` are brought up to a target's point before the
+    window moves (:func:`_moments_up_to` reads ``E`` there). Returns ``(alpha_bar, done)``;
+    when done, ``B`` holds the upward sums and ``E`` the downward injections.
+    """
+    n = r.shape[0]
+    win_up = empty((WINDOW,), np.float64)
+    win_down = empty((WINDOW,), np.float64)
+    for i in range(WINDOW):
+        win_up[i] = 0.0
+        win_down[i] = 0.0
+    a_win = empty((WINDOW,), np.float64)
+    ad_win = empty((WINDOW,), np.float64)
+    ring = empty((WINDOW,), np.float64)
+    block = empty((BD_STEP,), np.float64)
+    b_t, b_ra, b_rl, b_rr, b_br, b_bdr, b_el, b_er, b_zl, b_gr, b_zr = stack_rows(
+        _BLOCK_ROWS, TBLOCK, np.float64
+    )
+    left = stack_rows(1, TBLOCK, np.int64)[0]
+    mask = WINDOW - 1
+    M = 1
+    F = 0
+    P = 0
+    a = 1.0
+    ad = 0.0
+    lo = np.float64(r[0])
+    up = 0.0
+    alpha_bar = 0.0
+    codes = stack_rows(1, TBLOCK, np.int64)[0]
+    ratios = stack_rows(1, TBLOCK, np.float64)[0]
+    PA = 0
+    pa = 1.0
+    J = 0
+    c0 = -BD_STEP  # the block of Bd computed again (none yet), down to point blo
+    blo = 0
+    for q0 in range(0, n, TBLOCK):
+        kn = TBLOCK if n - q0 >= TBLOCK else n - q0
+        for k in range(kn):  # each target solved (_ladder_values' operations)
+            q = q0 + k
+            J += counts[np.uint64(q)]
+            while PA < J:
+                for i in range(PA, PA + BATCH):
+                    if i < n:
+                        pa = 1.0 + E[np.uint64(i)] * pa if i > 0 else 1.0
+                        ring[i & mask] = pa
+                PA += BATCH
+            uJ = np.uint64(J if J < n else n - 1)
+            eJ = E[uJ] if J > 0 else 0.0
+            far = (eJ < SMALL_E) & (J > 0) & (J < n)
+            dJ = gap(np.float64(r[uJ]), np.float64(r[uJ - np.uint64(1)])) if far else 0.0
+            aJ = ring[(J - 1) & mask] if J > 0 else 1.0
+            codes[k], ratios[k] = _ladder_ratio(J, n, w0 + q, aJ, B[uJ], eJ, dJ * inv_alpha)
+        fast_log.take_logs(codes[:kn], ratios[:kn])
+        for k in range(kn):  # _target_points, Bd at R computed again
+            an, t = codes[k], ratios[k]
+            L = an - 1 if t <= 0.0 else an
+            R = np.uint64(L + 1 if L + 1 < n else an)
+            left[k] = L
+            b_t[k] = t
+            b_ra[k] = r[np.uint64(an)]
+            b_rl[k] = r[np.uint64(L)] if L >= 0 else -INF
+            b_rr[k] = r[R] if L + 1 < n else INF
+            b_br[k] = B[R] if L + 1 < n else 0.0
+            b_bdr[k] = 0.0
+            if L + 1 < n:
+                if L + 1 < blo or L + 1 >= c0 + BD_STEP:  # (once per block: a call)
+                    c0, blo = _bd_block(L + 1, r, inv_alpha, E, B, marks, block, c0, blo)
+                b_bdr[k] = block[np.uint64(L + 1 - c0)]
+        _usual_weights(
+            alpha, inv_alpha, b_t, b_ra, b_rl, b_rr, b_br, b_bdr, b_el, b_er, b_zl, b_gr, b_zr
+        )
+        for k in range(kn):  # the injections, in the targets' order
+            uj = np.float64(u[np.uint64(q0 + k)])
+            el = b_el[k]
+            if uj == 0.0 or el == _SKIP:
+                continue
+            L = left[k]
+            R = L + 1
+            if L < M - 2:  # (never, for counts of a ladder)
+                return alpha_bar, False
+            M = L if L > M else M
+            # (A and Ad first: they read E at points the window's move may overwrite)
+            P, a, ad, lo = _moments_up_to(L, P, r, E, inv_alpha, a, ad, lo, a_win, ad_win)
+            F, up = _carry_to_rows(F, M, E, B, win_up, win_down, up)
+            aL = a_win[L & mask] if L >= 0 else 0.0
+            adL = ad_win[L & mask] if L >= 0 else 0.0
+            if el >= 0.0:
+                G = aL * el + b_gr[k]
+                Z = (b_zl[k] * aL + adL) * el + b_zr[k]
+                cj = uj / G
+                if R < n:
+                    win_up[R & mask] += cj * b_er[k]
+                if L >= 0:
+                    if L < F:
+                        E[np.uint64(L)] += cj * el
+                    else:
+                        win_down[L & mask] += cj * el
+                alpha_bar += uj * Z / G
+                continue
+            bR = b_br[k]
+            bdR = b_bdr[k]
+            code, term = _lean_other_target(
+                r, inv_alpha, b_ra[k], b_t[k], L, R, aL, adL, bR, bdR, uj, F, B, E, win_up, win_down
+            )
+            if code == _BEYOND:
+                return alpha_bar, False
+            if code == _ADDED:
+                alpha_bar += term
+    for i in range(F, n):  # the rest of the row: _carry_to_rows' operations
+        ui = np.uint64(i)
+        inside = i < F + WINDOW
+        if i > 0:
+            up *= E[ui]
+        up += win_up[i & mask] if inside else 0.0
+        B[ui] = up
+        E[ui] = win_down[i & mask] if inside else 0.0
+    return alpha_bar, True
+
+
+@helper
+def _lean_finish(r, inv_alpha, D, B):
+    """:func:`~softorder.core.kernel_sums.carry_both_ways`' downward pass of the injections
+    ``D`` (the same sums), its decays computed again :data:`BD_STEP` at a time (the
+    operations of :func:`~softorder.core.rank.decays`, in a loop LLVM vectorizes: ``D`` took
+    their slots), each point's total ``down + B[i]`` (``B``: the upward sums; 0 at an
+    infinite value, as :func:`~softorder.core.rows.scatter_finite` writes it) into ``B[i]``.
+    """
+    n = r.shape[0]
+    e = stack_rows(1, BD_STEP, np.float64)[0]
+    down = 0.0
+    for hi in range(n, 0, -BD_STEP):
+        lo = hi - BD_STEP if hi > BD_STEP else 0
+        # e[k] = E[lo + 1 + k], the factors of the points j = lo + k below hi
+        m = hi - lo if hi < n else hi - lo - 1
+        if not FAST_EXP:
+            for k in range(m):
+                i = np.uint64(lo + 1 + k)  # (unsigned: no wraparound)
+                e[k] = math.exp(-gap(np.float64(r[i]), np.float64(r[i - np.uint64(1)])) * inv_alpha)
+        else:
+            far = False
+            for k in range(m):
+                i = np.uint64(lo + 1 + k)
+                x = -gap(np.float64(r[i]), np.float64(r[i - np.uint64(1)])) * inv_alpha
+                far |= needs_libm(x)
+                e[k] = exp_or_zero(x)
+            if far:
+                for k in range(m):
+                    i = np.uint64(lo + 1 + k)
+                    x = -gap(np.float64(r[i]), np.float64(r[i - np.uint64(1)])) * inv_alpha
+                    if needs_libm(x):
+                        e[k] = math.exp(x)
+        for j in range(hi - 1, lo - 1, -1):
+            uj = np.uint64(j)
+            if j < n - 1:
+                down *= e[uj - np.uint64(lo)]
+            down += D[uj]
+            total = down + B[uj]
+            B[uj] = total if abs(r[uj]) != INF else 0.0
+
+
+@kernel
+def lean_vjp(xs, alpha, u, counts, E, B, marks, alpha_bar, redo):
+    """Soft sort's VJP on long rows (:func:`ladder_vjp`'s values, the same to the bit,
+    solving the targets again) in two rows of scratch, ``E`` and ``B`` (rows, n), and
+    ``counts`` (rows, n) of :data:`LEAN_COUNTS`: ``Bd`` is kept at every
+    :data:`BD_STEP`-th point in ``marks`` (rows, n // BD_STEP + 1) and computed again
+    where it is read (:func:`_lean_pullback`). Each row's gradient in sorted order is left
+    in ``B`` (float64); :func:`scatter_rows` puts it in the input's order, rounded once to
+    ``x_bar``'s dtype, once ``E`` and the counts are gone. ``u`` (rows, n) float32 or
+    float64. A row whose counts do not fit their type, or whose ties throw an injection
+    beyond the window (or below it), gets ``redo[row] = 1`` (the caller runs
+    :func:`sort_vjp` on it); a NaN row gets NaN in ``B`` and ``alpha_bar``.
+    """
+    rows, n = xs.shape
+    for row in prange(rows):
+        redo[row] = 0
+        r = xs[row]
+        Br = B[row]
+        if has_nan(r):
+            Br[:] = np.nan
+            alpha_bar[row] = np.nan
+            continue
+        a = alpha[row]
+        inv_alpha = 1.0 / a
+        Er = E[row]
+        c = counts[row]
+        _row_decays(r, inv_alpha, Er)
+        if not lean_counts(r, inv_alpha, Er, Br, marks[row], 0.5, c):
+            redo[row] = 1
+            continue
+        ab, done = _lean_pullback(r, a, inv_alpha, Er, Br, marks[row], c, u[row], 0.5)
+        if not done:
+            redo[row] = 1
+            continue
+        alpha_bar[row] = ab
+        _lean_finish(r, inv_alpha, Er, Br)
+
+
+@kernel
+def scatter_rows(xs, totals, order, x_bar, redo):
+    """``x_bar[row, order[row, i]] = totals[row, i]`` (rounded once to ``x_bar``'s dtype)
+    for the rows ``xs`` (rows, n) whose ``redo`` is 0: :func:`lean_vjp`'s gradients into
+    the input's order.
+    """
+    rows, n = xs.shape
+    for row in prange(rows):
+        if redo[row]:
+            continue
+        o = order[row]
+        t = totals[row]
+        xb = x_bar[row]
+        for i in range(n):
+            xb[np.uint64(o[i])] = t[i]
 
 
 #: the per-row helpers of :func:`ladder_vjp` called by symbol
