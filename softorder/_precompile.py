@@ -55,11 +55,14 @@ def _numpy(name: str, x: np.ndarray) -> None:
             out, pullback = softorder.vjp(fn, xd, k, 0.5)
             pullback(np.ones_like(out))
         if name == "soft_sort":  # long rows keep no offsets: kernels of their own
-            from softorder.core.sort import SOLVE_AGAIN_N
+            from softorder.core.sort import LEAN_N, SOLVE_AGAIN_N
 
-            row = np.linspace(-1.0, 1.0, SOLVE_AGAIN_N, dtype=dtype)
-            out, pullback = softorder.vjp(fn, row, 0.5)
-            pullback(np.ones_like(out))
+            # (the longest float32 rows: two rows of scratch, kernels of their own too)
+            lengths = (SOLVE_AGAIN_N, LEAN_N) if dtype == np.float32 else (SOLVE_AGAIN_N,)
+            for n in lengths:
+                row = np.linspace(-1.0, 1.0, n, dtype=dtype)
+                out, pullback = softorder.vjp(fn, row, 0.5)
+                pullback(np.ones_like(out))
 
 
 def _host_sort() -> None:

@@ -114,10 +114,15 @@ def test_precompile_compiles_soft_sorts_long_rows(monkeypatch):
     from softorder import core
 
     monkeypatch.setattr(core.sort, "SOLVE_AGAIN_N", 16)
+    monkeypatch.setattr(core.sort, "LEAN_N", 24)
     softorder.precompile("soft_sort", progress=False)
     for kernel, at in ((core.sort.ladder_forward, 4), (core.sort.ladder_vjp, 3)):
         kinds = {str(signature[at]) for signature in kernel.serial.signatures}
         assert "none" in kinds and any(k.startswith("array(float64") for k in kinds), kinds
+    # the longest float32 rows' VJP (two rows of scratch) and its scatter
+    for kernel in (core.sort.lean_vjp, core.sort.scatter_rows):
+        kinds = {str(signature[0]) for signature in kernel.serial.signatures}
+        assert any(k.startswith("array(float32") for k in kinds), kinds
 
 
 def test_precompile_takes_one_name_and_refuses_bad_arguments():

@@ -226,9 +226,10 @@ def test_soft_sort_gradient_with_zero_cotangents_matches_finite_differences(rng,
     np.testing.assert_allclose(x_bar @ d, u @ (plus - minus) / (2 * h), rtol=1e-5, atol=1e-7)
 
 
-def _ladder_forward(xs, alpha, out_dtype=np.float64, keep=True):
+def _ladder_forward(xs, alpha, out_dtype=np.float64, keep=True, lean=False):
     """:func:`~softorder.core.sort.ladder_forward`'s values and offsets (``xs`` float32 or
-    float64; without ``keep``, the offsets' array has no columns: soft sort's forward).
+    float64; without ``keep``, the offsets' array has no columns: soft sort's forward; with
+    ``lean``, two rows of scratch, the longest float32 rows' forward).
     """
     rows, n = xs.shape
     out = np.empty((rows, n), out_dtype)
@@ -236,7 +237,8 @@ def _ladder_forward(xs, alpha, out_dtype=np.float64, keep=True):
         (np.empty((rows, n)), None) if keep else (None, np.empty((rows, core.sort.TBLOCK)))
     )
     counts = out.view(np.int32 if out_dtype == np.float32 else np.int64)
-    work = core.workspace(rows, core.sort.LADDER_WORK, n)
+    width = core.sort.LEAN_FORWARD_WORK if lean else core.sort.LADDER_WORK
+    work = core.workspace(rows, width, n)
     wide = work.reshape(rows, -1) if xs.dtype == np.float32 else xs
     core.sort.ladder_forward(xs, alpha, out, counts, offset, ratios, wide, work, True)
     return out, offset
@@ -253,6 +255,21 @@ def _ladder_vjp(xs, order, alpha, offset, u, x_bar_dtype=np.float64):
     redo = np.empty(rows, np.uint8)
     ring = np.empty((rows, core.sort.WINDOW)) if offset is None else None
     core.sort.ladder_vjp(xs, order, alpha, offset, ring, u, x_bar, counts, alpha_bar, work, redo)
+    return x_bar, alpha_bar, redo
+
+
+def _lean_vjp(xs, order, alpha, u, x_bar_dtype=np.float64, counts_dtype=None):
+    """:func:`~softorder.core.sort.lean_vjp` and :func:`~softorder.core.sort.scatter_rows`:
+    the gradients and ``redo`` (rows flagged there are left NaN).
+    """
+    rows, n = xs.shape
+    counts = np.empty((rows, n), counts_dtype or core.sort.LEAN_COUNTS)
+    E, B = np.full((rows, n), np.nan), np.full((rows, n), np.nan)  # (nothing read unwritten)
+    marks = np.full((rows, n // core.sort.BD_STEP + 1), np.nan)
+    alpha_bar, redo = np.full(rows, np.nan), np.empty(rows, np.uint8)
+    core.sort.lean_vjp(xs, alpha, u, counts, E, B, marks, alpha_bar, redo)
+    x_bar = np.full((rows, n), np.nan, x_bar_dtype)
+    core.sort.scatter_rows(xs, B, order, x_bar, redo)
     return x_bar, alpha_bar, redo
 
 
@@ -277,6 +294,9 @@ def test_ladder_kernels_equal_sort_forward_and_inverse_vjp_bitwise(rng, kind, sh
         # soft sort's forward keeps no offsets: the same values
         out = _ladder_forward(xs, alpha, out_dtype, keep=False)[0]
         np.testing.assert_array_equal(out.view(np.uint8), want.view(np.uint8))
+        # ... nor, on the longest rows, a row of A
+        out = _ladder_forward(xs, alpha, out_dtype, keep=False, lean=True)[0]
+        np.testing.assert_array_equal(out.view(np.uint8), want.view(np.uint8))
         # without the values, the anchors stay where the counts were
         counts = np.empty((rows, n), np.int32 if out_dtype == np.float32 else np.int64)
         plain, kept = counts.view(out_dtype), np.empty((rows, n))
@@ -300,6 +320,18 @@ def test_ladder_kernels_equal_sort_forward_and_inverse_vjp_bitwise(rng, kind, sh
         want = x_bar32.astype(np.float32).view(np.int32)
         np.testing.assert_array_equal(got.view(np.int32), want)
         np.testing.assert_array_equal(got_alpha, alpha_bar32)
+    # the longest rows' VJP (two rows of scratch): the same bits on every row it does not
+    # hand back (ties whose injection lands below its window), and it hands back none here
+    for uu, dtype, want, want_alpha in (
+        (u, np.float64, x_bar, alpha_bar),
+        (u32, np.float32, x_bar32.astype(np.float32), alpha_bar32),
+    ):
+        got, got_alpha, redo = _lean_vjp(xs, order, alpha, uu, dtype)
+        if kind != "ties":
+            assert not redo.any()
+        done = redo == 0
+        np.testing.assert_array_equal(got[done].view(np.uint8), want[done].view(np.uint8))
+        np.testing.assert_array_equal(got_alpha[done], want_alpha[done])
 
 
 @pytest.mark.parametrize("zeros", ["head", "tail", "middle", "all"])
@@ -319,6 +351,10 @@ def test_ladder_vjp_with_zero_cotangents_leaves_no_table_values(rng, zeros):
         assert not redo.any()
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(got_alpha, want_alpha)
+    got, got_alpha, redo = _lean_vjp(xs, order, alpha, u)  # (the upward sums carried early)
+    assert not redo.any()
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got_alpha, want_alpha)
 
 
 def test_ladder_injection_beyond_the_window_is_refused():
@@ -635,3 +671,81 @@ def test_other_target_weights_give_a_usual_target_its_weights(rng):
     compare(r, inv_alpha, t, tables, got, want)
     assert (want[:, 0] == 1).all()
     np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_soft_sort_of_the_longest_float32_rows_in_two_rows_of_scratch(rng, monkeypatch, dtype):
+    # float32 rows of LEAN_N or more: forward in two rows of scratch, VJP in lean_vjp; the
+    # rows it hands back (ties at a small alpha: an injection below its window; a count
+    # beyond its type, here uint8) take ladder_vjp: the same bits as the short rows' path
+    # (rows made "long" here by lowering the bounds: the kernels do not look at them)
+    from softorder._engine.autodiff import rule_named
+
+    n = 600
+    x = rng.normal(size=(4, n)).astype(dtype)
+    x[1] = np.round(x[1] * 2) / 2  # long runs of ties
+    x[2, 7] = np.inf
+    u = rng.normal(size=x.shape).astype(dtype)
+    alpha = np.array([[0.05], [1e-3], [0.3], [1e9]])  # (1e9: every point at one target)
+    want = softorder.vjp(softorder.soft_sort, x, alpha=alpha)
+    want_grads = want[1](u)
+    handed = []
+    ladder = core.sort.ladder_vjp
+
+    def spy(xs, *args):
+        handed.append(xs.shape[0])
+        return ladder(xs, *args)
+
+    monkeypatch.setattr(core.sort, "SOLVE_AGAIN_N", 200)
+    monkeypatch.setattr(core.sort, "LEAN_N", 200)
+    monkeypatch.setattr(core.sort, "LEAN_COUNTS", np.uint8)
+    monkeypatch.setattr(core.sort, "ladder_vjp", spy)
+    rule = rule_named("soft_sort")
+    ctx = rule.prepare(x=x, alpha=alpha, axis=-1, descending=False)
+    rule.forward(ctx)
+    assert "offset" not in ctx.saved
+    for descending in (False, True):
+        if descending:
+            want = softorder.vjp(softorder.soft_sort, x, alpha=alpha, descending=True)
+            with monkeypatch.context() as m:
+                m.setattr(core.sort, "LEAN_N", 1 << 40)
+                want_grads = want[1](u)
+        handed.clear()
+        got = softorder.vjp(softorder.soft_sort, x, alpha=alpha, descending=descending)
+        np.testing.assert_array_equal(got[0], want[0])
+        grads = got[1](u)
+        # float32 rows: rows 1 (ties) and 3 (counts) handed back; float64 rows: not lean
+        assert handed == ([2] if dtype == np.float32 else [4])
+        for g, w in zip(grads, want_grads, strict=True):
+            assert g.dtype == w.dtype
+            np.testing.assert_array_equal(
+                np.asarray(g).view(np.uint8), np.asarray(w).view(np.uint8)
+            )
+        if dtype == np.float32:  # a float64 cotangent: a float64 gradient, the same bits
+            g64 = got[1](u.astype(np.float64))
+            with monkeypatch.context() as m:
+                m.setattr(core.sort, "LEAN_N", 1 << 40)
+                w64 = want[1](u.astype(np.float64))
+            np.testing.assert_array_equal(g64[0], w64[0])
+            np.testing.assert_array_equal(g64[1], w64[1])
+
+
+def test_lean_counts_refuse_a_count_beyond_their_type(rng):
+    # every point of a row with an alpha far above its spread shares one target: 2-byte
+    # counts would wrap around at 65536 points; the kernel flags the row instead
+    rows, n = 1, 300
+    xs = np.sort(rng.normal(size=(rows, n)), axis=1)
+    order = np.argsort(rng.normal(size=(rows, n)), axis=1)
+    u = rng.normal(size=(rows, n))
+    for counts_dtype, alpha, flagged in (
+        (np.uint8, 1e9, 1),
+        (np.uint16, 1e9, 0),
+        (np.uint8, 0.1, 0),
+    ):
+        got, got_alpha, redo = _lean_vjp(xs, order, np.array([alpha]), u, counts_dtype=counts_dtype)
+        assert redo[0] == flagged
+        if not flagged:
+            anchor, offset = _ladder(xs, np.array([alpha]))
+            want, want_alpha = _inverse_vjp(xs, order, np.array([alpha]), anchor, offset, u)
+            np.testing.assert_array_equal(got, want)
+            np.testing.assert_array_equal(got_alpha, want_alpha)

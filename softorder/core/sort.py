@@ -1505,7 +1505,7 @@ def _lean_pullback(r, alpha, inv_alpha, E, B, marks, counts, u, w0):
         kn = TBLOCK if n - q0 >= TBLOCK else n - q0
         for k in range(kn):  # each target solved (_ladder_values' operations)
             q = q0 + k
-            J += counts[np.uint64(q)]
+            J += np.int64(counts[np.uint64(q)])  # (a narrow count widened)
             while PA < J:
                 for i in range(PA, PA + BATCH):
                     if i < n:
