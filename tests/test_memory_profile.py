@@ -36,6 +36,27 @@ def test_soft_sort_float32_profile(bench, capsys):
     assert "ctx.work(core.sort.LADDER_WORK)" in where[24.0]
 
 
+def test_soft_sort_float32_profile_of_the_longest_rows(bench, capsys):
+    # rows of core.sort.LEAN_N or more: two rows of scratch in each pass, 2-byte counts and
+    # Bd kept at every BD_STEP-th point in the VJP, whose gradient's array comes after the
+    # row of decays and the counts are gone
+    from softorder import core
+    from softorder._engine import scratch
+
+    # (a row of scratch above what a thread keeps: the row of decays goes when dropped)
+    n = max(core.sort.LEAN_N, scratch.limit() // 8) + 1000
+    steps = {k: arrays for k, arrays, _ in bench["memory_profile"]("soft_sort", "float32", n)}
+    out = capsys.readouterr().out
+    forward = sorted(round(b, 1) for b, _ in steps["sort.ladder_forward"])
+    pullback = sorted(round(b, 1) for b, _ in steps["sort.lean_vjp"])
+    scatter = sorted(round(b, 1) for b, _ in steps["sort.scatter_rows"])
+    assert forward == [4.0, 4.0, 4.0, 16.0]
+    assert pullback == [0.1, 2.0, 4.0, 4.0, 4.0, 8.0, 8.0]
+    assert scatter == [4.0, 4.0, 4.0, 4.0, 8.0]  # (the gradient, the row of B)
+    assert "sort.lean_vjp: 30.1 B/element = 7.53 x input (resident " in out
+    assert "<- the most alive" in out.split("sort.lean_vjp:")[1].splitlines()[0]
+
+
 def test_unknown_operation_is_refused(bench):
     with pytest.raises(SystemExit, match="unknown operation 'soft_nothing'"):
         bench["main"](["--memory-profile", "soft_nothing", "float32"])
