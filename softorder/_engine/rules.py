@@ -455,7 +455,9 @@ class SortRule(InverseRule):
     offset but not its anchor (:func:`~softorder.core.sort.ladder_forward`), which the VJP
     counts again (:func:`~softorder.core.sort.ladder_vjp`, also after a restore from
     residuals); rows of :data:`~softorder.core.sort.SOLVE_AGAIN_N` or more keep no offsets
-    either, which the VJP solves again. Anchors and offsets are solved
+    either, which the VJP solves again; float32 rows of :data:`~softorder.core.sort.LEAN_N`
+    or more take each pass in two rows of scratch (:func:`~softorder.core.sort.lean_vjp`).
+    Anchors and offsets are solved
     (:meth:`_solved_targets`, by the forward kernel) where they are handed out or read: the
     bridges' residuals, the JVP, rows the ladder VJP hands back.
     """
@@ -589,7 +591,6 @@ class SortRule(InverseRule):
                 x_bar = np.empty(rows.xs.shape, grad_dtype)  # (the counts wait in x_bar)
                 ring = np.empty((rows.rows, core.sort.WINDOW)) if offset is None else None
                 self._ladder_vjp(
-                    ctx,
                     rows.xs,
                     rows.order,
                     ctx.alpha,
@@ -648,7 +649,7 @@ class SortRule(InverseRule):
         return rows.n >= core.sort.LEAN_N and rows.xs.dtype == _F32
 
     @staticmethod
-    def _ladder_vjp(ctx, xs, order, alpha, offset, ring, u, x_bar, alpha_bar, redo, work):
+    def _ladder_vjp(xs, order, alpha, offset, ring, u, x_bar, alpha_bar, redo, work):
         """:func:`~softorder.core.sort.ladder_vjp` of the rows ``xs``, its counts in
         ``x_bar``'s memory.
         """
@@ -684,13 +685,12 @@ class SortRule(InverseRule):
         work = np.empty((len(at), core.sort.LADDER_WORK, rows.n))
         if len(at) == rows.rows:  # (every row: into x_bar itself)
             self._ladder_vjp(
-                ctx, rows.xs, rows.order, ctx.alpha, None, ring, u, x_bar, alpha_bar, redo, work
+                rows.xs, rows.order, ctx.alpha, None, ring, u, x_bar, alpha_bar, redo, work
             )
             return x_bar
         sub_x_bar, sub_alpha_bar = np.empty((len(at), rows.n), grad_dtype), np.empty(len(at))
         sub_redo = np.empty(len(at), _U8)
         self._ladder_vjp(
-            ctx,
             rows.xs[at],
             rows.order[at],
             ctx.alpha[at],
