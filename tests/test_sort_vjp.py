@@ -267,7 +267,7 @@ def _lean_vjp(xs, order, alpha, u, x_bar_dtype=np.float64, counts_dtype=None):
     E, B = np.full((rows, n), np.nan), np.full((rows, n), np.nan)  # (nothing read unwritten)
     marks = np.full((rows, n // core.sort.BD_STEP + 1), np.nan)
     alpha_bar, redo = np.full(rows, np.nan), np.empty(rows, np.uint8)
-    core.sort.lean_vjp(xs, alpha, u, counts, E, B, marks, alpha_bar, redo)
+    core.sort.lean_vjp(xs, alpha, u, False, counts, E, B, marks, alpha_bar, redo)
     x_bar = np.full((rows, n), np.nan, x_bar_dtype)
     core.sort.scatter_rows(xs, B, order, x_bar, redo)
     return x_bar, alpha_bar, redo

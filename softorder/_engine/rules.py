@@ -577,8 +577,9 @@ class SortRule(InverseRule):
             return rows.grad_to_user(x_bar), ctx.alpha_grad(alpha_bar)
         # a float32 cotangent of a float32 input is read as it is, into a float32 x_bar (the
         # float64 gradient rounded once)
+        negate = False  # (a float32 cotangent of a descending sort: the kernels negate it)
         if v is not None:
-            u = v if rows.sign > 0 else np.negative(v)
+            u, negate = v, rows.sign < 0
         grad_dtype = _F32 if v is not None else _F64
         s = ctx.saved
         alpha_bar = np.empty(rows.rows)
@@ -586,8 +587,10 @@ class SortRule(InverseRule):
             redo = np.empty(rows.rows, _U8)
             offset = s.get("offset")  # (none kept: solved again)
             if offset is None and self._lean(rows):
-                x_bar = self._lean_vjp(ctx, u, grad_dtype, alpha_bar, redo)
+                x_bar = self._lean_vjp(ctx, u, negate, grad_dtype, alpha_bar, redo)
             else:
+                if negate:
+                    u, negate = np.negative(u), False
                 x_bar = np.empty(rows.xs.shape, grad_dtype)  # (the counts wait in x_bar)
                 ring = np.empty((rows.rows, core.sort.WINDOW)) if offset is None else None
                 self._ladder_vjp(
@@ -607,6 +610,8 @@ class SortRule(InverseRule):
             # on a small call)
             if redo[0] if rows.rows == 1 else np.count_nonzero(redo):
                 at = np.flatnonzero(redo)
+                if negate:
+                    u = np.negative(u)
                 xs, alpha, anchor, offset = self._solved_targets(ctx, at)
                 xs = xs.astype(np.float64)  # (sort_vjp reads float64 rows)
                 sub_x_bar, sub_alpha_bar = np.empty(xs.shape, x_bar.dtype), np.empty(len(at))
@@ -658,9 +663,10 @@ class SortRule(InverseRule):
             xs, order, alpha, offset, ring, u, x_bar, counts, alpha_bar, work, redo
         )
 
-    def _lean_vjp(self, ctx, u, grad_dtype, alpha_bar, redo):
+    def _lean_vjp(self, ctx, u, negate, grad_dtype, alpha_bar, redo):
         """The gradient ``x_bar`` (of ``grad_dtype``) of long float32 rows, which keep no
-        offsets (:func:`~softorder.core.sort.lean_vjp`): two rows of scratch and 2-byte
+        offsets (:func:`~softorder.core.sort.lean_vjp`; ``negate``: the cotangent is ``-u``,
+        negated where the kernel reads it, no copy): two rows of scratch and 2-byte
         counts, the gradient in sorted order left in the row ``B``, which ``scatter_rows``
         reads once the other row and the counts are gone (the gradient's array comes after
         them). The rows it hands back (a count beyond 2 bytes; ties that send an injection
@@ -673,7 +679,7 @@ class SortRule(InverseRule):
         E = ctx.work(1).reshape(shape)
         B = ctx.work(1).reshape(shape)
         marks = np.empty((shape[0], shape[1] // core.sort.BD_STEP + 1))
-        core.sort.lean_vjp(rows.xs, ctx.alpha, u, counts, E, B, marks, alpha_bar, redo)
+        core.sort.lean_vjp(rows.xs, ctx.alpha, u, negate, counts, E, B, marks, alpha_bar, redo)
         del counts, E, marks
         x_bar = np.empty(shape, grad_dtype)
         core.sort.scatter_rows(rows.xs, B, rows.order, x_bar, redo)
@@ -684,6 +690,7 @@ class SortRule(InverseRule):
         ring = np.empty((len(at), core.sort.WINDOW))
         work = np.empty((len(at), core.sort.LADDER_WORK, rows.n))
         if len(at) == rows.rows:  # (every row: into x_bar itself)
+            u = np.negative(u) if negate else u
             self._ladder_vjp(
                 rows.xs, rows.order, ctx.alpha, None, ring, u, x_bar, alpha_bar, redo, work
             )
@@ -696,7 +703,7 @@ class SortRule(InverseRule):
             ctx.alpha[at],
             None,
             ring,
-            u[at],
+            np.negative(u[at]) if negate else u[at],
             sub_x_bar,
             sub_alpha_bar,
             sub_redo,

@@ -1462,13 +1462,14 @@ def _lean_other_target(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR, u, F, B, D, 
 
 
 @helper
-def _lean_pullback(r, alpha, inv_alpha, E, B, marks, counts, u, w0):
+def _lean_pullback(r, alpha, inv_alpha, E, B, marks, counts, u, negate, w0):
     """:func:`_ladder_pullback` solving the targets again (its ``ring`` path) without a row
     of ``Bd`` (:func:`_bd_block`), the upward injections carried as they leave the window
     into ``B`` (:func:`_carry_to_rows`) and the downward ones into the slots of ``E`` below
     it: the same operations on the same values, so the same injections, sums and
     ``alpha_bar`` to the bit. ``A`` and ``Ad`` are brought up to a target's point before the
-    window moves (:func:`_moments_up_to` reads ``E`` there). Returns ``(alpha_bar, done)``;
+    window moves (:func:`_moments_up_to` reads ``E`` there). With ``negate``, the cotangent
+    is ``-u`` (negated where read, as ``np.negative`` would). Returns ``(alpha_bar, done)``;
     when done, ``B`` holds the upward sums and ``E`` the downward injections.
     """
     n = r.shape[0]
@@ -1539,6 +1540,7 @@ def _lean_pullback(r, alpha, inv_alpha, E, B, marks, counts, u, w0):
         )
         for k in range(kn):  # the injections, in the targets' order
             uj = np.float64(u[np.uint64(q0 + k)])
+            uj = -uj if negate else uj
             el = b_el[k]
             if uj == 0.0 or el == _SKIP:
                 continue
@@ -1627,7 +1629,7 @@ def _lean_finish(r, inv_alpha, D, B):
 
 
 @kernel
-def lean_vjp(xs, alpha, u, counts, E, B, marks, alpha_bar, redo):
+def lean_vjp(xs, alpha, u, negate, counts, E, B, marks, alpha_bar, redo):
     """Soft sort's VJP on long rows (:func:`ladder_vjp`'s values, the same to the bit,
     solving the targets again) in two rows of scratch, ``E`` and ``B`` (rows, n), and
     ``counts`` (rows, n) of :data:`LEAN_COUNTS`: ``Bd`` is kept at every
@@ -1635,7 +1637,8 @@ def lean_vjp(xs, alpha, u, counts, E, B, marks, alpha_bar, redo):
     where it is read (:func:`_lean_pullback`). Each row's gradient in sorted order is left
     in ``B`` (float64); :func:`scatter_rows` puts it in the input's order, rounded once to
     ``x_bar``'s dtype, once ``E`` and the counts are gone. ``u`` (rows, n) float32 or
-    float64. A row whose counts do not fit their type, or whose ties throw an injection
+    float64, the cotangent itself or, with ``negate``, its negative (a descending sort's:
+    no copy of it). A row whose counts do not fit their type, or whose ties throw an injection
     beyond the window (or below it), gets ``redo[row] = 1`` (the caller runs
     :func:`sort_vjp` on it); a NaN row gets NaN in ``B`` and ``alpha_bar``.
     """
@@ -1656,7 +1659,7 @@ def lean_vjp(xs, alpha, u, counts, E, B, marks, alpha_bar, redo):
         if not lean_counts(r, inv_alpha, Er, Br, marks[row], 0.5, c):
             redo[row] = 1
             continue
-        ab, done = _lean_pullback(r, a, inv_alpha, Er, Br, marks[row], c, u[row], 0.5)
+        ab, done = _lean_pullback(r, a, inv_alpha, Er, Br, marks[row], c, u[row], negate, 0.5)
         if not done:
             redo[row] = 1
             continue
