@@ -718,6 +718,40 @@ def _ladder_ratio(J, n, w, a, b, e, d):
     return an, t
 
 
+@inner_helper
+def _solve_block(r, inv_alpha, E, B, counts, q0, kn, w0, J, PA, pa, ring, codes, ratios):
+    """Solve the targets ``w0 + q`` for ``q`` from ``q0`` to ``q0 + kn - 1`` from their
+    counts, as :func:`_ladder_values` does (:func:`_ladder_ratio`, then the logs,
+    :data:`~softorder.core.fast_log.take_logs`), into ``codes`` and ``ratios``
+    (:data:`TBLOCK`): ``A`` at ``J - 1`` by its recurrence, :data:`BATCH` points at a time,
+    kept for :data:`WINDOW` points in ``ring``, ``E`` and ``B`` read at ``J``. ``J`` is the
+    interval so far, ``A`` known at the points up to ``PA - 1`` (``pa = A[PA - 1]``).
+    Returns the new ``(J, PA, pa)``. :func:`_narrow_values`, :func:`_ladder_pullback`
+    (without kept offsets) and :func:`_lean_pullback` all solve with it: the same anchors
+    and offsets to the bit.
+    """
+    n = r.shape[0]
+    mask = WINDOW - 1
+    for k in range(kn):
+        q = q0 + k
+        J += np.int64(counts[np.uint64(q)])  # (a narrow count widened)
+        while PA < J:  # A up to J - 1, BATCH points at a time (_moments_up_to's A)
+            for i in range(PA, PA + BATCH):
+                if i < n:
+                    pa = 1.0 + E[np.uint64(i)] * pa if i > 0 else 1.0
+                    ring[i & mask] = pa
+            PA += BATCH
+        # (indices that are never negative as unsigned: no wraparound to compile)
+        uJ = np.uint64(J if J < n else n - 1)
+        eJ = E[uJ] if J > 0 else 0.0
+        far = (eJ < SMALL_E) & (J > 0) & (J < n)
+        dJ = gap(np.float64(r[uJ]), np.float64(r[uJ - np.uint64(1)])) if far else 0.0
+        aJ = ring[(J - 1) & mask] if J > 0 else 1.0
+        codes[k], ratios[k] = _ladder_ratio(J, n, w0 + q, aJ, B[uJ], eJ, dJ * inv_alpha)
+    fast_log.take_logs(codes[:kn], ratios[:kn])
+    return J, PA, pa
+
+
 @helper
 def _ladder_values(r, alpha, inv_alpha, E, A, B, w0, counts, offset, ratios, out, values):
     """The targets ``w0 + q`` of one row from their counts (:func:`prefix_counts`): each
@@ -882,6 +916,22 @@ def ladder_vjp(xs, order, alpha, offset, ring, u, x_bar, counts, alpha_bar, work
             xb[np.uint64(o[i])] = Bd[i] + B[i] if abs(r[i]) != INF else 0.0
 
 
+@inner_helper
+def _pullback_windows():
+    """The windows of :func:`_ladder_pullback` and :func:`_lean_pullback` (:data:`WINDOW`
+    points each): the upward and downward injections (zero), and ``A`` and ``Ad``
+    (:func:`_moments_up_to`).
+    """
+    win_up = empty((WINDOW,), np.float64)
+    win_down = empty((WINDOW,), np.float64)
+    for i in range(WINDOW):
+        win_up[i] = 0.0
+        win_down[i] = 0.0
+    a_win = empty((WINDOW,), np.float64)
+    ad_win = empty((WINDOW,), np.float64)
+    return win_up, win_down, a_win, ad_win
+
+
 @helper
 def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, ring, u, w0):
     """:func:`_sort_pullback` of the targets ``w0 + q`` solved from their counts, with the
@@ -915,13 +965,7 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, ring, u, w0)
     :func:`_other_target` (a call, compiled once: the rare path).
     """
     n = r.shape[0]
-    win_up = empty((WINDOW,), np.float64)
-    win_down = empty((WINDOW,), np.float64)
-    for i in range(WINDOW):
-        win_up[i] = 0.0
-        win_down[i] = 0.0
-    a_win = empty((WINDOW,), np.float64)
-    ad_win = empty((WINDOW,), np.float64)
+    win_up, win_down, a_win, ad_win = _pullback_windows()
     # the block's rows (TBLOCK), on the stack
     b_t, b_ra, b_rl, b_rr, b_br, b_bdr, b_el, b_er, b_zl, b_gr, b_zr = stack_rows(
         _BLOCK_ROWS, TBLOCK, np.float64
@@ -951,23 +995,10 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, ring, u, w0)
                 an = ladder_anchor(n, w0 + q, J)
                 t = offset[uq]
                 _target_points(r, B, Bd, an, t, k, left, b_t, b_ra, b_rl, b_rr, b_br, b_bdr)
-        if ring is not None:
-            for k in range(kn):  # each target solved (_ladder_values' operations)
-                q = q0 + k
-                J += counts[np.uint64(q)]
-                while PA < J:  # A up to J - 1, BATCH points at a time (_moments_up_to's A)
-                    for i in range(PA, PA + BATCH):
-                        if i < n:
-                            pa = 1.0 + E[np.uint64(i)] * pa if i > 0 else 1.0
-                            ring[i & mask] = pa
-                    PA += BATCH
-                uJ = np.uint64(J if J < n else n - 1)
-                eJ = E[uJ] if J > 0 else 0.0
-                far = (eJ < SMALL_E) & (J > 0) & (J < n)
-                dJ = gap(np.float64(r[uJ]), np.float64(r[uJ - np.uint64(1)])) if far else 0.0
-                aJ = ring[(J - 1) & mask] if J > 0 else 1.0
-                codes[k], ratios[k] = _ladder_ratio(J, n, w0 + q, aJ, B[uJ], eJ, dJ * inv_alpha)
-            fast_log.take_logs(codes[:kn], ratios[:kn])
+        if ring is not None:  # each target solved (_ladder_values' operations)
+            J, PA, pa = _solve_block(
+                r, inv_alpha, E, B, counts, q0, kn, w0, J, PA, pa, ring, codes, ratios
+            )
             for k in range(kn):  # each target's points and the values there
                 an, t = codes[k], ratios[k]
                 _target_points(r, B, Bd, an, t, k, left, b_t, b_ra, b_rl, b_rr, b_br, b_bdr)
@@ -1275,9 +1306,7 @@ def _narrow_values(r, alpha, inv_alpha, E, B, w0, counts, ratios, out, values):
     ``ratios``, ``A`` at ``J - 1`` from its recurrence kept for :data:`WINDOW` points (the
     VJP's :func:`_lean_pullback` solves them so): the same anchors, offsets and values.
     """
-    n = r.shape[0]
     m = out.shape[0]
-    mask = WINDOW - 1
     ring = empty((WINDOW,), np.float64)
     codes = stack_rows(1, TBLOCK, np.int64)[0]
     PA = 0  # A is known at the points up to PA - 1 (ring: from PA - WINDOW on)
@@ -1285,22 +1314,9 @@ def _narrow_values(r, alpha, inv_alpha, E, B, w0, counts, ratios, out, values):
     J = 0
     for q0 in range(0, m, TBLOCK):
         kn = TBLOCK if m - q0 >= TBLOCK else m - q0
-        for k in range(kn):
-            q = q0 + k
-            J += counts[q]
-            while PA < J:  # A up to J - 1, BATCH points at a time
-                for i in range(PA, PA + BATCH):
-                    if i < n:
-                        pa = 1.0 + E[np.uint64(i)] * pa if i > 0 else 1.0
-                        ring[i & mask] = pa
-                PA += BATCH
-            uJ = np.uint64(J if J < n else n - 1)
-            e = E[uJ] if J > 0 else 0.0
-            far = (e < SMALL_E) & (J > 0) & (J < n)
-            d = gap(np.float64(r[uJ]), np.float64(r[uJ - np.uint64(1)])) if far else 0.0
-            a = ring[(J - 1) & mask] if J > 0 else 1.0
-            codes[k], ratios[k] = _ladder_ratio(J, n, w0 + q, a, B[uJ], e, d * inv_alpha)
-        fast_log.take_logs(codes[:kn], ratios[:kn])
+        J, PA, pa = _solve_block(
+            r, inv_alpha, E, B, counts, q0, kn, w0, J, PA, pa, ring, codes, ratios
+        )
         for k in range(kn):
             q = q0 + k
             if values:
@@ -1473,13 +1489,7 @@ def _lean_pullback(r, alpha, inv_alpha, E, B, marks, counts, u, negate, w0):
     when done, ``B`` holds the upward sums and ``E`` the downward injections.
     """
     n = r.shape[0]
-    win_up = empty((WINDOW,), np.float64)
-    win_down = empty((WINDOW,), np.float64)
-    for i in range(WINDOW):
-        win_up[i] = 0.0
-        win_down[i] = 0.0
-    a_win = empty((WINDOW,), np.float64)
-    ad_win = empty((WINDOW,), np.float64)
+    win_up, win_down, a_win, ad_win = _pullback_windows()
     ring = empty((WINDOW,), np.float64)
     block = empty((BD_STEP,), np.float64)
     b_t, b_ra, b_rl, b_rr, b_br, b_bdr, b_el, b_er, b_zl, b_gr, b_zr = stack_rows(
@@ -1504,22 +1514,10 @@ def _lean_pullback(r, alpha, inv_alpha, E, B, marks, counts, u, negate, w0):
     blo = 0
     for q0 in range(0, n, TBLOCK):
         kn = TBLOCK if n - q0 >= TBLOCK else n - q0
-        for k in range(kn):  # each target solved (_ladder_values' operations)
-            q = q0 + k
-            J += np.int64(counts[np.uint64(q)])  # (a narrow count widened)
-            while PA < J:
-                for i in range(PA, PA + BATCH):
-                    if i < n:
-                        pa = 1.0 + E[np.uint64(i)] * pa if i > 0 else 1.0
-                        ring[i & mask] = pa
-                PA += BATCH
-            uJ = np.uint64(J if J < n else n - 1)
-            eJ = E[uJ] if J > 0 else 0.0
-            far = (eJ < SMALL_E) & (J > 0) & (J < n)
-            dJ = gap(np.float64(r[uJ]), np.float64(r[uJ - np.uint64(1)])) if far else 0.0
-            aJ = ring[(J - 1) & mask] if J > 0 else 1.0
-            codes[k], ratios[k] = _ladder_ratio(J, n, w0 + q, aJ, B[uJ], eJ, dJ * inv_alpha)
-        fast_log.take_logs(codes[:kn], ratios[:kn])
+        # each target solved (_ladder_values' operations)
+        J, PA, pa = _solve_block(
+            r, inv_alpha, E, B, counts, q0, kn, w0, J, PA, pa, ring, codes, ratios
+        )
         for k in range(kn):  # _target_points, Bd at R computed again
             an, t = codes[k], ratios[k]
             L = an - 1 if t <= 0.0 else an
