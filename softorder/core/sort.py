@@ -1192,10 +1192,25 @@ def _other_target(r, inv_alpha, ra, t, L, R, aL, adL, u, F, B, Bd, win_up, win_d
     own: compiled once, outside the pullbacks' loops (the rare path).
     """
     n = r.shape[0]
-    mask = WINDOW - 1
-    how, G, Z, el, er, shift = other_target_weights(
-        r, inv_alpha, ra, t, L, R, aL, adL, B[R] if R < n else 0.0, Bd[R] if R < n else 0.0
+    bR = B[R] if R < n else 0.0
+    bdR = Bd[R] if R < n else 0.0
+    return _other_target_given(
+        r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR, u, F, B, Bd, win_up, win_down, False
     )
+
+
+@helper
+def _other_target_given(
+    r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR, u, F, B, D, win_up, win_down, carried
+):
+    """:func:`_other_target` with ``B[R]`` and ``Bd[R]`` given (``bR``, ``bdR``), the
+    downward injections below ``F`` into ``D``. With ``carried`` (:func:`_lean_pullback`:
+    ``B`` below ``F`` holds carried sums), :data:`_BEYOND` also where a tie's upward
+    injection lands below ``F``.
+    """
+    n = r.shape[0]
+    mask = WINDOW - 1
+    how, G, Z, el, er, shift = other_target_weights(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR)
     if how == 0:
         return _NOTHING, 0.0
     c = u / G
@@ -1204,10 +1219,13 @@ def _other_target(r, inv_alpha, ra, t, L, R, aL, adL, u, F, B, Bd, win_up, win_d
             win_up[R & mask] += c * er
         if L >= 0:
             if L < F:
-                Bd[L] += c * el
+                D[L] += c * el
             else:
                 win_down[L & mask] += c * el
-    elif not _inject_in_window(r, inv_alpha, ra, t, shift, c, R, F, B, Bd, win_up, win_down):
+        return _ADDED, u * Z / G
+    if carried and _first_at_or_above(r, inv_alpha, ra, t, R) < F:
+        return _BEYOND, 0.0
+    if not _inject_in_window(r, inv_alpha, ra, t, shift, c, R, F, B, D, win_up, win_down):
         return _BEYOND, 0.0
     return _ADDED, u * Z / G
 
@@ -1449,35 +1467,6 @@ def _carry_to_rows(F, M, E, B, win_up, win_down, up):
 
 
 @helper
-def _lean_other_target(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR, u, F, B, D, win_up, win_down):
-    """:func:`_other_target` for :func:`_lean_pullback`: ``B[R]`` and ``Bd[R]`` given
-    (``bR``, ``bdR``), the downward injections below ``F`` into ``D``; :data:`_BEYOND` also
-    where a tie's upward injection lands below ``F``, among the carried sums.
-    """
-    n = r.shape[0]
-    mask = WINDOW - 1
-    how, G, Z, el, er, shift = other_target_weights(r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR)
-    if how == 0:
-        return _NOTHING, 0.0
-    c = u / G
-    if how == 1:
-        if R < n:
-            win_up[R & mask] += c * er
-        if L >= 0:
-            if L < F:
-                D[L] += c * el
-            else:
-                win_down[L & mask] += c * el
-        return _ADDED, u * Z / G
-    i = _first_at_or_above(r, inv_alpha, ra, t, R)
-    if i < F or i >= F + WINDOW:
-        return _BEYOND, 0.0
-    if not _inject_in_window(r, inv_alpha, ra, t, shift, c, R, F, B, D, win_up, win_down):
-        return _BEYOND, 0.0
-    return _ADDED, u * Z / G
-
-
-@helper
 def _lean_pullback(r, alpha, inv_alpha, E, B, marks, counts, u, negate, w0):
     """:func:`_ladder_pullback` solving the targets again (its ``ring`` path) without a row
     of ``Bd`` (:func:`_bd_block`), the upward injections carried as they leave the window
@@ -1565,10 +1554,9 @@ def _lean_pullback(r, alpha, inv_alpha, E, B, marks, counts, u, negate, w0):
                         win_down[L & mask] += cj * el
                 alpha_bar += uj * Z / G
                 continue
-            bR = b_br[k]
-            bdR = b_bdr[k]
-            code, term = _lean_other_target(
-                r, inv_alpha, b_ra[k], b_t[k], L, R, aL, adL, bR, bdR, uj, F, B, E, win_up, win_down
+            ra, t, bR, bdR = b_ra[k], b_t[k], b_br[k], b_bdr[k]
+            code, term = _other_target_given(
+                r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR, uj, F, B, E, win_up, win_down, True
             )
             if code == _BEYOND:
                 return alpha_bar, False
