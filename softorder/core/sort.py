@@ -595,20 +595,31 @@ def prefix_counts(r, inv_alpha, E, A, B, w0, counts):
     :func:`~softorder.core.rank.decays`: libm's values, the inlined ``exp`` vectorized; one
     ``exp`` at a time beside the recurrences bound their loop). ``r`` float32 or float64
     (each value widened exactly).
+
+    ``A`` may be None (soft sort's forward on long float32 rows, :func:`_narrow_values`):
+    then ``A``'s lower half waits in the slots of ``B`` until ``B``'s recurrence reaches them
+    (:func:`descending_counts`' order), the same ``B`` and counts to the bit, no ``A`` kept
+    (a specialization of its own: numba prunes the other path by the type).
     """
     n = r.shape[0]
     counts[:] = 0
     if n == 0:
         return
     h = (n + 1) // 2
-    A[0] = 1.0
+    if A is None:
+        B[0] = 1.0  # A[0]
+    else:
+        A[0] = 1.0
     B[n - 1] = 1.0
     a = 1.0
     b = 1.0
     j = n - 2
     for i in range(1, h):
         a = 1.0 + E[i] * a
-        A[i] = a
+        if A is None:
+            B[i] = a  # A[i] (at the middle of an odd row, overwritten by B just below)
+        else:
+            A[i] = a
         ju = np.uint64(j)  # (unsigned: no wraparound)
         b = 1.0 + E[ju + np.uint64(1)] * b
         B[ju] = b
@@ -617,12 +628,17 @@ def prefix_counts(r, inv_alpha, E, A, B, w0, counts):
         _count(counts, h - 1, b, a, w0)
     for i in range(h, n):
         a = 1.0 + E[i] * a
-        A[i] = a
+        if A is not None:
+            A[i] = a
         _count(counts, i, B[i], a, w0)
         ju = np.uint64(j)
+        if A is None:
+            a_j = B[ju]  # (read before B's recurrence overwrites it)
         b = 1.0 + E[ju + np.uint64(1)] * b
         B[ju] = b
-        _count(counts, j, b, A[ju], w0)
+        if A is not None:
+            a_j = A[ju]
+        _count(counts, j, b, a_j, w0)
         j -= 1
 
 
@@ -817,7 +833,7 @@ def ladder_forward(xs, alpha, out, counts, offset, ratios, wide, work, values):
     :func:`ladder_vjp` or :func:`lean_vjp` solves them again) ``offset`` None and
     ``ratios`` (rows, :data:`TBLOCK`), through which they pass; ``work`` (rows,
     :data:`LADDER_WORK`, n): ``E``, ``A``, ``B``, or with ``ratios`` (rows,
-    :data:`LEAN_FORWARD_WORK`, n): ``E`` and ``B`` only (:func:`narrow_prefix_counts`,
+    :data:`LEAN_FORWARD_WORK`, n): ``E`` and ``B`` only (:func:`prefix_counts` without ``A``,
     :func:`_narrow_values`: soft sort's forward on rows of :data:`LEAN_N` or more). The VJP
     counts the anchors again. Without ``values`` the anchors stay in ``counts``
     (``sort_forward``'s, for what reads them).
@@ -848,7 +864,7 @@ def ladder_forward(xs, alpha, out, counts, offset, ratios, wide, work, values):
         _call_row_decays(rw, 1.0 / a, E)
         if ratios is not None and work.shape[1] == LEAN_FORWARD_WORK:  # no row of A
             B = work[row, 1]
-            narrow_prefix_counts(E, B, 0.5, c)
+            prefix_counts(rw, 1.0 / a, E, None, B, 0.5, c)
             _narrow_values(r, a, 1.0 / a, E, B, 0.5, c, ratios[row], out[row], values)
             continue
         A = work[row, 1]
@@ -1272,7 +1288,8 @@ def _inject_in_window(r, inv_alpha, ra, t, shift, c, start, F, B, Bd, win_up, wi
 #: pay (CHANGELOG.md)
 LEAN_N = 1 << 18
 #: rows of scratch of :func:`ladder_forward` for soft sort's forward pass on rows of
-#: :data:`LEAN_N` or more (its ``ratios`` path): ``E`` and ``B`` (:func:`narrow_prefix_counts`)
+#: :data:`LEAN_N` or more (its ``ratios`` path): ``E`` and ``B`` (:func:`prefix_counts`
+#: without ``A``)
 LEAN_FORWARD_WORK = 2
 #: ``Bd`` is kept at every BD_STEP-th point by :func:`lean_vjp` (:func:`lean_counts`)
 BD_STEP = 64
@@ -1282,45 +1299,9 @@ LEAN_COUNTS = np.uint16
 
 
 @helper
-def narrow_prefix_counts(E, B, w0, counts):
-    """:func:`prefix_counts` without the row of ``A``: the same ``B`` and counts to the bit
-    (the same recurrences, in the same order), ``A``'s lower half waiting in the slots of
-    ``B`` until ``B``'s recurrence reaches them (:func:`descending_counts`' order).
-    """
-    n = E.shape[0]
-    counts[:] = 0
-    if n == 0:
-        return
-    h = (n + 1) // 2
-    B[0] = 1.0  # A[0]
-    B[n - 1] = 1.0
-    a = 1.0
-    b = 1.0
-    j = n - 2
-    for i in range(1, h):
-        a = 1.0 + E[i] * a
-        B[i] = a  # A[i] (at the middle of an odd row, overwritten by B just below)
-        ju = np.uint64(j)  # (unsigned: no wraparound)
-        b = 1.0 + E[ju + np.uint64(1)] * b
-        B[ju] = b
-        j -= 1
-    if n % 2 == 1:  # the middle point, both of whose sums the first half computed
-        _count(counts, h - 1, b, a, w0)
-    for i in range(h, n):
-        a = 1.0 + E[i] * a
-        _count(counts, i, B[i], a, w0)
-        ju = np.uint64(j)
-        a_j = B[ju]
-        b = 1.0 + E[ju + np.uint64(1)] * b
-        B[ju] = b
-        _count(counts, j, b, a_j, w0)
-        j -= 1
-
-
-@helper
 def _narrow_values(r, alpha, inv_alpha, E, B, w0, counts, ratios, out, values):
     """:func:`_ladder_values` without kept offsets and without the row of ``A``
-    (:func:`narrow_prefix_counts`): the targets :data:`TBLOCK` at a time, their offsets in
+    (:func:`prefix_counts` without ``A``): the targets :data:`TBLOCK` at a time, their offsets in
     ``ratios``, ``A`` at ``J - 1`` from its recurrence kept for :data:`WINDOW` points (the
     VJP's :func:`_lean_pullback` solves them so): the same anchors, offsets and values.
     """
@@ -1365,7 +1346,7 @@ def _keep_bd(marks, j, bd):
 def lean_counts(r, inv_alpha, E, B, marks, w0, counts):
     """:func:`descending_counts` without the row of ``Bd``: the same ``B`` and counts to the
     bit (the same recurrences in the same order), ``A``'s lower half waiting in the slots of
-    ``B`` (:func:`narrow_prefix_counts`), and ``Bd`` kept at every :data:`BD_STEP`-th point
+    ``B`` (:func:`prefix_counts` without ``A``), and ``Bd`` kept at every :data:`BD_STEP`-th point
     only (``marks[c] = Bd[c * BD_STEP]``), from which :func:`_bd_block` computes it again.
     ``counts`` of a narrow type (:data:`LEAN_COUNTS`); False where a count does not fit it
     (the counts are then incomplete).
