@@ -633,6 +633,9 @@ class SortRule(InverseRule):
         # reads each row of u before it writes that row of x_bar)
         if v is None:
             x_bar = u if owned and u.shape == rows.xs.shape else ctx.empty(rows.xs.shape)
+        else:  # a float32 cotangent as it is (sort_vjp reads no sign: negated here)
+            x_bar = np.empty(rows.xs.shape, _F32)
+            u = np.negative(u) if negate else u
         core.sort.sort_vjp(
             self._widened(ctx),
             rows.order,
