@@ -66,10 +66,13 @@ def _numpy(name: str, x: np.ndarray) -> None:
 
 
 def _host_sort() -> None:
-    """The host's sort of inputs too large for NumPy's argsort (precompile's own are small)."""
-    from softorder._engine.backends.numpy_host import NUMPY, PACKED_SORT_SIZE
+    """The host's sort of inputs too large for NumPy's argsort (precompile's own are small),
+    which the host otherwise compiles only once it has sorted enough to pay for it
+    (:class:`~softorder._engine.backends.numpy_host.PackedSort`).
+    """
+    from softorder._engine.backends.numpy_host import PACKED
 
-    NUMPY.sort_rows(np.zeros((1, PACKED_SORT_SIZE)))
+    PACKED.compile()
 
 
 def _torch(name: str, x: np.ndarray) -> None:

@@ -224,6 +224,46 @@ def _jit(fn, variant: str = "serial", **options):
     return dispatcher
 
 
+def load_cached(dispatcher, arg_types: tuple) -> bool:
+    """Whether ``dispatcher`` has code for the argument types ``arg_types`` without compiling:
+    compiled in this process already, or loaded now from the disk cache. What numba's
+    ``Dispatcher.compile`` does before it compiles (under numba's compiler lock, so a thread
+    that compiles the same signature meanwhile is waited for), without the compilation: a
+    caller that has another way to do its work can leave the compilation for later.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from numba import typeof
+    >>> from softorder import core
+    >>> from softorder.core._jit import load_cached
+    >>> row, order = np.zeros((1, 3)), np.zeros((1, 3), np.int32)
+    >>> core.take_rows(row, order, row)  # compiled, or loaded from the disk cache
+    >>> load_cached(core.take_rows.serial, (typeof(row), typeof(order), typeof(row)))
+    True
+    """
+    if not hasattr(dispatcher, "overloads"):  # NUMBA_DISABLE_JIT: the Python function
+        return True
+    arg_types = tuple(arg_types)
+    if arg_types in dispatcher.overloads:
+        return True
+    from numba.core.compiler_lock import global_compiler_lock
+
+    with global_compiler_lock, dispatcher._compiling_counter:
+        if arg_types in dispatcher.overloads:
+            return True
+        compiled = dispatcher._cache.load_overload(arg_types, dispatcher.targetctx)
+        if compiled is None:
+            return False
+        dispatcher._cache_hits[arg_types] += 1
+        if not compiled.objectmode:
+            dispatcher.targetctx.insert_user_function(
+                compiled.entry_point, compiled.fndesc, [compiled.library]
+            )
+        dispatcher.add_overload(compiled)
+        return True
+
+
 def _unliteral_calls(dispatcher) -> None:
     """Type calls from compiled code with non-literal argument types: numba otherwise compiles
     one copy of a helper per literal value (``row_tables(..., True, ...)`` and ``(..., False,

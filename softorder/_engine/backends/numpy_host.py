@@ -5,9 +5,13 @@ dtype policy of :func:`float_array`, :func:`cast`, :func:`unbroadcast`).
 
 from __future__ import annotations
 
+import functools
+import math
+
 import numpy as np
 
 from softorder import core
+from softorder.core._jit import load_cached
 
 
 def host_array(x, name: str) -> np.ndarray:
@@ -52,6 +56,120 @@ _I32 = np.dtype(np.int32)
 #: From this many elements the host sorts by packed keys (:meth:`NumpyBackend.sort_rows`);
 #: below it, the packed sort's three calls cost more than NumPy's argsort saves
 PACKED_SORT_SIZE = 384
+
+
+#: CPU seconds that compiling the packed sort takes (:func:`~softorder.core.rows.pack_sort_keys`
+#: and :func:`~softorder.core.rows.unpack_sorted`, serial, with numba already started)
+PACKED_COMPILE_SECONDS = 0.95
+
+
+def argsort_loss(size: int, n: int) -> float:
+    """Seconds that sorting ``size`` elements in rows of ``n`` by NumPy's argsort and
+    :func:`~softorder.core.rows.take_rows` takes beyond the packed sort: a fit of measured
+    differences, about 30 ns per element at n = 1e3, 70 at 1e4, 150 at 1e6 (the packed sort
+    costs about a third of argsort's time from n = 1e3 in batches, a fifth from 1e5).
+    """
+    return size * (12.0 * math.log2(n) - 90.0) * 1e-9
+
+
+class PackedSort:
+    """When :meth:`NumpyBackend.sort_rows` sorts rows of :data:`PACKED_SORT_SIZE` elements or
+    more by packed keys, which is several times faster than NumPy's argsort but compiles two
+    kernels (about a second) on its first use.
+
+    Mode ``"auto"`` (the default) sorts by packed keys when their kernels are compiled in this
+    process or can be loaded from numba's disk cache without compiling (looked up once), and
+    otherwise by argsort, adding up the time that costs (:func:`argsort_loss`): once it
+    reaches the time the kernels take to compile (:data:`PACKED_COMPILE_SECONDS`) it
+    compiles them and sorts by packed keys from then on. A process that sorts little never
+    pays for the compilation; one that sorts much loses at most about that much before it
+    does. ``"packed"`` always sorts by packed keys (compiling them on first use),
+    ``"argsort"`` never does (both give the same values and orders, bit for bit).
+    :func:`softorder.precompile` compiles the kernels. Calls from several threads at once
+    are safe: numba compiles or loads each kernel once, under its lock; a lost addition to
+    the count only delays the switch.
+    """
+
+    MODES = ("auto", "packed", "argsort")
+
+    def __init__(self):
+        self.mode = "auto"
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the time counted and whether the disk cache was looked at (tests)."""
+        #: seconds the argsort path has lost so far (an estimate, :func:`argsort_loss`)
+        self.lost = 0.0
+        self._ready = False
+        self._looked = False
+
+    def set_mode(self, mode: str) -> str:
+        """Set the mode (see the class), reset the count; returns the previous mode."""
+        if mode not in self.MODES:
+            raise ValueError(f"softorder: the packed sort's mode must be one of {self.MODES}")
+        previous, self.mode = self.mode, mode
+        self.reset()
+        return previous
+
+    def use(self, size: int, n: int) -> bool:
+        """Whether to sort ``size`` elements in rows of ``n`` by packed keys now; counts the
+        loss of the argsort when not.
+        """
+        if self._ready:
+            return True
+        if self.mode != "auto":
+            if self.mode == "argsort":
+                return False
+            self.compile()
+            return True
+        if self._available():
+            self._ready = True
+            return True
+        self.lost += argsort_loss(size, n)
+        if self.lost < PACKED_COMPILE_SECONDS:
+            return False
+        self.compile()
+        return True
+
+    def _available(self) -> bool:
+        """Whether the kernels are compiled in this process or, on the first look only, can
+        be loaded from the disk cache.
+        """
+        kernels = _packed_kernels()
+        if all(not hasattr(k, "overloads") or sig in k.overloads for k, sig in kernels):
+            return True  # (no overloads: NUMBA_DISABLE_JIT's Python functions)
+        if self._looked:
+            return False
+        self._looked = True
+        return all([load_cached(k, sig) for k, sig in kernels])  # (a list: load each)
+
+    def compile(self) -> None:
+        """Compile (or load) the kernels of the packed sort, for rows shorter than 2**31, and
+        sort by them from now on in mode ``"auto"``.
+        """
+        for k, sig in _packed_kernels():
+            if hasattr(k, "compile"):  # (NUMBA_DISABLE_JIT: the Python function)
+                k.compile(sig)
+        self._ready = self.mode != "argsort"
+
+
+@functools.cache
+def _packed_kernels() -> tuple:
+    """``(dispatcher, argument types)`` of the serial kernels of the packed sort, as
+    :meth:`NumpyBackend.sort_rows` calls them for rows shorter than 2**31.
+    """
+    from numba import typeof
+
+    keys, flags = typeof(np.empty((1, 1), np.int64)), typeof(np.empty(1, np.uint8))
+    order, low = typeof(np.empty((1, 1), _I32)), typeof(1)
+    return (
+        (core.pack_sort_keys.serial, (keys, low, keys, flags)),
+        (core.unpack_sorted.serial, (keys, low, keys, order, flags, flags)),
+    )
+
+
+#: The policy of every host sort in this process.
+PACKED = PackedSort()
 
 
 def index_dtype(n: int) -> np.dtype:
@@ -164,11 +282,18 @@ class NumpyBackend:
         """``(xs, order)``: each C-contiguous float64 row sorted ascending (NaN last) and its
         stable argsort (``np.argsort(kind="stable")``'s order); with ``order`` (a saved
         argsort) only the gather. The argsort is int32 for rows shorter than 2**31
-        (:func:`index_dtype`), so every kernel compiles for one index dtype.
+        (:func:`index_dtype`), so every kernel compiles for one index dtype. Inputs of
+        :data:`PACKED_SORT_SIZE` elements or more sort by packed keys when :data:`PACKED`
+        says so (:class:`PackedSort`), by NumPy's argsort otherwise: the same result.
         """
-        index = _I32 if rows2d.shape[1] < 2**31 else index_dtype(rows2d.shape[1])
+        n = rows2d.shape[1]
+        index = _I32 if n < 2**31 else index_dtype(n)
         xs = np.empty(rows2d.shape)
-        if order is not None or rows2d.size < PACKED_SORT_SIZE:
+        if (
+            order is not None
+            or rows2d.size < PACKED_SORT_SIZE
+            or (index is _I32 and not PACKED.use(rows2d.size, n))
+        ):
             if order is None:
                 order = rows2d.argsort(axis=1, kind="stable").astype(index, copy=False)
             else:
