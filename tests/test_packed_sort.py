@@ -1,7 +1,8 @@
 """The host's sort (``NumpyBackend.sort_rows``: packed keys, ``softorder.core.rows``) against
 NumPy's stable argsort: the same order and the same sorted values, bit for bit, for every kind
-of row, on both of its paths (short inputs take NumPy's argsort) and in the fallback for rows
-whose values differ only in their lowest bits.
+of row, on both of its paths (short inputs, and long ones until the packed sort is compiled,
+take NumPy's argsort and ``take_rows``) and in the fallback for rows whose values differ only
+in their lowest bits.
 """
 
 import zlib
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from softorder import core
-from softorder._engine.backends.numpy_host import NUMPY, PACKED_SORT_SIZE
+from softorder._engine.backends.numpy_host import NUMPY, PACKED, PACKED_SORT_SIZE
 
 pytestmark = pytest.mark.skipif(
     numba.config.DISABLE_JIT, reason="NUMBA_DISABLE_JIT: Python kernels, too slow here"
@@ -28,16 +29,21 @@ SPECIALS += list(NAN_PAYLOADS)
 
 def check(values):
     """``sort_rows`` gives ``np.argsort(kind="stable")`` as int32 and the rows in its order,
-    and leaves ``values`` as they were.
+    and leaves ``values`` as they were, by packed keys and by NumPy's argsort alike.
     """
     values = np.ascontiguousarray(values, dtype=np.float64)
     before = values.copy()
-    xs, order = NUMPY.sort_rows(values)
     expected = np.argsort(values, axis=1, kind="stable")
-    np.testing.assert_array_equal(order, expected.astype(np.int32), strict=True)
     sorted_rows = np.take_along_axis(values, expected, 1)
-    np.testing.assert_array_equal(xs.view(np.uint64), sorted_rows.view(np.uint64))
-    np.testing.assert_array_equal(values.view(np.uint64), before.view(np.uint64))
+    for mode in ("packed", "argsort"):
+        previous = PACKED.set_mode(mode)
+        try:
+            xs, order = NUMPY.sort_rows(values)
+        finally:
+            PACKED.set_mode(previous)
+        np.testing.assert_array_equal(order, expected.astype(np.int32), strict=True)
+        np.testing.assert_array_equal(xs.view(np.uint64), sorted_rows.view(np.uint64))
+        np.testing.assert_array_equal(values.view(np.uint64), before.view(np.uint64))
 
 
 def neighbours(rng, shape):
