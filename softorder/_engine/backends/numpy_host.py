@@ -65,11 +65,12 @@ PACKED_COMPILE_SECONDS = 0.95
 
 def argsort_loss(size: int, n: int) -> float:
     """Seconds that sorting ``size`` elements in rows of ``n`` by NumPy's argsort and
-    :func:`~softorder.core.rows.take_rows` takes beyond the packed sort: a fit of measured
-    differences, about 30 ns per element at n = 1e3, 70 at 1e4, 150 at 1e6 (the packed sort
-    costs about a third of argsort's time from n = 1e3 in batches, a fifth from 1e5).
+    :func:`~softorder.core.rows.take_rows` takes beyond the packed sort, on one thread: a fit
+    of measured differences, per element about 20 ns in one row of 1e3, 50 in batches of
+    rows of 1e3, 75 at n = 1e4, 120 at 1e5, 160 at 1e6 (within 1.5 times of each; batches
+    of short rows lose more per element than one row, which stays in the fastest caches).
     """
-    return size * (12.0 * math.log2(n) - 90.0) * 1e-9
+    return size * (12.0 * math.log2(n) - (90.0 if size == n else 70.0)) * 1e-9
 
 
 class PackedSort:
@@ -136,8 +137,13 @@ class PackedSort:
         be loaded from the disk cache.
         """
         kernels = _packed_kernels()
-        if all(not hasattr(k, "overloads") or sig in k.overloads for k, sig in kernels):
-            return True  # (no overloads: NUMBA_DISABLE_JIT's Python functions)
+        for k, sig in kernels:
+            # (an empty dict first: hashing the signature costs a microsecond)
+            overloads = k.overloads
+            if not overloads or sig not in overloads:
+                break
+        else:
+            return True
         if self._looked:
             return False
         self._looked = True
@@ -148,8 +154,7 @@ class PackedSort:
         sort by them from now on in mode ``"auto"``.
         """
         for k, sig in _packed_kernels():
-            if hasattr(k, "compile"):  # (NUMBA_DISABLE_JIT: the Python function)
-                k.compile(sig)
+            k.compile(sig)
         self._ready = self.mode != "argsort"
 
 
@@ -162,10 +167,23 @@ def _packed_kernels() -> tuple:
 
     keys, flags = typeof(np.empty((1, 1), np.int64)), typeof(np.empty(1, np.uint8))
     order, low = typeof(np.empty((1, 1), _I32)), typeof(1)
-    return (
+    kernels = (
         (core.pack_sort_keys.serial, (keys, low, keys, flags)),
         (core.unpack_sorted.serial, (keys, low, keys, order, flags, flags)),
     )
+    return tuple((k if hasattr(k, "overloads") else _Interpreted(sig), sig) for k, sig in kernels)
+
+
+class _Interpreted:
+    """A kernel under NUMBA_DISABLE_JIT (its Python function): compiled, as far as
+    :class:`PackedSort` is concerned.
+    """
+
+    def __init__(self, sig):
+        self.overloads = {sig: None}
+
+    def compile(self, sig):
+        pass
 
 
 #: The policy of every host sort in this process.
