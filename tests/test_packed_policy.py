@@ -203,3 +203,33 @@ def test_a_cached_packed_sort_is_loaded_not_compiled(tmp_path):
     assert first["second"]["compiled"] == [1, 1] and first["second"]["misses"] == [1, 1]
     second = run_child("load", tmp_path)
     assert second["first"] == {"compiled": [1, 1], "misses": [0, 0], "hits": [1, 1], "lost": 0.0}
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
+@pytest.mark.parametrize("ready", [True, False])
+def test_a_forked_child_sorts_on_either_side_of_the_switch(ready, mode, monkeypatch):
+    """A child forked after the switch sorts by the inherited kernels; one forked before it
+    goes on counting (its own count: the parent's does not move).
+    """
+    mode("auto")
+    x = np.random.default_rng(3).standard_normal((2, 800))
+    if ready:
+        PACKED.compile()
+    else:
+        monkeypatch.setattr(PackedSort, "_available", lambda self: False)
+        NUMPY.sort_rows(x)
+    lost = PACKED.lost
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 when its sort is right, and used the right path
+        code = 1
+        try:
+            xs, order = NUMPY.sort_rows(x)
+            right = np.array_equal(order, np.argsort(x, axis=1, kind="stable"))
+            right = right and np.array_equal(xs, np.sort(x, axis=1))
+            path = PACKED._ready if ready else PACKED.lost > lost
+            code = 0 if right and path else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert PACKED.lost == lost
