@@ -1016,8 +1016,9 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
                         win_down[L & mask] += cj * el
                 alpha_bar += uj * Z / G
                 continue
+            ra, t, bR, bdR = b_ra[kk], b_t[kk], b_br[kk], b_bdr[kk]
             code, term = _other_target(
-                r, inv_alpha, b_ra[kk], b_t[kk], L, R, aL, adL, uj, F, B, Bd, win_up, win_down
+                r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR, uj, F, B, Bd, win_up, win_down, False
             )
             if code == _BEYOND:
                 return abar, alpha_bar, False

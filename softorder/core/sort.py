@@ -1049,8 +1049,9 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, ring, u, w0)
                         win_down[L & mask] += cj * el
                 alpha_bar += uj * Z / G
                 continue
+            ra, t, bR, bdR = b_ra[k], b_t[k], b_br[k], b_bdr[k]
             code, term = _other_target(
-                r, inv_alpha, b_ra[k], b_t[k], L, R, aL, adL, uj, F, B, Bd, win_up, win_down
+                r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR, uj, F, B, Bd, win_up, win_down, False
             )
             if code == _BEYOND:
                 return alpha_bar, False
@@ -1197,32 +1198,22 @@ _BEYOND = 2
 
 
 @helper
-def _other_target(r, inv_alpha, ra, t, L, R, aL, adL, u, F, B, Bd, win_up, win_down):
-    """A target of a ladder pullback other than the usual one (:func:`_ladder_pullback`, the
-    permutation loss's): its weights by :func:`~softorder.core.lapsum.other_target_weights`
-    (ties, rounding, a factor outside ``exp_main``'s range), its injections
-    of cotangent ``u`` into the rows ``B`` and ``Bd`` below ``F`` or into the window, ties
-    and rounding by :func:`_inject_in_window`; the operations the pullbacks had in their
-    loops, so the same bits. Returns ``(code, term)``: :data:`_NOTHING`, :data:`_ADDED` with
-    the term of ``alpha_bar`` (``u * Z / G``) to add, or :data:`_BEYOND`. A helper of its
-    own: compiled once, outside the pullbacks' loops (the rare path).
-    """
-    n = r.shape[0]
-    bR = B[R] if R < n else 0.0
-    bdR = Bd[R] if R < n else 0.0
-    return _other_target_given(
-        r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR, u, F, B, Bd, win_up, win_down, False
-    )
-
-
-@helper
-def _other_target_given(
+def _other_target(
     r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR, u, F, B, D, win_up, win_down, carried
 ):
-    """:func:`_other_target` with ``B[R]`` and ``Bd[R]`` given (``bR``, ``bdR``), the
-    downward injections below ``F`` into ``D``. With ``carried`` (:func:`_lean_pullback`:
-    ``B`` below ``F`` holds carried sums), :data:`_BEYOND` also where a tie's upward
-    injection lands below ``F``.
+    """A target of a ladder pullback other than the usual one (:func:`_ladder_pullback`,
+    :func:`_lean_pullback`, the permutation loss's): its weights by
+    :func:`~softorder.core.lapsum.other_target_weights` (ties, rounding, a factor outside
+    ``exp_main``'s range) from ``bR = B[R]`` and ``bdR = Bd[R]`` (0 beyond the row's end: the
+    values the caller's first pass read, :func:`_target_points`), its injections of cotangent
+    ``u`` upward into ``B`` and downward into ``D`` below ``F`` or into the window, ties and
+    rounding by :func:`_inject_in_window`; the operations the pullbacks had in their loops,
+    so the same bits. With ``carried`` (:func:`_lean_pullback`: ``B`` below ``F`` holds
+    carried sums), :data:`_BEYOND` also where a tie's upward injection lands below ``F``.
+    Returns ``(code, term)``: :data:`_NOTHING`, :data:`_ADDED` with the term of ``alpha_bar``
+    (``u * Z / G``) to add, or :data:`_BEYOND`. A helper of its own: compiled once, outside
+    the pullbacks' loops (the rare path), and one function, not a wrapper around another
+    (each compiled function lengthens a first call).
     """
     n = r.shape[0]
     mask = WINDOW - 1
@@ -1536,7 +1527,7 @@ def _lean_pullback(r, alpha, inv_alpha, E, B, marks, counts, u, negate, w0):
                 alpha_bar += uj * Z / G
                 continue
             ra, t, bR, bdR = b_ra[k], b_t[k], b_br[k], b_bdr[k]
-            code, term = _other_target_given(
+            code, term = _other_target(
                 r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR, uj, F, B, E, win_up, win_down, True
             )
             if code == _BEYOND:
