@@ -483,7 +483,7 @@ def test_ladder_vjp_counts_the_forward_passes_anchors(rng, kind):
             # the kernels' decays (one pass before the fused ones)
             core.rank.decays(xs[row], 1.0 / alpha[row], E)
             core.rank.decays(xs[row], 1.0 / alpha[row], Ev)
-            core.sort.prefix_counts(xs[row], 1.0 / alpha[row], E, A, B, 0.5, forward_counts[row])
+            core.sort.prefix_counts(xs[row], 1.0 / alpha[row], E, (A,), B, 0.5, forward_counts[row])
             core.sort.descending_counts(
                 xs[row], 1.0 / alpha[row], Ev, Bv, Bdv, 0.5, vjp_counts[row]
             )

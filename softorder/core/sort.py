@@ -596,30 +596,33 @@ def prefix_counts(r, inv_alpha, E, A, B, w0, counts):
     ``exp`` at a time beside the recurrences bound their loop). ``r`` float32 or float64
     (each value widened exactly).
 
-    ``A`` may be None (soft sort's forward on long float32 rows, :func:`_narrow_values`):
-    then ``A``'s lower half waits in the slots of ``B`` until ``B``'s recurrence reaches them
-    (:func:`descending_counts`' order), the same ``B`` and counts to the bit, no ``A`` kept
-    (a specialization of its own: numba prunes the other path by the type).
+    ``A`` is a tuple: ``(A,)``, the row that takes the table ``A``, or ``()`` (soft sort's
+    forward on long float32 rows, :func:`_narrow_values`): then ``A``'s lower half waits in
+    the slots of ``B`` until ``B``'s recurrence reaches them (:func:`descending_counts`'
+    order), the same ``B`` and counts to the bit, no ``A`` kept. Numba knows a tuple's
+    length when it compiles (``len(A)`` a constant), so each specialization compiles only its
+    own path; a test of ``A is None`` is pruned only where ``A`` is None, and the other
+    path's statements, typed for a row ``A``, lengthened soft sort's first call.
     """
     n = r.shape[0]
     counts[:] = 0
     if n == 0:
         return
     h = (n + 1) // 2
-    if A is None:
+    if len(A) == 0:
         B[0] = 1.0  # A[0]
     else:
-        A[0] = 1.0
+        A[0][0] = 1.0
     B[n - 1] = 1.0
     a = 1.0
     b = 1.0
     j = n - 2
     for i in range(1, h):
         a = 1.0 + E[i] * a
-        if A is None:
+        if len(A) == 0:
             B[i] = a  # A[i] (at the middle of an odd row, overwritten by B just below)
         else:
-            A[i] = a
+            A[0][i] = a
         ju = np.uint64(j)  # (unsigned: no wraparound)
         b = 1.0 + E[ju + np.uint64(1)] * b
         B[ju] = b
@@ -628,16 +631,16 @@ def prefix_counts(r, inv_alpha, E, A, B, w0, counts):
         _count(counts, h - 1, b, a, w0)
     for i in range(h, n):
         a = 1.0 + E[i] * a
-        if A is not None:
-            A[i] = a
+        if len(A) != 0:
+            A[0][i] = a
         _count(counts, i, B[i], a, w0)
         ju = np.uint64(j)
-        if A is None:
+        if len(A) == 0:
             a_j = B[ju]  # (read before B's recurrence overwrites it)
         b = 1.0 + E[ju + np.uint64(1)] * b
         B[ju] = b
-        if A is not None:
-            a_j = A[ju]
+        if len(A) != 0:
+            a_j = A[0][ju]
         _count(counts, j, b, a_j, w0)
         j -= 1
 
@@ -864,12 +867,12 @@ def ladder_forward(xs, alpha, out, counts, offset, ratios, wide, work, values):
         _call_row_decays(rw, 1.0 / a, E)
         if ratios is not None and work.shape[1] == LEAN_FORWARD_WORK:  # no row of A
             B = work[row, 1]
-            prefix_counts(rw, 1.0 / a, E, None, B, 0.5, c)
+            prefix_counts(rw, 1.0 / a, E, (), B, 0.5, c)
             _narrow_values(r, a, 1.0 / a, E, B, 0.5, c, ratios[row], out[row], values)
             continue
         A = work[row, 1]
         B = work[row, 2]
-        prefix_counts(rw, 1.0 / a, E, A, B, 0.5, c)
+        prefix_counts(rw, 1.0 / a, E, (A,), B, 0.5, c)
         # (one call or the other, pruned by the types: None or an array)
         if offset is not None:
             _ladder_values(r, a, 1.0 / a, E, A, B, 0.5, c, offset[row], None, out[row], values)
