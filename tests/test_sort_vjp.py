@@ -239,6 +239,8 @@ def _ladder_forward(xs, alpha, out_dtype=np.float64, keep=True, lean=False):
     counts = out.view(np.int32 if out_dtype == np.float32 else np.int64)
     width = core.sort.LEAN_FORWARD_WORK if lean else core.sort.LADDER_WORK
     work = core.workspace(rows, width, n)
+    if lean:  # (the two rows side by side)
+        work = work.reshape(rows, -1)
     wide = work.reshape(rows, -1) if xs.dtype == np.float32 else xs
     core.sort.ladder_forward(xs, alpha, out, counts, offset, ratios, wide, work, True)
     return out, offset

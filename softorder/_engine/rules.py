@@ -516,9 +516,10 @@ class SortRule(InverseRule):
             # long rows keep no offsets: the VJP solves them again (8 bytes per element); the
             # longest float32 rows solve in two rows of scratch (no row of A)
             long_row = rows.n >= core.sort.SOLVE_AGAIN_N
-            work = ctx.work(
-                core.sort.LEAN_FORWARD_WORK if self._lean(rows) else core.lapsum.SORT_TABLES
-            )
+            if self._lean(rows):  # (its rows side by side: the kernel's two-row path)
+                work = ctx.work(core.sort.LEAN_FORWARD_WORK).reshape(shape[0], -1)
+            else:
+                work = ctx.work(core.lapsum.SORT_TABLES)
             offset = ratios = None  # (exactly one: each a specialization of the kernel)
             if not long_row:
                 ctx.saved["offset"] = offset = np.empty(shape)

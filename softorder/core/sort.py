@@ -836,10 +836,12 @@ def ladder_forward(xs, alpha, out, counts, offset, ratios, wide, work, values):
     :func:`ladder_vjp` or :func:`lean_vjp` solves them again) ``offset`` None and
     ``ratios`` (rows, :data:`TBLOCK`), through which they pass; ``work`` (rows,
     :data:`LADDER_WORK`, n): ``E``, ``A``, ``B``, or with ``ratios`` (rows,
-    :data:`LEAN_FORWARD_WORK`, n): ``E`` and ``B`` only (:func:`prefix_counts` without ``A``,
-    :func:`_narrow_values`: soft sort's forward on rows of :data:`LEAN_N` or more). The VJP
-    counts the anchors again. Without ``values`` the anchors stay in ``counts``
-    (``sort_forward``'s, for what reads them).
+    :data:`LEAN_FORWARD_WORK` * n): ``E`` and ``B`` only, side by side (:func:`prefix_counts`
+    without ``A``, :func:`_narrow_values`: soft sort's forward on rows of :data:`LEAN_N` or
+    more). ``work.ndim`` is a constant when numba compiles, so each specialization compiles
+    one of the two paths only (a long float64 row's first call compiled the two-row path
+    too, a long float32 row's the other). The VJP counts the anchors again. Without
+    ``values`` the anchors stay in ``counts`` (``sort_forward``'s, for what reads them).
 
     ``xs`` may be float32 (a float32 input's sorted values: each one widens exactly, so the
     results are a float64 row's): ``wide`` is then ``work`` seen as (rows, ``width * n``),
@@ -861,17 +863,19 @@ def ladder_forward(xs, alpha, out, counts, offset, ratios, wide, work, values):
         if xs.itemsize == 4:
             for i in range(n):
                 rw[i] = r[i]
-        E = work[row, 0]
         a = alpha[row]
         c = counts[row, :n]
-        _call_row_decays(rw, 1.0 / a, E)
-        if ratios is not None and work.shape[1] == LEAN_FORWARD_WORK:  # no row of A
-            B = work[row, 1]
+        if work.ndim == 2:  # (a constant: this path or the other, pruned by the type)
+            E = work[row, :n]
+            B = work[row, n : 2 * n]
+            _call_row_decays(rw, 1.0 / a, E)
             prefix_counts(rw, 1.0 / a, E, (), B, 0.5, c)
             _narrow_values(r, a, 1.0 / a, E, B, 0.5, c, ratios[row], out[row], values)
             continue
+        E = work[row, 0]
         A = work[row, 1]
         B = work[row, 2]
+        _call_row_decays(rw, 1.0 / a, E)
         prefix_counts(rw, 1.0 / a, E, (A,), B, 0.5, c)
         # (one call or the other, pruned by the types: None or an array)
         if offset is not None:
@@ -1282,8 +1286,8 @@ def _inject_in_window(r, inv_alpha, ra, t, shift, c, start, F, B, Bd, win_up, wi
 #: pay (CHANGELOG.md)
 LEAN_N = 1 << 18
 #: rows of scratch of :func:`ladder_forward` for soft sort's forward pass on rows of
-#: :data:`LEAN_N` or more (its ``ratios`` path): ``E`` and ``B`` (:func:`prefix_counts`
-#: without ``A``)
+#: :data:`LEAN_N` or more (its ``ratios`` path), side by side in a row of ``2 n``: ``E`` and
+#: ``B`` (:func:`prefix_counts` without ``A``)
 LEAN_FORWARD_WORK = 2
 #: ``Bd`` is kept at every BD_STEP-th point by :func:`lean_vjp` (:func:`lean_counts`)
 BD_STEP = 64
