@@ -30,7 +30,6 @@ from softorder.core.laplace import (
 from softorder.core.lapsum import (
     PULLBACK_WORK,
     PUSHFORWARD_WORK,
-    TABLES,
     TABLES_WITH_MOMENTS,
     empty,
     inverse_pullback,
@@ -64,7 +63,9 @@ from softorder.core.sort import (
     _usual_weights,
 )
 
-FORWARD_WORK = TABLES
+#: the tables with moments: the matrix's forward fills them (its gradient's tables, so that a
+#: process compiles one table helper for both; the loss's forward reads the first TABLES)
+FORWARD_WORK = TABLES_WITH_MOMENTS
 #: the tables with moments, the gradient, and a row for the CPU pullback's injections
 GRADIENT_WORK = TABLES_WITH_MOMENTS + 2
 #: rows of the boundary-indexed scratch ``twork`` (rows, BOUNDARY_WORK, n - 1) of the gradients:
@@ -79,24 +80,35 @@ LOSS_BOUNDARY_WORK = 1
 _F, _B = types.float64, types.boolean
 _F1, _F2 = types.Array(_F, 1, "C"), types.Array(_F, 2, "C")
 _L1 = types.Array(types.int64, 1, "C")
-#: the per-row helpers the kernels call through their addresses (``native``), compiled once
-#: for all of them instead of once more inside each
+# r, inv_alpha, work
+_MOMENT_TABLES = (moment_tables, (_F1, _F, _F2))
+# r, alpha, inv_alpha, E, A, B, w0, anchor, t, out
+_SOLVE_LADDER = (solve_ladder, (_F1, _F, _F, _F1, _F1, _F1, _F, _L1, _F1, _F1))
+# r, a, tables, anchor, offset, beta, rbar, w_bar, injections up and down, two flags
+_INVERSE_PULLBACK = (
+    inverse_pullback,
+    (_F1, _F, types.UniTuple(_F1, 6), _L1, _F1, _F1, _F1, _F1, _F1, _F1, _B, _B),
+)
+#: the per-row helpers the loss kernels call through their addresses (``native``), compiled
+#: once for all of them instead of once more inside each
 _NATIVE = NativeCalls(
-    # r, inv_alpha, work
     sum_tables=(sum_tables, (_F1, _F, _F2)),
-    moment_tables=(moment_tables, (_F1, _F, _F2)),
-    # r, alpha, inv_alpha, E, A, B, w0, anchor, t, out
-    solve_ladder=(solve_ladder, (_F1, _F, _F, _F1, _F1, _F1, _F, _L1, _F1, _F1)),
-    # r, a, tables, anchor, offset, beta, rbar, w_bar, injections up and down, two flags
-    inverse_pullback=(
-        inverse_pullback,
-        (_F1, _F, types.UniTuple(_F1, 6), _L1, _F1, _F1, _F1, _F1, _F1, _F1, _B, _B),
-    ),
+    moment_tables=_MOMENT_TABLES,
+    solve_ladder=_SOLVE_LADDER,
+    inverse_pullback=_INVERSE_PULLBACK,
 )
 _sum_tables = _NATIVE.sum_tables
 _moment_tables = _NATIVE.moment_tables
 _solve_ladder = _NATIVE.solve_ladder
 _inverse_pullback = _NATIVE.inverse_pullback
+#: the same helpers for the matrix's kernels, called by symbol: a first call compiles only the
+#: helpers they call (the table of addresses compiles all of them for any kernel that takes it)
+_MATRIX_CALLS = SymbolCalls(
+    moment_tables=_MOMENT_TABLES, solve_ladder=_SOLVE_LADDER, inverse_pullback=_INVERSE_PULLBACK
+)
+_call_moment_tables = _MATRIX_CALLS.moment_tables
+_call_solve_ladder = _MATRIX_CALLS.solve_ladder
+_call_inverse_pullback = _MATRIX_CALLS.inverse_pullback
 
 
 @inner_helper
@@ -452,8 +464,8 @@ def _loss_by_rank_vjp(r, inv_alpha, order, target, anchor, offset, c, byrank, be
     return abar
 
 
-@kernel(native=_NATIVE)
-def permutation_forward(xs, order, alpha, w, worder, out, anchor, offset, work, native):
+@kernel
+def permutation_forward(xs, order, alpha, w, worder, out, anchor, offset, work):
     """Soft permutation matrices ``out`` (rows, n, n); boundaries into ``anchor``/``offset``
     (rows, n-1). ``work``: (rows, FORWARD_WORK, n) scratch.
     """
@@ -466,10 +478,12 @@ def permutation_forward(xs, order, alpha, w, worder, out, anchor, offset, work, 
             offset[row, :] = np.nan
             continue
         inv_alpha = 1.0 / alpha[row]
-        E, A, B, Ad, Bd, S = _sum_tables(native, r, inv_alpha, work[row])
+        # the tables with moments (O(n) beside the O(n^2) matrix), whose E, A, B are those of
+        # sum_tables to the bit: the gradient's helper, so a process compiles one of the two
+        E, A, B, Ad, Bd, S = _call_moment_tables(r, inv_alpha, work[row])
         # b_k = S^-1(k) for k = 1..n-1: a ladder, which solve_ladder inverts without reading w
         # or worder (no values wanted: alpha is not read)
-        _solve_ladder(native, r, 1.0, inv_alpha, E, A, B, 1.0, anchor[row], offset[row], S[:0])
+        _call_solve_ladder(r, 1.0, inv_alpha, E, A, B, 1.0, anchor[row], offset[row], S[:0])
         for i in range(n):
             col = order[row, i]
             lo = -INF
@@ -479,10 +493,8 @@ def permutation_forward(xs, order, alpha, w, worder, out, anchor, offset, work, 
                 lo = hi
 
 
-@kernel(native=_NATIVE)
-def permutation_vjp(
-    xs, order, alpha, anchor, offset, worder, V, x_bar, alpha_bar, work, twork, native
-):
+@kernel
+def permutation_vjp(xs, order, alpha, anchor, offset, worder, V, x_bar, alpha_bar, work, twork):
     """Cotangent ``V`` (rows, n, n) -> ``x_bar`` (rows, n), ``alpha_bar`` (rows,). O(n^2), the
     size of ``V``; the chain through the boundaries is O(n). ``work``: (rows, GRADIENT_WORK,
     n) and ``twork``: (rows, BOUNDARY_WORK, n - 1) scratch.
@@ -497,7 +509,7 @@ def permutation_vjp(
             continue
         a = alpha[row]
         inv_alpha = 1.0 / a
-        tables = _moment_tables(native, r, inv_alpha, work[row])
+        tables = _call_moment_tables(r, inv_alpha, work[row])
         beta = twork[row, 0]  # the cotangent on the boundaries
         beta[:] = 0.0
         rbar = work[row, TABLES_WITH_MOMENTS]
@@ -517,8 +529,7 @@ def permutation_vjp(
                 abar -= gamma * z
         # beta through the boundaries into rbar; the pullback's injections go in S's row
         # (spent) and the last row of work
-        alpha_bar[row] = abar + _inverse_pullback(
-            native,
+        alpha_bar[row] = abar + _call_inverse_pullback(
             r,
             a,
             tables,
