@@ -160,12 +160,23 @@ def topk_loss_forward(xs, order, alpha, labels, log_pk, split, pk1, out, anchor,
 
 
 _F, _F1 = types.float64, types.Array(types.float64, 1, "C")
-#: the forward's prefix sums called by symbol: compiled once, not again inside the kernel
-_FORWARD_CALLS = SymbolCalls(
+_F2, _L1 = types.Array(types.float64, 2, "C"), types.Array(types.int64, 1, "C")
+#: the per-row helpers of the kernels, called by symbol: compiled once, not linked in and
+#: compiled again inside each kernel (O(n) work per call: the call costs nothing measurable)
+_LOSS_CALLS = SymbolCalls(
     # r, inv_alpha, A, B
     prefix_sums=(prefix_sums_halves, (_F1, _F, _F1, _F1)),
+    # r, inv_alpha, A, B, w, worder, anchor, offset (one row's)
+    solve=(solve_targets_ab, (_F1, _F, _F1, _F1, _F1, _L1, _L1, _F1)),
+    # r, inv_alpha, E, anchor, offset, sums
+    neighbour_sums=(neighbour_sums, (_F1, _F, _F1, _L1, _F1, _F2)),
+    # r, inv_alpha, E, anchor, offset, c, shift, order, out
+    spread=(spread_to_points, (_F1, _F, _F1, _L1, _F1, _F1, _F1, _L1, _F1)),
 )
-_call_prefix_sums = _FORWARD_CALLS.prefix_sums
+_call_prefix_sums = _LOSS_CALLS.prefix_sums
+_call_solve = _LOSS_CALLS.solve
+_call_neighbour_sums = _LOSS_CALLS.neighbour_sums
+_call_spread = _LOSS_CALLS.spread
 
 
 @kernel
@@ -187,7 +198,7 @@ def _loss_forward(
         A = work[row, 0]  # A and B alone (the GPU twin fills all 4 rows)
         B = work[row, 1]
         _call_prefix_sums(r, inv_alpha, A, B)
-        solve_targets_ab(r, inv_alpha, A, B, w, worder, anchor[row], offset[row])
+        _call_solve(r, inv_alpha, A, B, w, worder, anchor[row], offset[row])
         iy = _label_position(order[row], labels[row])
         terms = work[row, 2, : w.shape[0]]  # rows 2 and 3 are free here (K < n)
         top, total, has_mass = _mixture_terms(
@@ -263,7 +274,7 @@ def _loss_vjp(
         # ``work`` is filled; the GPU twin fills them all)
         E = work[row, 0]
         sums = kwork[row, 4:]
-        neighbour_sums(r, inv_alpha, E, anchor[row], offset[row], sums)
+        _call_neighbour_sums(r, inv_alpha, E, anchor[row], offset[row], sums)
         # the gradient in sorted order goes to the row of x_bar, then to the spent E for the
         # scatter into x_bar: one row of n less than a row of work of its own
         rbar = x_bar[row]
@@ -309,7 +320,7 @@ def _loss_vjp(
                 shift[j] = sh
                 rbar[iy] += pk
                 abar -= pk * (Z / G - zy)
-            spread_to_points(r, inv_alpha, E, anchor[row], offset[row], c, shift, worder, rbar)
+            _call_spread(r, inv_alpha, E, anchor[row], offset[row], c, shift, worder, rbar)
         if softmax_part and not infinite and abs(r[0]) != INF:
             # d softmax_CE / dr_l = delta_ly - softmax(-r)_l (no gradient at an infinite logit)
             cs = cot[row] * pk1[row]
