@@ -106,20 +106,26 @@ def _first_at_or_above(r, inv_alpha, ra, t, start):
         hi = i - 1  # z <= 0 here; find the first such point below
         step = 1
         lo = hi - step
-        while lo >= 0 and offset_z(ra, r[lo], inv_alpha, t) <= 0.0:
+        while True:  # (a loop's condition is compiled twice, a test in the loop once)
+            if lo < 0 or not (offset_z(ra, r[lo], inv_alpha, t) <= 0.0):
+                break
             hi = lo
             step *= 2
             lo = hi - step
         if lo < -1:  # z > 0 at lo (or lo == -1)
             lo = -1
-        while hi - lo > 1:
+        while True:
+            if hi - lo <= 1:
+                break
             mid = (lo + hi) // 2
             if offset_z(ra, r[mid], inv_alpha, t) <= 0.0:
                 hi = mid
             else:
                 lo = mid
         return hi
-    while i < n and offset_z(ra, r[i], inv_alpha, t) > 0.0:
+    while True:
+        if i >= n or not (offset_z(ra, r[i], inv_alpha, t) > 0.0):
+            break
         i += 1
     return i
 

@@ -360,7 +360,7 @@ def lapsum_at(A, B, i):
 def count_at_most_ab(A, B, w, hint):
     """:func:`count_at_most` with ``S`` computed where it is read (:func:`lapsum_at`)."""
     n = A.shape[0]
-    if hint > 0 and lapsum_at(A, B, hint - 1) > w:
+    if hint > 0 and (hint - 1 + 0.5 + 0.5 * (B[hint - 1] - A[hint - 1])) > w:
         hi = hint - 1
         step = 1
         lo = -1
@@ -368,7 +368,7 @@ def count_at_most_ab(A, B, w, hint):
             cand = hi - step
             if cand < 0:
                 break
-            if lapsum_at(A, B, cand) <= w:
+            if (cand + 0.5 + 0.5 * (B[cand] - A[cand])) <= w:
                 lo = cand
                 break
             hi = cand
@@ -381,14 +381,16 @@ def count_at_most_ab(A, B, w, hint):
             cand = lo + step
             if cand >= n:
                 break
-            if lapsum_at(A, B, cand) > w:
+            if (cand + 0.5 + 0.5 * (B[cand] - A[cand])) > w:
                 hi = cand
                 break
             lo = cand
             step *= 2
-    while hi - lo > 1:
+    while True:  # (a loop's condition is compiled twice, a test in the loop once)
+        if hi - lo <= 1:
+            break
         mid = (lo + hi) // 2
-        if lapsum_at(A, B, mid) <= w:
+        if (mid + 0.5 + 0.5 * (B[mid] - A[mid])) <= w:
             lo = mid
         else:
             hi = mid
@@ -594,7 +596,9 @@ def neighbour_sums(r, inv_alpha, E, anchor, offset, sums):
     by_left = empty((m,), np.int64)
     for j in range(m):
         k = j
-        while k > 0 and L[by_left[k - 1]] > L[j]:
+        while True:  # (a loop's condition is compiled twice, a test in the loop once)
+            if k == 0 or L[by_left[k - 1]] <= L[j]:
+                break
             by_left[k] = by_left[k - 1]
             k -= 1
         by_left[k] = j
@@ -612,8 +616,10 @@ def neighbour_sums(r, inv_alpha, E, anchor, offset, sums):
             if p < 0:  # every right point read
                 continue
             b, bd = moment_step_down(r, i, e, inv_alpha, b, bd)
-        while p >= 0 and L[by_left[p]] + 1 >= i:
+        while p >= 0:
             j = by_left[p]
+            if L[j] + 1 < i:
+                break
             if L[j] + 1 == i:
                 sums[3, j] = b
                 sums[4, j] = bd
@@ -629,8 +635,10 @@ def neighbour_sums(r, inv_alpha, E, anchor, offset, sums):
             e = E[i]  # moment_step_up's, its exp done
             ad = e * (ad + d * inv_alpha * a) if e > 0.0 else 0.0
             a = 1.0 + e * a
-        while p < m and L[by_left[p]] <= i:
+        while p < m:
             j = by_left[p]
+            if L[j] > i:
+                break
             if L[j] == i:
                 sums[1, j] = a
                 sums[2, j] = ad
@@ -909,12 +917,16 @@ def inverse_pushforward(
             out[j] += acc[j] / G[j]
 
 
-#: :func:`inverse_kernel`'s prefix sums called by symbol: compiled once, not again inside it
+#: :func:`inverse_kernel`'s per-row helpers called by symbol: compiled once, not linked in and
+#: compiled again inside it
 _INVERSE_CALLS = SymbolCalls(
     # r, inv_alpha, A, B
     prefix_sums=(prefix_sums_halves, (_F1, _F, _F1, _F1)),
+    # r, inv_alpha, A, B, w, worder, anchor, offset (one row's)
+    solve=(solve_targets_ab, (_F1, _F, _F1, _F1, _F1, _L1, _L1, _F1)),
 )
 _call_prefix_sums_halves = _INVERSE_CALLS.prefix_sums
+_call_solve_targets = _INVERSE_CALLS.solve
 
 
 @kernel
@@ -926,19 +938,21 @@ def inverse_kernel(xs, alpha, w, worder, out, anchor, offset, work):
     ``work``: (rows, TABLES, n) scratch.
     """
     rows, n = xs.shape
+    m = w.shape[1]
     for row in prange(rows):
         r = xs[row]
         if has_nan(r):
-            out[row, :] = np.nan
-            anchor[row, :] = 0
-            offset[row, :] = np.nan
+            for j in range(m):  # (loops: slice assignments compile NumPy's setitem)
+                out[row, j] = np.nan
+                anchor[row, j] = 0
+                offset[row, j] = np.nan
             continue
         a = alpha[row]
         # A and B alone (2 of the 4 rows of ``work``; the GPU twin fills all 4)
         A = work[row, 0, :n]
         B = work[row, 1, :n]
         _call_prefix_sums_halves(r, 1.0 / a, A, B)
-        solve_targets_ab(r, 1.0 / a, A, B, w[row], worder[row], anchor[row], offset[row])
+        _call_solve_targets(r, 1.0 / a, A, B, w[row], worder[row], anchor[row], offset[row])
         for j in range(w.shape[1]):
             out[row, j] = inverse_position(r, a, anchor[row, j], offset[row, j])
 
