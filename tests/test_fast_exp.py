@@ -50,6 +50,33 @@ def test_in_range(rng, compiled):
         np.testing.assert_array_equal(inside, (np.abs(x) >= 2.0**-54) & (np.abs(x) < 512.0))
 
 
+def _libm_exp(v):
+    try:
+        return math.exp(v)
+    except OverflowError:
+        return INF
+
+
+def test_exp_emitted_is_exp_to_the_bit(rng):
+    """The intrinsic ``exp_emitted`` (LLVM IR in place) gives ``exp``'s and ``math.exp``'s
+    value everywhere: its main path, tiny and huge arguments, underflow, NaN and infinities."""
+    import numba
+
+    @numba.njit
+    def run(x, emitted, inlined):
+        for i in range(x.shape[0]):
+            emitted[i] = fast_exp.exp_emitted(x[i])
+            inlined[i] = fast_exp.exp(x[i])
+
+    more = [-746.0, np.nextafter(-746.0, 0.0), -800.0, 710.0, 1e308, -1e308, 5e-324, -5e-324]
+    x = np.concatenate([_inputs(rng, 100_000), more, rng.uniform(-800.0, 720.0, 100_000)])
+    emitted, inlined = np.empty_like(x), np.empty_like(x)
+    run(x, emitted, inlined)
+    libm = np.array([_libm_exp(v) for v in x])
+    np.testing.assert_array_equal(emitted.view(np.int64), inlined.view(np.int64))
+    np.testing.assert_array_equal(emitted.view(np.int64), libm.view(np.int64))
+
+
 @pytest.mark.skipif(not fast_exp.FAST_EXP, reason="libm's exp is not glibc's FMA variant here")
 def test_exp_main_is_libm_exp_to_the_bit(rng, compiled):
     for _ in range(5):

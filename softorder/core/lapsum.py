@@ -278,7 +278,7 @@ def prefix_sums_halves(r, inv_alpha, A, B):
     ``B``'s runs down the upper half, each computing its own decays ``E``, then both finish
     the other half from the decays the other left. The ``exp`` of the first half hide the
     latency of both recurrences, which ``prefix_sums_ab`` leaves exposed in its second,
-    ``exp``-free pass; they are :func:`~softorder.core.fast_exp.exp` (inlined, where a call
+    ``exp``-free pass; they are :func:`~softorder.core.fast_exp.exp_emitted` (in place, where a call
     of libm's ``exp`` would stall the recurrences). The decays wait in the spare slots:
     ``E[i]`` of the lower half in ``B[i]``, of the upper half in ``A[i]``, each read just
     before its slot is written.
@@ -292,11 +292,11 @@ def prefix_sums_halves(r, inv_alpha, A, B):
     e_next = 0.0  # E[j + 1] for B's next step
     j = n - 2
     for i in range(1, h):
-        e = fast_exp.exp(-gap(r[i], r[i - 1]) * inv_alpha)
+        e = fast_exp.exp_emitted(-gap(r[i], r[i - 1]) * inv_alpha)
         B[i] = e
         a = 1.0 + e * a
         A[i] = a
-        f = fast_exp.exp(-gap(r[j + 1], r[j]) * inv_alpha)
+        f = fast_exp.exp_emitted(-gap(r[j + 1], r[j]) * inv_alpha)
         A[j + 1] = f
         b = 1.0 + f * b
         B[j] = b  # (for odd n the last step writes B[h - 1] over E[h - 1], kept in e_next)
@@ -578,7 +578,7 @@ def neighbour_sums(r, inv_alpha, E, anchor, offset, sums):
     they are sorted by insertion, O(m + inversions).
 
     ``B``'s recurrence runs first, down the whole row, with the decays computed as it reads
-    them (:func:`~softorder.core.fast_exp.exp`: inlined where libm's ``exp`` allows; a call
+    them (:func:`~softorder.core.fast_exp.exp_emitted`: in place where libm's ``exp`` allows; a call
     beside the recurrence clobbered the registers of its accumulators); ``A``'s recurrence
     then reads them and stops at the last left point: the top-k loss's targets sit near the
     bottom of the row.
@@ -603,7 +603,7 @@ def neighbour_sums(r, inv_alpha, E, anchor, offset, sums):
             k -= 1
         by_left[k] = j
     # B's recurrence first, down the row, with the decays: each computed where it is read
-    # (fast_exp.exp: no call beside the recurrence), and on below the first right point for
+    # (fast_exp.exp_emitted: no call beside the recurrence), and on below the first right point for
     # A's recurrence and the caller
     E[0] = 0.0
     b = 1.0
@@ -611,7 +611,7 @@ def neighbour_sums(r, inv_alpha, E, anchor, offset, sums):
     p = m - 1
     for i in range(n - 1, -1, -1):
         if i < n - 1:
-            e = fast_exp.exp(-gap(r[i + 1], r[i]) * inv_alpha)
+            e = fast_exp.exp_emitted(-gap(r[i + 1], r[i]) * inv_alpha)
             E[i + 1] = e
             if p < 0:  # every right point read
                 continue
