@@ -473,9 +473,12 @@ def permutation_forward(xs, order, alpha, w, worder, out, anchor, offset, work):
     for row in prange(rows):
         r = xs[row]
         if has_nan(r):
-            out[row, :, :] = np.nan
-            anchor[row, :] = 0
-            offset[row, :] = np.nan
+            for k in range(n):  # (loops: slice assignments compile NumPy's setitem)
+                for i in range(n):
+                    out[row, k, i] = np.nan
+            for k in range(anchor.shape[1]):
+                anchor[row, k] = 0
+                offset[row, k] = np.nan
             continue
         inv_alpha = 1.0 / alpha[row]
         # the tables with moments (O(n) beside the O(n^2) matrix), whose E, A, B are those of
@@ -483,12 +486,14 @@ def permutation_forward(xs, order, alpha, w, worder, out, anchor, offset, work):
         E, A, B, Ad, Bd, S = _call_moment_tables(r, inv_alpha, work[row])
         # b_k = S^-1(k) for k = 1..n-1: a ladder, which solve_ladder inverts without reading w
         # or worder (no values wanted: alpha is not read)
-        _call_solve_ladder(r, 1.0, inv_alpha, E, A, B, 1.0, anchor[row], offset[row], S[:0])
+        an = anchor[row]
+        off = offset[row]
+        _call_solve_ladder(r, 1.0, inv_alpha, E, A, B, 1.0, an, off, S[:0])
         for i in range(n):
             col = order[row, i]
             lo = -INF
             for k in range(n):
-                hi = _boundary_z(r, inv_alpha, anchor[row], offset[row], k + 1, r[i])
+                hi = _boundary_z(r, inv_alpha, an, off, k + 1, r[i])
                 out[row, k, col] = cdf_diff(lo, hi)
                 lo = hi
 
@@ -510,6 +515,8 @@ def permutation_vjp(xs, order, alpha, anchor, offset, worder, V, x_bar, alpha_ba
         a = alpha[row]
         inv_alpha = 1.0 / a
         tables = _call_moment_tables(r, inv_alpha, work[row])
+        an = anchor[row]
+        off = offset[row]
         beta = twork[row, 0]  # the cotangent on the boundaries
         beta[:] = 0.0
         rbar = work[row, TABLES_WITH_MOMENTS]
@@ -520,7 +527,7 @@ def permutation_vjp(xs, order, alpha, anchor, offset, worder, V, x_bar, alpha_ba
                 continue
             col = order[row, i]
             for k in range(1, n):
-                z = _boundary_z(r, inv_alpha, anchor[row], offset[row], k, r[i])
+                z = _boundary_z(r, inv_alpha, an, off, k, r[i])
                 if abs(z) == INF:
                     continue
                 gamma = 0.5 * math.exp(-abs(z)) * (V[row, k - 1, col] - V[row, k, col]) * inv_alpha
@@ -533,8 +540,8 @@ def permutation_vjp(xs, order, alpha, anchor, offset, worder, V, x_bar, alpha_ba
             r,
             a,
             tables,
-            anchor[row],
-            offset[row],
+            an,
+            off,
             beta,
             rbar,
             twork[row, 1, :m],
