@@ -555,7 +555,7 @@ def moment_step_up(d, inv_alpha, a, ad):
     """One step of the recurrences of ``A``, ``Ad`` (:func:`prefix_moments`) from ``r[i - 1]``
     to ``r[i]``, ``d = gap(r[i], r[i - 1])``: returns ``(E[i], A[i], Ad[i])``.
     """
-    e = fast_exp.exp(-d * inv_alpha)  # (inlined where it can be: no call in the recurrence)
+    e = fast_exp.exp_emitted(-d * inv_alpha)  # (in place: no call in the recurrence)
     return e, 1.0 + e * a, (e * (ad + d * inv_alpha * a) if e > 0.0 else 0.0)
 
 
