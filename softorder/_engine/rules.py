@@ -1256,7 +1256,7 @@ class PermutationCrossEntropyRule(LossRule):
             per_row,
             anchor,
             offset,
-            ctx.work(core.permutation.FORWARD_WORK),
+            ctx.work(core.permutation.LOSS_FORWARD_WORK),
         )
         return self._reduce(ctx, per_row)
 

@@ -30,6 +30,7 @@ from softorder.core.laplace import (
 from softorder.core.lapsum import (
     PULLBACK_WORK,
     PUSHFORWARD_WORK,
+    TABLES,
     TABLES_WITH_MOMENTS,
     empty,
     inverse_pullback,
@@ -66,6 +67,8 @@ from softorder.core.sort import (
 #: the tables with moments: the matrix's forward fills them (its gradient's tables, so that a
 #: process compiles one table helper for both; the loss's forward reads the first TABLES)
 FORWARD_WORK = TABLES_WITH_MOMENTS
+#: the loss's general forward (:func:`permutation_loss_forward`): the tables without moments
+LOSS_FORWARD_WORK = TABLES
 #: the tables with moments, the gradient, and a row for the CPU pullback's injections
 GRADIENT_WORK = TABLES_WITH_MOMENTS + 2
 #: rows of the boundary-indexed scratch ``twork`` (rows, BOUNDARY_WORK, n - 1) of the gradients:
@@ -598,7 +601,7 @@ def permutation_loss_forward(
 ):
     """``out[row] = -sum_i log P[target_i - 1, i]`` for 1-based target ranks (rows, n).
 
-    ``work``: (rows, FORWARD_WORK, n) scratch.
+    ``work``: (rows, LOSS_FORWARD_WORK, n) scratch.
     """
     rows, n = xs.shape
     repeated = 0
