@@ -351,14 +351,11 @@ def prefix_tables_halves(r, inv_alpha, E, A, B):
 
 
 @inner_helper
-def lapsum_at(A, B, i):
-    """``S(r[i])``, as :func:`lapsum_at_points` stores it."""
-    return i + 0.5 + 0.5 * (B[i] - A[i])
-
-
-@inner_helper
 def count_at_most_ab(A, B, w, hint):
-    """:func:`count_at_most` with ``S`` computed where it is read (:func:`lapsum_at`)."""
+    """:func:`count_at_most` with ``S`` computed where it is read, as
+    :func:`lapsum_at_points` stores it (the formula in place at each of its four reads: an
+    inlined helper is typed again at each one).
+    """
     n = A.shape[0]
     if hint > 0 and (hint - 1 + 0.5 + 0.5 * (B[hint - 1] - A[hint - 1])) > w:
         hi = hint - 1
