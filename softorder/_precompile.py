@@ -93,7 +93,9 @@ def _jax(name: str, x: np.ndarray) -> None:
     import jax.numpy as jnp
 
     import softorder.bridges.jax as soj
+    from softorder.bridges import _jax_ffi
 
+    _jax_ffi.link_alpha_sums()  # (what a learnable alpha's gradient calls)
     args = [jnp.asarray(a) if isinstance(a, np.ndarray) else a for a in _arguments(name, x)]
     if name == "topk_cross_entropy":
         args[2] = jnp.asarray(args[2])

@@ -786,14 +786,17 @@ def test_permutation_loss_rows_left_by_the_ladder_take_the_general_kernel(dtype,
             ).block_until_ready()
 
 
-def test_precompile_registers_the_loss_handlers():
+def test_precompile_registers_the_loss_handlers(monkeypatch):
     """``softorder.precompile(apis=["jax"])`` runs the losses through the FFI route: their
-    handlers (and the kernels they call) are compiled and registered with XLA.
+    handlers (and the kernels they call) are compiled and registered with XLA, and so is
+    what a learnable alpha's gradient calls.
     """
+    monkeypatch.setattr(_jax_ffi._alpha_sums_slot, "value", 0)
     softorder.precompile(
         ["topk_cross_entropy", "permutation_cross_entropy"], apis=["jax"], progress=False
     )
     assert {"softorder_topk_loss", "softorder_permutation_loss"} <= set(_jax_ffi._registered)
+    assert _jax_ffi._alpha_sums_slot.value != 0
 
 
 @pytest.mark.parametrize("case", ["topk CE split, K=3", "perm CE"])
@@ -1097,6 +1100,47 @@ def test_alpha_gradient_only_when_asked(rng):
     both = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, alpha)
     equal(jax.jit(jax.grad(loss, argnums=1))(x, alpha), both[1])
     equal(jax.jit(jax.grad(loss))(x, alpha), both[0])
+
+
+def _alpha_sums_child():
+    """In a fresh process: a concrete alpha's gradient compiles no ``alpha_sums``; a traced
+    alpha's links it when traced, and gives the NumPy API's gradient of alpha to the bit.
+    """
+    x = np.random.default_rng(5).standard_normal((3, 7)).astype(np.float32)
+    jax.block_until_ready(jax.jit(jax.grad(lambda u: soj.soft_rank(u, 0.5).sum()))(x))
+    before = (_jax_ffi._alpha_sums_slot.value, len(_jax_ffi.alpha_sums.overloads))
+    grad = jax.jit(jax.grad(lambda u, a: soj.soft_rank(u, a).sum(), argnums=1))
+    alpha_bar = np.asarray(grad(x, np.float32(0.5)))
+    _, pullback = softorder.vjp(softorder.soft_rank, x, alpha=np.float32(0.5))
+    expected = pullback(np.ones_like(x))[1]
+    after = (_jax_ffi._alpha_sums_slot.value != 0, len(_jax_ffi.alpha_sums.overloads))
+    print(json.dumps({"before": before, "after": after, "equal": bool(alpha_bar == expected)}))
+
+
+def test_alpha_sums_are_compiled_only_for_a_traced_alpha(tmp_path):
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    code = "import tests.test_jax_ffi as t; t._alpha_sums_child()"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report == {"before": [0, 0], "after": [True, 1], "equal": True}
+
+
+def test_a_handler_without_alpha_sums_fails_with_an_error(monkeypatch, rng):
+    """Were the slot empty when a handler sums alpha's gradient (the bridge links it when it
+    traces the call), the handler returns an error naming softorder, never a wrong number.
+    """
+    x = np.nan_to_num(data(rng, (2, 5)), nan=0.125)
+    grad = jax.jit(jax.grad(lambda u, a: soj.soft_rank(u, a).sum(), argnums=1))
+    jax.block_until_ready(grad(x, np.float32(0.5)))  # traced, linked, compiled
+    monkeypatch.setattr(_jax_ffi._alpha_sums_slot, "value", 0)
+    # (JAX raises XLA's INVALID_ARGUMENT as JaxRuntimeError or, on its fast path, ValueError)
+    with pytest.raises((jax.errors.JaxRuntimeError, ValueError)) as raised:
+        jax.block_until_ready(grad(x, np.float32(0.25)))
+    message = "INVALID_ARGUMENT: softorder: the JAX bridge's alpha_sums is not linked"
+    assert str(raised.value) == message
 
 
 @pytest.mark.parametrize(

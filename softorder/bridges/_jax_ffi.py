@@ -396,6 +396,13 @@ def _link_rows_left() -> None:
     llvmlite.binding.add_symbol(ROWS_LEFT, address)
 
 
+def _link_alpha_sums_slot() -> None:
+    """Register :data:`ALPHA_SUMS_SLOT` (before a handler loads or compiles)."""
+    import llvmlite.binding
+
+    llvmlite.binding.add_symbol(ALPHA_SUMS_SLOT, ctypes.addressof(_alpha_sums_slot))
+
+
 _F1, _F2, _F3 = (types.Array(types.float64, d, "C") for d in (1, 2, 3))
 _I2, _L2 = types.Array(types.int32, 2, "C"), types.Array(types.int64, 2, "C")
 _L1, _B = types.Array(types.int64, 1, "C"), types.boolean
@@ -534,11 +541,12 @@ def alpha_error(frame, alpha) -> int:
     the first that is not, with the NumPy API's words. Tested on the bits: XLA's threads
     compare subnormal numbers as zero.
     """
-    bits = alpha.view(np.int64)
+    address = alpha.ctypes.data  # (peeked: a view of alpha's bits compiles slowly)
     for r in range(alpha.shape[0]):
-        if not (0 < bits[r] < INFINITY_BITS):  # (negative: the sign bit; NaN: above)
+        bits = peek(address, r, np.int64)
+        if not (0 < bits < INFINITY_BITS):  # (negative: the sign bit; NaN: above)
             return fail(frame, "softorder: alpha must be positive and finite; got alpha=", alpha[r])
-        if bits[r] < SMALLEST_ALPHA_BITS:  # (SMALLEST_ALPHA written as the NumPy API does)
+        if bits < SMALLEST_ALPHA_BITS:  # (SMALLEST_ALPHA written as the NumPy API does)
             return fail(
                 frame,
                 "softorder: alpha must be at least 2.23e-308 ",
@@ -605,13 +613,74 @@ KERNELS = {
         (_F2, _I2, _F1, _I2, _I2, _F2, _F1, _F2, _F1, _F3),
     ),
 }
-#: the helpers every handler calls by symbol
-SHARED = {
-    "alpha_error": (alpha_error, (types.int64, _F1)),
-    "alpha_sums": (alpha_sums, (_F1, types.int64, types.boolean, _F1)),
-}
+#: the helper every handler calls by symbol
+SHARED = {"alpha_error": (alpha_error, (types.int64, _F1))}
 _calls = SymbolCalls(**KERNELS, **SHARED)
-_alpha_error, _alpha_sums_call = _calls.alpha_error, _calls.alpha_sums
+_alpha_error = _calls.alpha_error
+
+#: the symbol of a word that holds :func:`alpha_sums`' address, or 0 until a traced alpha's
+#: gradient asks for it (:func:`link_alpha_sums`): compiled with the handlers, it lengthened
+#: every first call, for a gradient that only a learnable alpha has
+ALPHA_SUMS_SLOT = "softorder_alpha_sums_slot"
+ALPHA_SUMS_TYPES = (_F1, types.int64, types.boolean, _F1)
+_alpha_sums_slot = ctypes.c_int64(0)
+
+
+def link_alpha_sums() -> None:
+    """Compile (or load) :func:`alpha_sums` and put its address in :data:`ALPHA_SUMS_SLOT`:
+    the JAX bridge calls this when it traces a backward pass that asks for a traced alpha's
+    gradient, before any handler can run it.
+
+    Examples
+    --------
+    >>> from softorder.bridges import _jax_ffi
+    >>> _jax_ffi.link_alpha_sums()
+    >>> _jax_ffi._alpha_sums_slot.value != 0
+    True
+    """
+    if not _alpha_sums_slot.value:
+        with _lock:
+            if not _alpha_sums_slot.value:
+                _alpha_sums_slot.value = _jit._native_address(alpha_sums, ALPHA_SUMS_TYPES)
+
+
+@intrinsic
+def _alpha_sums_address(typingctx):
+    """The word at :data:`ALPHA_SUMS_SLOT` (linked by :func:`_compile`): the address of
+    :func:`alpha_sums`, or 0.
+    """
+
+    def codegen(context, builder, signature, args):
+        word = ir.IntType(64)
+        module = builder.module
+        slot = module.globals.get(ALPHA_SUMS_SLOT) or ir.GlobalVariable(
+            module, word, ALPHA_SUMS_SLOT
+        )
+        return builder.load(slot)
+
+    return types.int64(), codegen
+
+
+@intrinsic
+def _call_alpha_sums(typingctx, address, alpha_bar, group, summed, out):
+    """:func:`alpha_sums` (numba's calling convention) at ``address``."""
+    arg_types = (alpha_bar, group, summed, out)
+    if not all(map(_jit._accepted, arg_types, ALPHA_SUMS_TYPES)):
+        raise TypeError(f"softorder: alpha_sums takes {ALPHA_SUMS_TYPES}; got {arg_types}")
+
+    def codegen(context, builder, signature, args):
+        kind = context.call_conv.get_function_type(types.none, ALPHA_SUMS_TYPES)
+        callee = builder.inttoptr(args[0], kind.as_pointer())
+        status, _ = context.call_conv.call_function(
+            builder, callee, types.none, ALPHA_SUMS_TYPES, args[1:]
+        )
+        with cgutils.if_unlikely(builder, status.is_error):
+            context.call_conv.return_status_propagate(builder, status)
+        return context.get_dummy_value()
+
+    return types.none(types.int64, *arg_types), codegen
+
+
 _rank_forward, _rank_vjp = _calls.rank_forward, _calls.rank_vjp
 _topk_forward, _topk_vjp = _calls.topk_forward, _calls.topk_vjp
 _sort_forward, _sort_vjp = _calls.sort_forward, _calls.sort_vjp
@@ -640,14 +709,19 @@ def _alpha_sums(frame, alpha_bar, rows, index):
     cotangent: int32 ``(group, summed)``): ``alpha_bar`` summed over each run of ``group``
     rows (:func:`alpha_sums`) into result 1, each sum complete in float64 before it is
     rounded once to its dtype (rows whose gradients cancel lose nothing to a rounding).
+    Returns 0, or the error to return.
     """
     if peek(frame, ARG_COUNT, np.int64) <= index:
-        return
+        return 0
+    address = _alpha_sums_address()
+    if address == 0:  # (the bridge links it when it traces the call: never)
+        return fail(frame, "softorder: the JAX bridge's alpha_sums is not linked")
     info = buffer(frame, ARGS, index)[0]
     group = np.int64(peek(info, 0, np.int32))
     out = empty((rows // group,), np.float64)
-    _alpha_sums_call(alpha_bar, group, peek(info, 1, np.int32) != 0, out)
+    _call_alpha_sums(address, alpha_bar, group, peek(info, 1, np.int32) != 0, out)
     narrow(*buffer(frame, RESULTS, 1), out, False)
+    return 0
 
 
 @inner_helper
@@ -716,8 +790,7 @@ def rank_handler(frame):
         work = empty((rows, rank.LINEAR_WORK, n), np.float64)
         _rank_vjp(xs, order, alpha, decay, v, x_bar, alpha_bar, work)
         narrow(*buffer(frame, RESULTS, 0), x_bar, negate)
-        _alpha_sums(frame, alpha_bar, rows, 6)
-        return 0
+        return _alpha_sums(frame, alpha_bar, rows, 6)
     order, xs = _sorted_rows(frame, values, rows, n)
     decay = array_at(buffer(frame, RESULTS, 2)[0], (rows, n), np.float64)
     out = empty((rows, n), np.float64)
@@ -750,8 +823,7 @@ def topk_handler(frame):
         work = empty((rows, topk.VJP_WORK, n), np.float64)
         _topk_vjp(xs, order, alpha, anchor, offset, log, v, x_bar, w_bar, alpha_bar, work)
         narrow(*buffer(frame, RESULTS, 0), x_bar, negate)
-        _alpha_sums(frame, alpha_bar, rows, 7)
-        return 0
+        return _alpha_sums(frame, alpha_bar, rows, 7)
     order, xs = _sorted_rows(frame, values, rows, n)
     w = empty((rows, 1), np.float64)
     widen(w, *buffer(frame, ARGS, 3), False)
@@ -790,8 +862,7 @@ def sort_handler(frame):
         # that row of the gradient is written)
         _sort_vjp(xs, order, alpha, anchor, offset, u, u, alpha_bar, work)
         narrow(*buffer(frame, RESULTS, 0), u, negate)
-        _alpha_sums(frame, alpha_bar, rows, 7)
-        return 0
+        return _alpha_sums(frame, alpha_bar, rows, 7)
     order, xs = _sorted_rows(frame, values, rows, n)
     anchor, offset = _target_results(frame, rows, n, np.int64)
     out = empty((rows, n), np.float64)
@@ -837,8 +908,7 @@ def quantile_handler(frame):
             xs, order, alpha, anchor, offset, no_order, u, x_bar, w_bar, alpha_bar, work, no_work
         )
         narrow(*buffer(frame, RESULTS, 0), x_bar, False)
-        _alpha_sums(frame, alpha_bar, rows, 7)
-        return 0
+        return _alpha_sums(frame, alpha_bar, rows, 7)
     order, xs = _sorted_rows(frame, values, rows, n)
     w = empty((rows, m), np.float64)
     widen(w, *buffer(frame, ARGS, 3), False)
@@ -896,8 +966,7 @@ def topk_loss_handler(frame):
         loss = (xs, order, alpha, labels, log_pk, split, pk1)
         _topk_loss_vjp(*loss, anchor, offset, cot, x_bar, alpha_bar, work, worder, kwork)
         narrow(*buffer(frame, RESULTS, 0), x_bar, True)
-        _alpha_sums(frame, alpha_bar, rows, 10)
-        return 0
+        return _alpha_sums(frame, alpha_bar, rows, 10)
     order, xs = _sorted_rows(frame, values, rows, n)
     w = empty((K,), np.float64)  # the targets 1..K
     for j in range(K):
@@ -949,8 +1018,7 @@ def permutation_loss_handler(frame):
         if _permutation_loss_vjp(*args, work) and rows_left(*args) != 0:
             return fail(frame, "softorder: permutation_cross_entropy's gradient failed (logged)")
         narrow(*buffer(frame, RESULTS, 0), x_bar, negate)
-        _alpha_sums(frame, alpha_bar, rows, 8)
-        return 0
+        return _alpha_sums(frame, alpha_bar, rows, 8)
     order, xs = _sorted_rows(frame, values, rows, n)
     anchor, offset = _target_results(frame, rows, m, np.int32)
     out = empty((rows,), np.float64)
@@ -1004,6 +1072,7 @@ def _compile(name: str):
         _jit.link_symbol(*KERNELS[kernel])
     for shared in SHARED.values():
         _jit.link_symbol(*shared)
+    _link_alpha_sums_slot()
     if name == "permutation_loss":
         _link_rows_left()
     fn = _HANDLERS[name]

@@ -206,6 +206,9 @@ class _Ffi:
             needed = needed[:3]
         shapes, operands = (_struct(x.shape, x.dtype),), (*needed, *residuals, cotangent)
         if 1 in wanted:  # alpha's gradient, summed by the handler: one more argument, result
+            from softorder.bridges import _jax_ffi
+
+            _jax_ffi.link_alpha_sums()  # (compiled for a traced alpha only)
             shapes += (_struct((alpha.size,), x.dtype),)
             operands += (jnp.asarray(np.array(self.alpha_group, np.int32)),)
         grads = self._call(shapes, operands)
