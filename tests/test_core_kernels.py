@@ -101,3 +101,32 @@ def test_row_tables_are_sum_tables_or_moment_tables(rng, alpha):
             assert Ad_.size == Bd_.size == 0
     for a, b in zip(out[False][:3], out[True][:3], strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_empty_allocates_c_ordered_arrays_as_numpy_does():
+    """``lapsum.empty``, the kernels' in-place allocation: NumPy's shape, dtype, C strides
+    and alignment; each array its own memory; a size past intp raises, never wraps.
+    """
+    import numba
+
+    from softorder.core.lapsum import empty
+
+    @numba.njit
+    def make(rows, n):
+        a = empty((rows, 3, n), np.float64)
+        b = empty((n,), np.int32)
+        c = empty((rows, n), np.uint8)
+        a[:] = 1.5
+        b[:] = 7
+        c[:] = 2
+        return a, b, c
+
+    a, b, c = make(4, 5)
+    for got, like in ((a, np.empty((4, 3, 5))), (b, np.empty(5, np.int32))):
+        assert got.shape == like.shape and got.dtype == like.dtype
+        assert got.strides == like.strides and got.flags.c_contiguous and got.flags.writeable
+        assert got.ctypes.data % got.dtype.alignment == 0
+    assert c.shape == (4, 5) and c.strides == (5, 1)
+    assert (a == 1.5).all() and (b == 7).all() and (c == 2).all()
+    with pytest.raises(ValueError, match="softorder: an array of that size is too big"):
+        make(2**40, 2**40)

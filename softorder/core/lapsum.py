@@ -41,7 +41,42 @@ if fast_exp._jit_enabled():
     from numba.core import cgutils
     from numba.core.imputils import impl_ret_new_ref
     from numba.extending import intrinsic
-    from numba.np.arrayobj import _empty_nd_impl
+    from numba.np.arrayobj import make_array, populate_array
+
+    def _allocate(context, builder, array_type, dims):
+        """A new C-ordered array of ``dims`` (LLVM intp values): what numba's
+        ``_empty_nd_impl`` emits, with the runtime's allocation called in place, where numba
+        compiles a call of its allocator (``compile_internal``) at each use, a few
+        hundredths of a second each on a first compilation.
+        """
+        intp = context.get_value_type(types.intp)
+        itemsize = context.get_constant(
+            types.intp, context.get_abi_sizeof(context.get_data_type(array_type.dtype))
+        )
+        size, overflow = itemsize, cgutils.false_bit
+        strides = []
+        for d in reversed(dims):
+            strides.append(size)
+            product = builder.smul_with_overflow(size, d)
+            size = builder.extract_value(product, 0)
+            overflow = builder.or_(overflow, builder.extract_value(product, 1))
+        with builder.if_then(overflow, likely=False):
+            context.call_conv.return_user_exc(
+                builder, ValueError, ("softorder: an array of that size is too big",)
+            )
+        align = context.get_preferred_array_alignment(array_type.dtype)
+        meminfo = context.nrt.meminfo_alloc_aligned(builder, size, align)
+        data = context.nrt.meminfo_data(builder, meminfo)
+        array = make_array(array_type)(context, builder)
+        populate_array(
+            array,
+            data=builder.bitcast(data, context.get_data_type(array_type.dtype).as_pointer()),
+            shape=cgutils.pack_array(builder, dims, ty=intp),
+            strides=cgutils.pack_array(builder, strides[::-1], ty=intp),
+            itemsize=itemsize,
+            meminfo=meminfo,
+        )
+        return array
 
     @intrinsic
     def empty(typingctx, shape, kind):
@@ -57,7 +92,7 @@ if fast_exp._jit_enabled():
                 context.cast(builder, d, t, types.intp)
                 for d, t in zip(cgutils.unpack_tuple(builder, args[0]), shape, strict=True)
             ]
-            array = _empty_nd_impl(context, builder, array_type, dims)
+            array = _allocate(context, builder, array_type, dims)
             return impl_ret_new_ref(context, builder, array_type, array._getvalue())
 
         return array_type(shape, kind), codegen
