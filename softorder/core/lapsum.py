@@ -385,63 +385,84 @@ def prefix_tables_halves(r, inv_alpha, E, A, B):
         j -= 1
 
 
-@inner_helper
-def count_at_most_ab(A, B, w, hint):
-    """:func:`count_at_most` with ``S`` computed where it is read, as
-    :func:`lapsum_at_points` stores it (the formula in place at each of its four reads: an
-    inlined helper is typed again at each one).
-    """
-    n = A.shape[0]
-    if hint > 0 and (hint - 1 + 0.5 + 0.5 * (B[hint - 1] - A[hint - 1])) > w:
-        hi = hint - 1
-        step = 1
-        lo = -1
-        while True:
-            cand = hi - step
-            if cand < 0:
-                break
-            if (cand + 0.5 + 0.5 * (B[cand] - A[cand])) <= w:
-                lo = cand
-                break
-            hi = cand
-            step *= 2
-    else:
-        lo = hint - 1
-        step = 1
-        hi = n
-        while True:
-            cand = lo + step
-            if cand >= n:
-                break
-            if (cand + 0.5 + 0.5 * (B[cand] - A[cand])) > w:
-                hi = cand
-                break
-            lo = cand
-            step *= 2
-    while True:  # (a loop's condition is compiled twice, a test in the loop once)
-        if hi - lo <= 1:
-            break
-        mid = (lo + hi) // 2
-        if (mid + 0.5 + 0.5 * (B[mid] - A[mid])) <= w:
-            lo = mid
-        else:
-            hi = mid
-    return hi
-
-
 @helper
 def solve_targets_ab(r, inv_alpha, A, B, w, worder, anchor, t):
     """:func:`solve_targets` from ``A`` and ``B`` alone (:func:`prefix_sums_ab`): two rows of
-    n instead of four; ``S`` and the decay of each target's interval are computed where read,
-    with the same operations, so the targets are the same to the bit.
+    n instead of four; ``S`` (:func:`lapsum_at_points`) and the decay of each target's
+    interval are computed where read, with the same operations, so the targets are the same
+    to the bit.
+
+    :func:`count_at_most`'s galloping search and :func:`invert_at` are written out, in fewer
+    statements (one gallop loop for both directions, one ``log`` for the common cases): each
+    statement is typed and lowered again on a first call, and their inlined copies were most
+    of this function's compilation.
     """
     n = r.shape[0]
-    hint = 0
+    J = 0  # the previous target's count: the search's hint
     for q in range(w.shape[0]):
         j = worder[q]
-        hint = count_at_most_ab(A, B, w[j], hint)
-        e = math.exp(-gap(r[hint], r[hint - 1]) * inv_alpha) if 0 < hint < n else 0.0
-        anchor[j], t[j] = invert_at(r, inv_alpha, e, A, B, w[j], hint)
+        wj = w[j]
+        # count_at_most: gallop down from the hint while S > w, or up while S <= w (the
+        # same points in the same order), then bisect; S[i] = i + 1/2 + (B[i] - A[i]) / 2.
+        # Down, S is never NaN (one NaN decay makes every S NaN, and then no S > w), so
+        # "S <= w" there is "not above"
+        down = J > 0 and (J - 1 + 0.5 + 0.5 * (B[J - 1] - A[J - 1])) > wj
+        lo = -1 if down else J - 1
+        hi = J - 1 if down else n
+        base = hi if down else lo
+        step = -1 if down else 1
+        while True:
+            cand = base + step
+            if cand < 0 or cand >= n:
+                break
+            above = (cand + 0.5 + 0.5 * (B[cand] - A[cand])) > wj
+            if above:
+                hi = cand
+            else:
+                lo = cand
+            if above != down:
+                break
+            base = cand
+            step *= 2
+        while True:  # (a loop's condition is compiled twice, a test in the loop once)
+            if hi - lo <= 1:
+                break
+            mid = (lo + hi) // 2
+            if (mid + 0.5 + 0.5 * (B[mid] - A[mid])) <= wj:
+                lo = mid
+            else:
+                hi = mid
+        J = hi
+        # invert_at: the anchor and the ratio whose log is the offset
+        # (its tests as invert_at writes them: a NaN takes the same branch)
+        negate = False
+        if J == 0:
+            an = 0
+            ratio = 2.0 * wj / B[0]
+            if not ratio >= fast_log.TINY:
+                # a subnormal ratio (a tiny k or q) keeps few bits: the difference of two
+                # logs (doubling w is exact)
+                anchor[j] = 0
+                t[j] = math.log(2.0 * wj) - math.log(B[0])
+                continue
+        elif J == n:
+            an = n - 1
+            ratio = 2.0 * (n - wj) / A[n - 1]
+            negate = True
+        else:
+            c = wj - J
+            distance = gap(r[J], r[J - 1]) * inv_alpha
+            e = math.exp(-distance)
+            if not e >= SMALL_E:
+                anchor[j], t[j] = invert_far(A[J - 1], B[J], distance, c, J)
+                continue
+            d = math.sqrt(c * c + A[J - 1] * B[J] * e)
+            up = c >= 0.0
+            an = J if up else J - 1
+            ratio = (c + d) / B[J] if up else A[J - 1] / (d - c)
+        anchor[j] = an
+        lg = math.log(ratio)
+        t[j] = -lg if negate else lg
 
 
 @helper
