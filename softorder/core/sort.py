@@ -348,8 +348,11 @@ def few_inverse_vjp(
     for row in prange(rows):
         r = xs[row]
         if has_nan(r):
-            x_bar[row, :] = np.nan
-            w_bar[row, :] = np.nan
+            # (loops: numba's slice assignments compiled longer on a first call)
+            for i in range(n):
+                x_bar[row, i] = np.nan
+            for j in range(w_bar.shape[1]):
+                w_bar[row, j] = np.nan
             alpha_bar[row] = np.nan
             continue
         a = alpha[row]
@@ -378,7 +381,8 @@ def few_tables(r, inv_alpha, anchor, offset, E, marks):
     B = empty((n,), np.float64)
     Ad = empty((n,), np.float64)
     Bd = empty((n,), np.float64)
-    marks[:] = 0.0
+    for i in range(n):  # (a loop: numba's slice assignment compiled longer on a first call)
+        marks[i] = 0.0
     for j in range(m):
         left = anchor[j] - 1 if offset[j] <= 0.0 else anchor[j]
         if left >= 0 and (marks[left] == 0.0 or marks[left] == 2.0):
@@ -413,14 +417,24 @@ def few_pullback(r, alpha, tables, anchor, offset, u, rbar, wbar, want_wbar):
     so the same values to the bit. The last pass leaves the gradient (sorted order) in ``E``
     (``tables[0]``; each ``E[i]`` is read just before its slot is written) and ``rbar`` is
     spent. Returns ``alpha_bar``.
+
+    Each target's weights come from :func:`~softorder.core.lapsum.other_target_weights`,
+    called (the usual target's weights to the bit, as
+    :func:`~softorder.core.lapsum.target_weights` gives them): with a few targets per row the
+    call costs nothing that counts, where ``target_weights`` inlined was a tenth of this
+    helper's compilation on a first call.
     """
     E, A, B, Ad, Bd, S = tables
     n = r.shape[0]
     m = anchor.shape[0]
     inv_alpha = 1.0 / alpha
-    up_at = empty((m,), np.int64)  # the point of each target's upward injection (n: none)
+    # the point of each target's upward injection (n: none), and after the last one n: the
+    # carrying passes stop at it without testing the list's end
+    up_at = empty((m + 1,), np.int64)
     up = empty((m,), np.float64)
-    rbar[:] = 0.0
+    up_at[m] = n
+    for i in range(n):  # (a loop: numba's slice assignment compiled longer on a first call)
+        rbar[i] = 0.0
     alpha_bar = 0.0
     for j in range(m):
         up_at[j] = n
@@ -436,7 +450,7 @@ def few_pullback(r, alpha, tables, anchor, offset, u, rbar, wbar, want_wbar):
             continue
         L = an - 1 if t <= 0.0 else an
         R = L + 1
-        how, G, Z, el, er, sh = target_weights(
+        how, G, Z, el, er, sh = other_target_weights(
             r,
             inv_alpha,
             ra,
@@ -468,18 +482,24 @@ def few_pullback(r, alpha, tables, anchor, offset, u, rbar, wbar, want_wbar):
             wbar[j] = uj * 2.0 * alpha * math.exp(sh) / G
         alpha_bar += uj * Z / G
     # carry_injections: the downward pass in rbar, then the upward one with the list sorted
-    # by point (stably: the injections at one point add up in the order of the targets)
-    by_point = empty((m,), np.int64)
-    for j in range(m):
+    # by point (stably, in place: the injections at one point add up in the order of the
+    # targets)
+    for j in range(1, m):
+        at = up_at[j]
+        value = up[j]
         k = j
-        while k > 0 and up_at[by_point[k - 1]] > up_at[j]:
-            by_point[k] = by_point[k - 1]
+        while True:  # (a loop's condition is compiled twice, a test in the loop once)
+            if k == 0 or up_at[k - 1] <= at:
+                break
+            up_at[k] = up_at[k - 1]
+            up[k] = up[k - 1]
             k -= 1
-        by_point[k] = j
+        up_at[k] = at
+        up[k] = value
     if n <= CARRY_BESIDE_N:
         # the spent B (written at a few points, never read again) holds the lower half's
         # upward sums
-        _carry_beside(E, rbar, up_at, up, by_point, B)
+        _carry_beside(E, rbar, up_at, up, B)
         return alpha_bar
     acc = 0.0
     for i in range(n - 1, -1, -1):
@@ -493,8 +513,10 @@ def few_pullback(r, alpha, tables, anchor, offset, u, rbar, wbar, want_wbar):
         if i > 0:
             acc *= E[i]
         injected = 0.0  # (a row of injections holds 0 at the other points: the same sums)
-        while p < m and up_at[by_point[p]] == i:
-            injected += up[by_point[p]]
+        while True:
+            if up_at[p] != i:
+                break
+            injected += up[p]
             p += 1
         acc += injected
         E[i] = rbar[i] + acc
@@ -502,49 +524,44 @@ def few_pullback(r, alpha, tables, anchor, offset, u, rbar, wbar, want_wbar):
 
 
 @inner_helper
-def _carry_beside(E, rbar, up_at, up, by_point, S):
+def _carry_beside(E, rbar, up_at, up, S):
     """:func:`few_pullback`'s two passes (the downward one in ``rbar``, then the upward one
     into ``E``) in one loop, the upward pass at ``k`` beside the downward one at ``n - 1 - k``,
     so that the latency of each accumulator's chain hides the other's: the same operations on
     the same values, so the same sums to the bit. The upward sums of the lower half wait in
     ``S`` (length >= n / 2, rows written at every point: :data:`CARRY_BESIDE_N`) until the
     downward pass has reached them; each ``E[i]`` is overwritten only after both passes read
-    it.
+    it. ``up_at``, ``up``: the upward injections sorted by point, ``up_at`` ending with n.
     """
     n = E.shape[0]
-    m = up_at.shape[0]
     h = (n + 1) // 2
     down = 0.0
     acc = 0.0
     p = 0
-    for k in range(h):  # the downward pass over the upper half, the upward over the lower
+    # one loop (one copy of each pass to compile): the downward pass at i = n - 1 - k, the
+    # upward at k, its sums into S below h and, above, into E with the lower half's as the
+    # downward pass passes them
+    for k in range(n):
         i = n - 1 - k
-        if i < n - 1:
+        if k > 0:
             down *= E[i + 1]
         down += rbar[i]
         rbar[i] = down
+        if i + 1 < h:  # E[i + 1] read by both passes (only once k >= h)
+            E[i + 1] = rbar[i + 1] + S[i + 1]
         if k > 0:
             acc *= E[k]
         injected = 0.0
-        while p < m and up_at[by_point[p]] == k:
-            injected += up[by_point[p]]
+        while True:
+            if up_at[p] != k:
+                break
+            injected += up[p]
             p += 1
         acc += injected
-        S[k] = acc
-    for k in range(h, n):  # and the other way round; the lower half's sums as they end
-        i = n - 1 - k
-        down *= E[i + 1]
-        down += rbar[i]
-        rbar[i] = down
-        if i + 1 < h:  # E[i + 1] read by both passes
-            E[i + 1] = rbar[i + 1] + S[i + 1]
-        acc *= E[k]
-        injected = 0.0
-        while p < m and up_at[by_point[p]] == k:
-            injected += up[by_point[p]]
-            p += 1
-        acc += injected
-        E[k] = rbar[k] + acc
+        if k < h:
+            S[k] = acc
+        else:
+            E[k] = rbar[k] + acc
     E[0] = rbar[0] + S[0]
 
 
