@@ -191,8 +191,9 @@ def _loss_forward(
         r = xs[row]
         if has_nan(r):
             out[row] = np.nan
-            anchor[row, :] = 0
-            offset[row, :] = np.nan
+            for j in range(w.shape[0]):  # (loops: slice assignments compile NumPy's setitem)
+                anchor[row, j] = 0
+                offset[row, j] = np.nan
             continue
         inv_alpha = 1.0 / alpha[row]
         A = work[row, 0]  # A and B alone (the GPU twin fills all 4 rows)
@@ -265,7 +266,8 @@ def _loss_vjp(
     for row in prange(rows):
         r = xs[row]
         if has_nan(r):
-            x_bar[row, :] = np.nan
+            for i in range(n):  # (loops: slice assignments compile NumPy's setitem)
+                x_bar[row, i] = np.nan
             alpha_bar[row] = np.nan
             continue
         a = alpha[row]
@@ -278,7 +280,8 @@ def _loss_vjp(
         # the gradient in sorted order goes to the row of x_bar, then to the spent E for the
         # scatter into x_bar: one row of n less than a row of work of its own
         rbar = x_bar[row]
-        rbar[:] = 0.0
+        for i in range(n):
+            rbar[i] = 0.0
         iy = _label_position(order[row], labels[row])
         terms = kwork[row, 0]
         top, total, has_mass = _mixture_terms(
