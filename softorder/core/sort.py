@@ -357,8 +357,8 @@ def few_inverse_vjp(
             continue
         a = alpha[row]
         E = work[row, 0, :n]
-        tables = few_tables(r, 1.0 / a, anchor[row], offset[row], E, x_bar[row])
-        alpha_bar[row] = few_pullback(
+        tables = _call_few_tables(r, 1.0 / a, anchor[row], offset[row], E, x_bar[row])
+        alpha_bar[row] = _call_few_pullback(
             r, a, tables, anchor[row], offset[row], u[row], x_bar[row], w_bar[row], want_wbar
         )
         scatter_finite(r, order[row], E, x_bar[row])
@@ -521,6 +521,18 @@ def few_pullback(r, alpha, tables, anchor, offset, u, rbar, wbar, want_wbar):
         acc += injected
         E[i] = rbar[i] + acc
     return alpha_bar
+
+
+#: :func:`few_inverse_vjp`'s helpers, called by symbol: compiled once, not linked into the
+#: kernel and optimized again there (a first call of soft_quantile's VJP)
+_FEW_CALLS = SymbolCalls(
+    # r, inv_alpha, anchor, offset, E, marks
+    tables=(few_tables, (_F1, _F, _L1, _F1, _F1, _F1)),
+    # r, alpha, tables, anchor, offset, u, rbar, wbar, want_wbar
+    pullback=(few_pullback, (_F1, _F, types.UniTuple(_F1, 6), _L1, _F1, _F1, _F1, _F1, _B)),
+)
+_call_few_tables = _FEW_CALLS.tables
+_call_few_pullback = _FEW_CALLS.pullback
 
 
 @inner_helper
