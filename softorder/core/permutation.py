@@ -17,7 +17,7 @@ import numpy as np
 from numba import prange, types
 
 from softorder.core import fast_exp
-from softorder.core._jit import NativeCalls, SymbolCalls, helper, inner_helper, kernel
+from softorder.core._jit import SymbolCalls, helper, inner_helper, kernel
 from softorder.core.kernel_sums import carry_both_ways_inline
 from softorder.core.laplace import (
     INF,
@@ -92,26 +92,19 @@ _INVERSE_PULLBACK = (
     inverse_pullback,
     (_F1, _F, types.UniTuple(_F1, 6), _L1, _F1, _F1, _F1, _F1, _F1, _F1, _B, _B),
 )
-#: the per-row helpers the loss kernels call through their addresses (``native``), compiled
-#: once for all of them instead of once more inside each
-_NATIVE = NativeCalls(
+#: the per-row helpers of the matrix's and the general loss's kernels, called by symbol: a
+#: first call compiles only the helpers that its kernels call, each once for all of them (not
+#: again inside each kernel)
+_CALLS = SymbolCalls(
     sum_tables=(sum_tables, (_F1, _F, _F2)),
     moment_tables=_MOMENT_TABLES,
     solve_ladder=_SOLVE_LADDER,
     inverse_pullback=_INVERSE_PULLBACK,
 )
-_sum_tables = _NATIVE.sum_tables
-_moment_tables = _NATIVE.moment_tables
-_solve_ladder = _NATIVE.solve_ladder
-_inverse_pullback = _NATIVE.inverse_pullback
-#: the same helpers for the matrix's kernels, called by symbol: a first call compiles only the
-#: helpers they call (the table of addresses compiles all of them for any kernel that takes it)
-_MATRIX_CALLS = SymbolCalls(
-    moment_tables=_MOMENT_TABLES, solve_ladder=_SOLVE_LADDER, inverse_pullback=_INVERSE_PULLBACK
-)
-_call_moment_tables = _MATRIX_CALLS.moment_tables
-_call_solve_ladder = _MATRIX_CALLS.solve_ladder
-_call_inverse_pullback = _MATRIX_CALLS.inverse_pullback
+_call_sum_tables = _CALLS.sum_tables
+_call_moment_tables = _CALLS.moment_tables
+_call_solve_ladder = _CALLS.solve_ladder
+_call_inverse_pullback = _CALLS.inverse_pullback
 
 
 @inner_helper
@@ -580,8 +573,8 @@ def _then_repeated_ranks(repeated):
     return wrap
 
 
-@kernel(native=_NATIVE)
-def _loss_forward_repeated(xs, order, alpha, target, w, worder, out, anchor, offset, work, native):
+@kernel
+def _loss_forward_repeated(xs, order, alpha, target, w, worder, out, anchor, offset, work):
     """:func:`permutation_loss_forward` of the rows whose target ranks repeat, element by
     element (their boundaries are solved already).
     """
@@ -595,10 +588,8 @@ def _loss_forward_repeated(xs, order, alpha, target, w, worder, out, anchor, off
 
 
 @_then_repeated_ranks(_loss_forward_repeated)
-@kernel(native=_NATIVE)
-def permutation_loss_forward(
-    xs, order, alpha, target, w, worder, out, anchor, offset, work, native
-):
+@kernel
+def permutation_loss_forward(xs, order, alpha, target, w, worder, out, anchor, offset, work):
     """``out[row] = -sum_i log P[target_i - 1, i]`` for 1-based target ranks (rows, n).
 
     ``work``: (rows, LOSS_FORWARD_WORK, n) scratch.
@@ -613,8 +604,8 @@ def permutation_loss_forward(
             offset[row, :] = np.nan
             continue
         inv_alpha = 1.0 / alpha[row]
-        E, A, B, Ad, Bd, S = _sum_tables(native, r, inv_alpha, work[row])
-        _solve_ladder(native, r, 1.0, inv_alpha, E, A, B, 1.0, anchor[row], offset[row], S[:0])
+        E, A, B, Ad, Bd, S = _call_sum_tables(r, inv_alpha, work[row])
+        _call_solve_ladder(r, 1.0, inv_alpha, E, A, B, 1.0, anchor[row], offset[row], S[:0])
         # the tables are spent once the boundaries are solved
         terms = work[row, 0]
         if not _values_by_rank(r, order[row], target[row], terms):
@@ -625,9 +616,9 @@ def permutation_loss_forward(
     return repeated
 
 
-@kernel(native=_NATIVE)
+@kernel
 def _loss_vjp_repeated(
-    xs, order, alpha, target, anchor, offset, worder, cot, x_bar, alpha_bar, work, twork, native
+    xs, order, alpha, target, anchor, offset, worder, cot, x_bar, alpha_bar, work, twork
 ):
     """:func:`permutation_loss_vjp` of the rows whose target ranks repeat, element by element."""
     rows, n = xs.shape
@@ -637,7 +628,7 @@ def _loss_vjp_repeated(
             continue
         a = alpha[row]
         inv_alpha = 1.0 / a
-        tables = _moment_tables(native, r, inv_alpha, work[row])
+        tables = _call_moment_tables(r, inv_alpha, work[row])
         beta = twork[row, 0]
         beta[:] = 0.0
         rbar = work[row, TABLES_WITH_MOMENTS]
@@ -647,8 +638,7 @@ def _loss_vjp_repeated(
         )
         # beta through the boundaries into rbar; the pullback's injections go in S's row
         # (spent) and x_bar's row (free until the scatter)
-        alpha_bar[row] = abar + _inverse_pullback(
-            native,
+        alpha_bar[row] = abar + _call_inverse_pullback(
             r,
             a,
             tables,
@@ -666,9 +656,9 @@ def _loss_vjp_repeated(
 
 
 @_then_repeated_ranks(_loss_vjp_repeated)
-@kernel(native=_NATIVE)
+@kernel
 def permutation_loss_vjp(
-    xs, order, alpha, target, anchor, offset, worder, cot, x_bar, alpha_bar, work, twork, native
+    xs, order, alpha, target, anchor, offset, worder, cot, x_bar, alpha_bar, work, twork
 ):
     """Cotangent ``cot`` (rows,) on the loss -> ``x_bar`` (rows, n), ``alpha_bar`` (rows,). O(n).
 
@@ -709,10 +699,9 @@ def permutation_loss_vjp(
             beta,
             rbar,
         )
-        tables = _moment_tables(native, r, inv_alpha, work[row])
+        tables = _call_moment_tables(r, inv_alpha, work[row])
         # beta through the boundaries into rbar
-        alpha_bar[row] = abar + _inverse_pullback(
-            native,
+        alpha_bar[row] = abar + _call_inverse_pullback(
             r,
             a,
             tables,
@@ -1221,8 +1210,8 @@ def _ladder_vjp_rows(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha
     return general
 
 
-@kernel(native=_NATIVE)
-def _ladder_vjp_general(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar, native):
+@kernel
+def _ladder_vjp_general(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar):
     """The general kernel's VJP (:func:`permutation_loss_vjp`, :func:`_loss_vjp_repeated`) of
     the rows that :func:`_ladder_vjp_rows` left (a NaN ``alpha_bar`` in a row without NaN),
     with scratch of their own and an int64 copy of the row's anchors.
@@ -1248,9 +1237,8 @@ def _ladder_vjp_general(xs, order, alpha, target, anchor, offset, cot, x_bar, al
             abar = _loss_row_vjp(
                 r, inv_alpha, order[row], target[row], an, offset[row], cot[row], beta, rbar
             )
-        tables = _moment_tables(native, r, inv_alpha, work)
-        alpha_bar[row] = abar + _inverse_pullback(
-            native,
+        tables = _call_moment_tables(r, inv_alpha, work)
+        alpha_bar[row] = abar + _call_inverse_pullback(
             r,
             a,
             tables,
@@ -1297,7 +1285,7 @@ def ladder_vjp_left_rows(xs, order, alpha, target, anchor, offset, cot, x_bar, a
     (True, True)
     """
     args = (xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar)
-    _ladder_vjp_general.serial(*args, _NATIVE.addresses())
+    _ladder_vjp_general.serial(*args)
 
 
 def ladder_loss_vjp(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar, work):
