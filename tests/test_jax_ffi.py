@@ -771,7 +771,9 @@ def test_permutation_loss_rows_left_by_the_ladder_take_the_general_kernel(dtype,
     x_bar, alpha_bar = np.empty((2, n)), np.empty(2)
     work = np.empty((2, perm.LADDER_VJP_WORK, n))
     args = (xs, np.asarray(order), alpha.astype(np.float64), ranks, anchor, offset)
-    assert perm._ladder_vjp_rows.serial(*args, cot.astype(np.float64), x_bar, alpha_bar, work)
+    assert perm._ladder_vjp_rows.serial(
+        *args, cot.astype(np.float64), x_bar, alpha_bar, work, False
+    )
     perm.ladder_loss_vjp(*args, cot.astype(np.float64), x_bar, alpha_bar, work)
     equal(grad, flushed(x_bar.astype(dtype)))
 

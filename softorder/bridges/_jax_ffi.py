@@ -608,9 +608,9 @@ KERNELS = {
         permutation._ladder_forward_rows.serial,
         (_F2, _I2, _F1, _I2, _F1, _I2, _F2, _F3),
     ),
-    "permutation_loss_vjp": (
+    "permutation_loss_vjp": (  # (its full variant: rare targets in the kernel, never left)
         permutation._ladder_vjp_rows.serial,
-        (_F2, _I2, _F1, _I2, _I2, _F2, _F1, _F2, _F1, _F3),
+        (_F2, _I2, _F1, _I2, _I2, _F2, _F1, _F2, _F1, _F3, _B),
     ),
 }
 #: the helper every handler calls by symbol
@@ -1015,7 +1015,7 @@ def permutation_loss_handler(frame):
         cot, x_bar, alpha_bar = _loss_gradients(frame, rows, n, 7)
         work = empty((rows, permutation.LADDER_VJP_WORK, n), np.float64)
         args = (xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar)
-        if _permutation_loss_vjp(*args, work) and rows_left(*args) != 0:
+        if _permutation_loss_vjp(*args, work, False) and rows_left(*args) != 0:
             return fail(frame, "softorder: permutation_cross_entropy's gradient failed (logged)")
         narrow(*buffer(frame, RESULTS, 0), x_bar, negate)
         return _alpha_sums(frame, alpha_bar, rows, 8)

@@ -897,7 +897,7 @@ def ladder_loss_forward(xs, order, alpha, target, out, anchor, offset, work, rep
 
 
 @helper
-def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byrank):
+def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byrank, rare):
     """The direct terms of :func:`_loss_by_rank_vjp` and the pullback of the boundaries'
     cotangents ``beta`` (:func:`~softorder.core.lapsum.inverse_pullback`) in one pass over
     the ranks: boundary ``k - 1``'s cotangent is complete at rank ``k``, and the boundaries
@@ -926,7 +926,9 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
     the injections in the boundaries' order. The other ranks (a row's ends, an element
     between or far from its boundaries, an infinite value) take :func:`_rank_terms` there,
     the other boundaries (ties, rounding, a factor outside ``exp_main``'s range)
-    :func:`~softorder.core.sort._other_target` (a call, compiled once: the rare path).
+    :func:`~softorder.core.sort._other_target` (a call, compiled once: the rare path), or,
+    with ``rare`` None (the lean variant, compiled without it: :func:`_ladder_vjp_rows`),
+    stop with ``done`` false.
     """
     n = r.shape[0]
     win_up = empty((WINDOW,), np.float64)
@@ -1026,6 +1028,8 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
                         win_down[L & mask] += cj * el
                 alpha_bar += uj * Z / G
                 continue
+            if rare is None:  # (the lean variant: the rest pruned by the type)
+                return abar, alpha_bar, False
             ra, t, bR, bdR = b_ra[kk], b_t[kk], b_br[kk], b_bdr[kk]
             code, term = _other_target(
                 r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR, uj, F, B, Bd, win_up, win_down, False
@@ -1164,22 +1168,35 @@ def _ladder_carry_and_scatter(r, order, target, E, inj_up, inj_down, xb):
 
 
 #: the ladder VJP's pass over the ranks, called by symbol (compiled once, not linked into
-#: the kernel and optimised again there; int32 anchors: :func:`ladder_loss_vjp` narrows others)
+#: the kernel and optimised again there; int32 anchors: :func:`ladder_loss_vjp` narrows
+#: others): its lean variant (``rare`` None) and its full one (a bool)
+_ROW_VJP_TYPES = (_F1, _F, _F, _F1, _F1, _F1, _I32_1, _F1, _F, _F1)
 _LADDER_VJP_CALLS = SymbolCalls(
-    # r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byrank
-    row_vjp=(_ladder_loss_row_vjp, (_F1, _F, _F, _F1, _F1, _F1, _I32_1, _F1, _F, _F1)),
+    # r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byrank, rare
+    lean_row_vjp=(_ladder_loss_row_vjp, (*_ROW_VJP_TYPES, types.none)),
+    row_vjp=(_ladder_loss_row_vjp, (*_ROW_VJP_TYPES, _B)),
 )
+_call_lean_row_vjp = _LADDER_VJP_CALLS.lean_row_vjp
 _call_ladder_row_vjp = _LADDER_VJP_CALLS.row_vjp
 
 
 @kernel
-def _ladder_vjp_rows(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar, work):
+def _ladder_vjp_rows(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar, work, rare):
     """The rows of :func:`ladder_loss_vjp` that its ladder path takes; the others get a NaN
     ``alpha_bar`` (left for the general path); returns their count.
+
+    ``rare`` picks the variant, as for soft sort's ladder VJP
+    (:func:`~softorder.core.sort._then_rare_targets`): None, the lean variant, compiled
+    without :func:`~softorder.core.sort._other_target`, which also leaves the rows that meet a
+    rare target (ties, rounding: integer values at a small alpha); a bool, the full variant,
+    on every row (False) or on the rows left by the lean one (True: a NaN ``alpha_bar``).
     """
     rows, n = xs.shape
     general = 0
     for row in prange(rows):
+        if rare is not None:  # (the full variant: pruned by the type in the lean one)
+            if rare and alpha_bar[row] == alpha_bar[row]:
+                continue
         r = xs[row]
         if has_nan(r):
             x_bar[row, :] = np.nan
@@ -1198,9 +1215,15 @@ def _ladder_vjp_rows(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha
         Bd = w[2, :n]
         _call_decays(r, inv_alpha, E)
         _call_descending_from_decays(r, inv_alpha, E, B, Bd)
-        direct, pulled, done = _call_ladder_row_vjp(
-            r, a, inv_alpha, E, B, Bd, anchor[row], offset[row], cot[row], byrank
-        )
+        # (one call or the other, pruned by the type of rare)
+        if rare is None:
+            direct, pulled, done = _call_lean_row_vjp(
+                r, a, inv_alpha, E, B, Bd, anchor[row], offset[row], cot[row], byrank, None
+            )
+        else:
+            direct, pulled, done = _call_ladder_row_vjp(
+                r, a, inv_alpha, E, B, Bd, anchor[row], offset[row], cot[row], byrank, True
+            )
         if not done:
             alpha_bar[row] = np.nan
             general += 1
@@ -1300,9 +1323,12 @@ def ladder_loss_vjp(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_
     boundaries, the boundaries' cotangents in a register; the values by rank, then the direct
     terms by rank, in the row of ``x_bar``, read by rank in the last passes. Rows with
     repeated target ranks, boundaries out of order or a far tie take the general kernel's
-    path in a kernel of their own (:func:`_ladder_vjp_general`), compiled when first needed.
+    path in a kernel of their own (:func:`_ladder_vjp_general`), compiled when first needed;
+    rows with rare targets the ladder's full variant, also compiled when first needed (the
+    lean one, without it, leaves them: :func:`_ladder_vjp_rows`).
     """
     if anchor.dtype != np.int32:  # (rows shorter than 2**31: the ladder's pass takes int32)
         anchor = anchor.astype(np.int32)
-    if _ladder_vjp_rows(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar, work):
-        _ladder_vjp_general(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar)
+    args = (xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar)
+    if _ladder_vjp_rows(*args, work, None) and _ladder_vjp_rows(*args, work, True):
+        _ladder_vjp_general(*args)

@@ -11,6 +11,7 @@ sorted targets, O(n + m) per row.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -913,28 +914,47 @@ def ladder_forward(xs, alpha, out, counts, offset, ratios, wide, work, values):
             _ladder_values(r, a, 1.0 / a, E, A, B, 0.5, c, None, ratios[row], out[row], values)
 
 
-@kernel
-def ladder_vjp(xs, order, alpha, offset, ring, u, x_bar, counts, alpha_bar, work, redo):
-    """Soft sort's VJP (:func:`sort_vjp`'s values, the same to the bit) with the anchors of
-    :func:`ladder_forward` counted again (:func:`descending_counts`), and its offsets read
-    from ``offset`` (rows, n), or, where it is None, solved again (:func:`_ladder_pullback`)
-    with ``ring`` (rows, :data:`WINDOW`): exactly one of the two is None (each path a
-    specialization of its own: numba prunes the other by the types). ``u`` (rows, n) float32
-    or float64, ``x_bar`` (rows, n) of the same dtype, never ``u``; ``counts``: ``x_bar``'s
-    memory seen as integers of its width (the counts wait there until the gradient is
-    scattered into it); ``work`` (rows, :data:`LADDER_WORK`, n): ``E``, ``B``, ``Bd``
-    (:func:`descending_counts`), then the injections in the rows of ``B`` and ``Bd``
-    (:func:`_ladder_pullback`), then their carried sums
-    (:func:`~softorder.core.kernel_sums.carry_both_ways`), whose totals are scattered into
-    ``x_bar``. A row whose ties throw an injection beyond the window gets ``redo[row] = 1``
-    and an unwritten ``x_bar`` row: the caller runs :func:`sort_vjp` on it (a kernel
-    compiled only when a row needs it).
+def _then_rare_targets(lean_first):
+    """A ladder VJP kernel whose last argument ``rare`` picks its variant (the function it
+    decorates: the documented call, without ``rare``), run as its lean
+    variant (``rare`` None), then, if that handed a row back, as its full one on those rows
+    (``rare`` True).
 
-    ``xs`` may be float32 (:func:`ladder_forward`): :func:`descending_counts` widens each
-    value as it reads it.
+    A ladder pullback sends the targets other than the usual one (ties, rounding: integer
+    values at a small alpha) to :func:`_other_target`, whose compilation was about a seventh
+    of a first call with an empty cache (CHANGELOG.md). The lean variant, compiled without it
+    (pruned by the type of ``rare``), stops a row at such a target and hands it back, as it
+    hands back a row whose ties throw an injection beyond the window; the full variant
+    (``rare`` a bool), compiled the first time a row needs it, computes the rows handed back
+    (``rare`` True; every row with ``rare`` False) and hands back the others, which its
+    caller then takes to the general kernel. Both variants are one source, so a row has the
+    same bits whichever computes it. The kernel returns the count of the rows it handed
+    back; ``serial`` and ``parallel`` are the kernel's, ``kernel`` the kernel itself.
     """
+
+    def wrap(documented):
+        @functools.wraps(documented)
+        def run(*args):
+            if lean_first(*args, None):
+                lean_first(*args, True)
+
+        run.serial = lean_first.serial
+        run.parallel = lean_first.parallel
+        run.kernel = lean_first
+        return run
+
+    return wrap
+
+
+@kernel
+def _ladder_vjp(xs, order, alpha, offset, ring, u, x_bar, counts, alpha_bar, work, redo, rare):
+    """:func:`ladder_vjp`'s kernel (``rare``: :func:`_then_rare_targets`)."""
     rows, n = xs.shape
+    handed = 0
     for row in prange(rows):
+        if rare is not None:  # (the full variant: pruned by the type in the lean one)
+            if rare and redo[row] == 0:
+                continue
         redo[row] = 0
         r = xs[row]
         if has_nan(r):
@@ -953,12 +973,15 @@ def ladder_vjp(xs, order, alpha, offset, ring, u, x_bar, counts, alpha_bar, work
         # (one call or the other, pruned by the types: None or an array)
         if offset is not None:
             ab, done = _ladder_pullback(
-                r, a, inv_alpha, E, B, Bd, c, offset[row], None, u[row], 0.5
+                r, a, inv_alpha, E, B, Bd, c, offset[row], None, u[row], 0.5, rare
             )
         if ring is not None:
-            ab, done = _ladder_pullback(r, a, inv_alpha, E, B, Bd, c, None, ring[row], u[row], 0.5)
+            ab, done = _ladder_pullback(
+                r, a, inv_alpha, E, B, Bd, c, None, ring[row], u[row], 0.5, rare
+            )
         if not done:
             redo[row] = 1
+            handed += 1
             continue
         alpha_bar[row] = ab
         _call_carry_both_ways(E, B, Bd)
@@ -966,6 +989,30 @@ def ladder_vjp(xs, order, alpha, offset, ring, u, x_bar, counts, alpha_bar, work
         xb = x_bar[row]
         for i in range(n):  # the gradient: the two sums (scatter_finite of their totals)
             xb[np.uint64(o[i])] = Bd[i] + B[i] if abs(r[i]) != INF else 0.0
+    return handed
+
+
+@_then_rare_targets(_ladder_vjp)
+def ladder_vjp(xs, order, alpha, offset, ring, u, x_bar, counts, alpha_bar, work, redo):
+    """Soft sort's VJP (:func:`sort_vjp`'s values, the same to the bit) with the anchors of
+    :func:`ladder_forward` counted again (:func:`descending_counts`), and its offsets read
+    from ``offset`` (rows, n), or, where it is None, solved again (:func:`_ladder_pullback`)
+    with ``ring`` (rows, :data:`WINDOW`): exactly one of the two is None (each path a
+    specialization of its own: numba prunes the other by the types). ``u`` (rows, n) float32
+    or float64, ``x_bar`` (rows, n) of the same dtype, never ``u``; ``counts``: ``x_bar``'s
+    memory seen as integers of its width (the counts wait there until the gradient is
+    scattered into it); ``work`` (rows, :data:`LADDER_WORK`, n): ``E``, ``B``, ``Bd``
+    (:func:`descending_counts`), then the injections in the rows of ``B`` and ``Bd``
+    (:func:`_ladder_pullback`), then their carried sums
+    (:func:`~softorder.core.kernel_sums.carry_both_ways`), whose totals are scattered into
+    ``x_bar``. A row whose ties throw an injection beyond the window gets ``redo[row] = 1``
+    and an unwritten ``x_bar`` row: the caller runs :func:`sort_vjp` on it (a kernel
+    compiled only when a row needs it).
+
+    ``xs`` may be float32 (:func:`ladder_forward`): :func:`descending_counts` widens each
+    value as it reads it. The rows with rare targets take the kernel's full variant
+    (:func:`_then_rare_targets`), compiled when a row first needs it.
+    """
 
 
 @inner_helper
@@ -985,7 +1032,7 @@ def _pullback_windows():
 
 
 @helper
-def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, ring, u, w0):
+def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, ring, u, w0, rare):
     """:func:`_sort_pullback` of the targets ``w0 + q`` solved from their counts, with the
     injections in the rows of ``B`` (upward) and ``Bd`` (downward) instead of rows of their
     own, and ``A``, ``Ad`` computed :data:`BATCH` points at a time and kept for
@@ -1014,7 +1061,9 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, ring, u, w0)
     targets' order, ``A`` and ``Ad`` from their recurrence (a target beyond a row's end, the
     most of them for an alpha far above the row's spread, has one point to inject at). The
     other targets (ties, rounding, a factor outside ``exp_main``'s range) take
-    :func:`_other_target` (a call, compiled once: the rare path).
+    :func:`_other_target` (a call, compiled once: the rare path), or, with ``rare`` None
+    (:func:`_then_rare_targets`' lean variant, compiled without it), stop the loop with
+    ``done`` false.
     """
     n = r.shape[0]
     win_up, win_down, a_win, ad_win = _pullback_windows()
@@ -1085,6 +1134,8 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, ring, u, w0)
                         win_down[L & mask] += cj * el
                 alpha_bar += uj * Z / G
                 continue
+            if rare is None:  # (the lean variant: the rest pruned by the type)
+                return alpha_bar, False
             ra, t, bR, bdR = b_ra[k], b_t[k], b_br[k], b_bdr[k]
             code, term = _other_target(
                 r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR, uj, F, B, Bd, win_up, win_down, False
@@ -1475,7 +1526,7 @@ def _carry_to_rows(F, M, E, B, win_up, win_down, up):
 
 
 @helper
-def _lean_pullback(r, alpha, inv_alpha, E, B, marks, counts, u, negate, w0):
+def _lean_pullback(r, alpha, inv_alpha, E, B, marks, counts, u, negate, w0, rare):
     """:func:`_ladder_pullback` solving the targets again (its ``ring`` path) without a row
     of ``Bd`` (:func:`_bd_block`), the upward injections carried as they leave the window
     into ``B`` (:func:`_carry_to_rows`) and the downward ones into the slots of ``E`` below
@@ -1483,7 +1534,8 @@ def _lean_pullback(r, alpha, inv_alpha, E, B, marks, counts, u, negate, w0):
     ``alpha_bar`` to the bit. ``A`` and ``Ad`` are brought up to a target's point before the
     window moves (:func:`_moments_up_to` reads ``E`` there). With ``negate``, the cotangent
     is ``-u`` (negated where read, as ``np.negative`` would). Returns ``(alpha_bar, done)``;
-    when done, ``B`` holds the upward sums and ``E`` the downward injections.
+    when done, ``B`` holds the upward sums and ``E`` the downward injections. ``rare``: as
+    in :func:`_ladder_pullback`.
     """
     n = r.shape[0]
     win_up, win_down, a_win, ad_win = _pullback_windows()
@@ -1562,6 +1614,8 @@ def _lean_pullback(r, alpha, inv_alpha, E, B, marks, counts, u, negate, w0):
                         win_down[L & mask] += cj * el
                 alpha_bar += uj * Z / G
                 continue
+            if rare is None:  # (the lean variant: the rest pruned by the type)
+                return alpha_bar, False
             ra, t, bR, bdR = b_ra[k], b_t[k], b_br[k], b_bdr[k]
             code, term = _other_target(
                 r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR, uj, F, B, E, win_up, win_down, True
@@ -1623,21 +1677,14 @@ def _lean_finish(r, inv_alpha, D, B):
 
 
 @kernel
-def lean_vjp(xs, alpha, u, negate, counts, E, B, marks, alpha_bar, redo):
-    """Soft sort's VJP on long rows (:func:`ladder_vjp`'s values, the same to the bit,
-    solving the targets again) in two rows of scratch, ``E`` and ``B`` (rows, n), and
-    ``counts`` (rows, n) of :data:`LEAN_COUNTS`: ``Bd`` is kept at every
-    :data:`BD_STEP`-th point in ``marks`` (rows, n // BD_STEP + 1) and computed again
-    where it is read (:func:`_lean_pullback`). Each row's gradient in sorted order is left
-    in ``B`` (float64); :func:`scatter_rows` puts it in the input's order, rounded once to
-    ``x_bar``'s dtype, once ``E`` and the counts are gone. ``u`` (rows, n) float32 or
-    float64, the cotangent itself or, with ``negate``, its negative (a descending sort's:
-    no copy of it). A row whose counts do not fit their type, or whose ties throw an injection
-    beyond the window (or below it), gets ``redo[row] = 1`` (the caller runs
-    :func:`sort_vjp` on it); a NaN row gets NaN in ``B`` and ``alpha_bar``.
-    """
+def _lean_vjp(xs, alpha, u, negate, counts, E, B, marks, alpha_bar, redo, rare):
+    """:func:`lean_vjp`'s kernel (``rare``: :func:`_then_rare_targets`)."""
     rows, n = xs.shape
+    handed = 0
     for row in prange(rows):
+        if rare is not None:  # (the full variant: pruned by the type in the lean one)
+            if rare and redo[row] == 0:
+                continue
         redo[row] = 0
         r = xs[row]
         Br = B[row]
@@ -1652,13 +1699,34 @@ def lean_vjp(xs, alpha, u, negate, counts, E, B, marks, alpha_bar, redo):
         _row_decays(r, inv_alpha, Er)
         if not lean_counts(r, inv_alpha, Er, Br, marks[row], 0.5, c):
             redo[row] = 1
+            handed += 1
             continue
-        ab, done = _lean_pullback(r, a, inv_alpha, Er, Br, marks[row], c, u[row], negate, 0.5)
+        ab, done = _lean_pullback(r, a, inv_alpha, Er, Br, marks[row], c, u[row], negate, 0.5, rare)
         if not done:
             redo[row] = 1
+            handed += 1
             continue
         alpha_bar[row] = ab
         _lean_finish(r, inv_alpha, Er, Br)
+    return handed
+
+
+@_then_rare_targets(_lean_vjp)
+def lean_vjp(xs, alpha, u, negate, counts, E, B, marks, alpha_bar, redo):
+    """Soft sort's VJP on long rows (:func:`ladder_vjp`'s values, the same to the bit,
+    solving the targets again) in two rows of scratch, ``E`` and ``B`` (rows, n), and
+    ``counts`` (rows, n) of :data:`LEAN_COUNTS`: ``Bd`` is kept at every
+    :data:`BD_STEP`-th point in ``marks`` (rows, n // BD_STEP + 1) and computed again
+    where it is read (:func:`_lean_pullback`). Each row's gradient in sorted order is left
+    in ``B`` (float64); :func:`scatter_rows` puts it in the input's order, rounded once to
+    ``x_bar``'s dtype, once ``E`` and the counts are gone. ``u`` (rows, n) float32 or
+    float64, the cotangent itself or, with ``negate``, its negative (a descending sort's:
+    no copy of it). A row whose counts do not fit their type, or whose ties throw an injection
+    beyond the window (or below it), gets ``redo[row] = 1`` (the caller runs
+    :func:`sort_vjp` on it); a NaN row gets NaN in ``B`` and ``alpha_bar``. The rows with
+    rare targets take the kernel's full variant (:func:`_then_rare_targets`), compiled when
+    a row first needs it.
+    """
 
 
 @kernel
