@@ -1325,10 +1325,20 @@ def ladder_loss_vjp(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_
     repeated target ranks, boundaries out of order or a far tie take the general kernel's
     path in a kernel of their own (:func:`_ladder_vjp_general`), compiled when first needed;
     rows with rare targets the ladder's full variant, also compiled when first needed (the
-    lean one, without it, leaves them: :func:`_ladder_vjp_rows`).
+    lean one, without it, leaves them: :func:`_ladder_vjp_rows`), and every row after that.
     """
     if anchor.dtype != np.int32:  # (rows shorter than 2**31: the ladder's pass takes int32)
         anchor = anchor.astype(np.int32)
     args = (xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar)
-    if _ladder_vjp_rows(*args, work, None) and _ladder_vjp_rows(*args, work, True):
+    left = _ladder_vjp_rows(*args, work, _RARE[0])
+    if left and _RARE[0] is None:
+        _RARE[0] = False  # (as for soft sort's: sort._then_rare_targets)
+        left = _ladder_vjp_rows(*args, work, True)
+    if left:
         _ladder_vjp_general(*args)
+
+
+#: the variant of :func:`_ladder_vjp_rows` that :func:`ladder_loss_vjp` runs: None (the lean
+#: one) until a row has needed the full one, then False (the full one on every row: the
+#: process has compiled it, and a row it computes is computed once)
+_RARE = [None]

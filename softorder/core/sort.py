@@ -928,19 +928,28 @@ def _then_rare_targets(lean_first):
     (``rare`` a bool), compiled the first time a row needs it, computes the rows handed back
     (``rare`` True; every row with ``rare`` False) and hands back the others, which its
     caller then takes to the general kernel. Both variants are one source, so a row has the
-    same bits whichever computes it. The kernel returns the count of the rows it handed
-    back; ``serial`` and ``parallel`` are the kernel's, ``kernel`` the kernel itself.
+    same bits whichever computes it. Once a row has needed the full variant, every later call
+    runs it alone (``rare[0]`` False): a row handed back is computed twice, which cost rows
+    with rare targets up to half of their time again. The kernel returns the count of the
+    rows it handed back; ``serial`` and ``parallel`` are the kernel's, ``kernel`` the kernel
+    itself.
     """
 
     def wrap(documented):
+        # None until a row has needed the full variant; then False: every row goes to the
+        # full variant, which the process has compiled, so that such rows are computed once
+        rare = [None]
+
         @functools.wraps(documented)
         def run(*args):
-            if lean_first(*args, None):
+            if lean_first(*args, rare[0]) and rare[0] is None:
+                rare[0] = False
                 lean_first(*args, True)
 
         run.serial = lean_first.serial
         run.parallel = lean_first.parallel
         run.kernel = lean_first
+        run.rare = rare
         return run
 
     return wrap
