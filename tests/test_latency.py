@@ -105,6 +105,35 @@ def test_precompile_covers_what_calls_need(tmp_path):
     assert "compiling" not in second.stderr
 
 
+def test_precompile_compiles_both_variants_of_the_ladder_vjps():
+    """The ladder VJPs' lean variants (``rare`` None) and full ones (a bool: rows with rare
+    targets, which a process compiles when a row first meets one) are ``precompile``'s, for
+    float64 and float32 rows, whichever this process runs; its choice is kept.
+    """
+    import softorder
+    from softorder.core import permutation, sort
+
+    flags = (sort.ladder_vjp.rare, sort.lean_vjp.rare, permutation._RARE)
+    saved = [flag[0] for flag in flags]
+    try:
+        for flag in flags:
+            flag[0] = False  # (a process that has met rare targets runs the full ones alone)
+        softorder.precompile(["soft_sort", "permutation_cross_entropy"], progress=False)
+        assert [flag[0] for flag in flags] == [False] * 3
+    finally:
+        for flag, value in zip(flags, saved, strict=True):
+            flag[0] = value
+    # (the permutation loss's rows are float64 for either input dtype)
+    for kernel, dtypes in (
+        (sort._ladder_vjp, ("float64", "float32")),
+        (sort._lean_vjp, ("float32",)),
+        (permutation._ladder_vjp_rows, ("float64",)),
+    ):
+        kinds = {(str(s[0].dtype), str(s[-1])) for s in kernel.serial.signatures}
+        for dtype in dtypes:
+            assert {(dtype, "none"), (dtype, "bool")} <= kinds, (kernel, kinds)
+
+
 def test_precompile_compiles_soft_sorts_long_rows(monkeypatch):
     """Rows of ``core.sort.SOLVE_AGAIN_N`` or more keep no offsets: their forward and VJP are
     specializations of their own (no ``offset``), which ``precompile`` compiles too (the
@@ -139,10 +168,10 @@ def test_precompile_takes_one_name_and_refuses_bad_arguments():
         softorder.precompile([softorder.soft_rank], progress=False)
 
 
-def test_native_calls_load_from_the_cache_and_refuse_other_types(tmp_path):
-    """Kernels that call helpers through addresses (``NativeCalls``) give the same results
-    compiled and loaded from the disk cache in a fresh process (where no helper is linked in
-    and the addresses are taken anew), and refuse argument types they were not declared for.
+def test_symbol_calls_load_from_the_cache_and_refuse_other_types(tmp_path):
+    """Kernels that call helpers by symbol (``SymbolCalls``) give the same results compiled
+    and loaded from the disk cache in a fresh process (where the symbols are registered anew),
+    and refuse argument types they were not declared for.
     """
     code = (
         "import numpy as np, softorder\n"
@@ -168,13 +197,13 @@ def test_native_calls_load_from_the_cache_and_refuse_other_types(tmp_path):
     from softorder.core import _jit, lapsum
 
     f1 = numba.types.Array(numba.types.float64, 1, "C")
-    calls = _jit.NativeCalls(prefix=(lapsum.lapsum_at_points, (f1, f1, f1)))
+    calls = _jit.SymbolCalls(prefix=(lapsum.lapsum_at_points, (f1, f1, f1)))
     call = calls.prefix
 
-    @_jit.kernel(native=calls)
-    def misuse(xs, native):
+    @_jit.kernel
+    def misuse(xs):
         for row in range(xs.shape[0]):
-            call(native, xs[row], xs[row], xs[row, ::2])  # a strided array: not declared
+            call(xs[row], xs[row], xs[row, ::2])  # a strided array: not declared
 
     with pytest.raises(numba.core.errors.TypingError, match="softorder: lapsum_at_points"):
         misuse(np.ones((2, 4)))

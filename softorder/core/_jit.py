@@ -31,7 +31,6 @@ from __future__ import annotations
 import functools
 import gc
 import hashlib
-import inspect
 import logging
 import os
 import pathlib
@@ -303,7 +302,7 @@ def helper(fn):
 
 def address_only(dispatcher):
     """Refuse compiled code's direct calls of a helper that makes :class:`SymbolCalls`: its
-    callers reach it through :class:`NativeCalls` or :class:`SymbolCalls`, which load it
+    callers reach it through :class:`SymbolCalls`, which loads it
     (and register its symbols) themselves. A caller that linked it in would lose those
     symbols when the helper came from the disk cache (see :class:`SymbolCalls`).
     """
@@ -314,9 +313,7 @@ def address_only(dispatcher):
     name = dispatcher.py_func.__name__
 
     def get_call_template(args, kws):
-        raise errors.TypingError(
-            f"softorder: {name} is called through NativeCalls or SymbolCalls only"
-        )
+        raise errors.TypingError(f"softorder: {name} is called through SymbolCalls only")
 
     dispatcher.get_call_template = get_call_template
     return dispatcher
@@ -415,46 +412,6 @@ def _emit_call(context, builder, callee, restype, arg_types, args, packed):
     return out
 
 
-class NativeCalls:
-    """Per-row helpers that kernels call through addresses handed to them, not linked in.
-
-    numba links every helper that a kernel calls into the kernel, where LLVM optimises and
-    compiles it once more: a helper called by k kernels is compiled k + 1 times, each time on
-    a first call with an empty cache. A helper called once per row with O(n) work gains
-    nothing from being inlined; called through its address it is compiled once for all
-    kernels. The addresses are the kernel's last argument (``native``, which :func:`kernel`
-    appends), so no address is ever part of compiled (and cached) code.
-
-    ``NativeCalls(name=(dispatcher, argument types), ...)``; in a kernel,
-    ``calls.name(native, *args)`` calls the helper, for exactly those argument types (others
-    are a typing error naming softorder).
-    """
-
-    def __init__(self, **helpers):
-        self._helpers = helpers
-        self._slots = {name: slot for slot, name in enumerate(helpers)}
-        self._table = None
-        self._callers = {}
-
-    def addresses(self):
-        """The helpers' addresses (int64), compiling or loading them on the first call."""
-        if self._table is None:
-            import numpy as np
-
-            table = np.empty(len(self._helpers), np.int64)
-            for slot, (dispatcher, arg_types) in enumerate(self._helpers.values()):
-                table[slot] = _native_address(dispatcher, arg_types)
-            self._table = table
-        return self._table
-
-    def __getattr__(self, name):
-        if name.startswith("_") or name not in self._helpers:
-            raise AttributeError(name)
-        if name not in self._callers:
-            self._callers[name] = _native_caller(self._slots[name], *self._helpers[name])
-        return self._callers[name]
-
-
 def _native_address(dispatcher, arg_types) -> int:
     if not hasattr(dispatcher, "overloads"):  # NUMBA_DISABLE_JIT: called as Python
         return 0
@@ -466,48 +423,11 @@ def _native_address(dispatcher, arg_types) -> int:
     return address
 
 
-def _native_caller(slot: int, dispatcher, arg_types):
-    """An intrinsic ``call(native, *args)``: the helper at ``native[slot]`` with numba's calling
-    convention (NUMBA_DISABLE_JIT: the helper's Python function).
-    """
-    import numba
-
-    if not isinstance(dispatcher, numba.core.dispatcher.Dispatcher):
-
-        def call(native, *args):
-            return dispatcher(*args)
-
-        return call
-
-    from numba.core import errors, types
-
-    name = dispatcher.py_func.__name__
-
-    @numba.extending.intrinsic
-    def call(typingctx, native, *args):
-        if len(args) != len(arg_types) or not all(map(_accepted, args, arg_types)):
-            raise errors.TypingError(f"softorder: {name} is called with {arg_types}; got {args}")
-        dispatcher.compile(arg_types)
-        restype = dispatcher.overloads[arg_types].signature.return_type
-
-        def codegen(context, builder, signature, llargs):
-            table = context.make_array(signature.args[0])(context, builder, llargs[0])
-            slot_value = context.get_constant(types.intp, slot)
-            address = builder.load(builder.gep(table.data, [slot_value]))
-            fnty = context.call_conv.get_function_type(restype, arg_types)
-            callee = builder.inttoptr(address, fnty.as_pointer())
-            return _emit_call(context, builder, callee, restype, arg_types, args, llargs[1])
-
-        return restype(native, types.StarArgTuple.from_types(args)), codegen
-
-    return call
-
-
 class SymbolCalls:
     """Per-row helpers that kernels call by symbol, so that they are compiled once, not again
-    inside each kernel: :class:`NativeCalls` for kernels whose arguments are fixed (the JAX
-    bridge's handlers call them with set argument lists, which leave no room for a table of
-    addresses).
+    inside each kernel: numba links every helper that a kernel calls into the kernel, where
+    LLVM optimises and compiles it once more, on every first call with an empty cache; a
+    helper called once per row with O(n) work gains nothing from that.
 
     Each helper's address is registered with LLVM under a symbol of its own
     (:func:`llvmlite.binding.add_symbol`), which the kernel's code declares and the JIT linker
@@ -646,19 +566,14 @@ def internal_function(module, kind, name: str, noalias: int):
     return function, True
 
 
-def kernel(fn=None, *, native: NativeCalls | None = None):
+def kernel(fn):
     """Compile a batched kernel whose first argument is the ``(rows, n)`` input.
 
     Rows run in parallel with ``numba.prange`` when the input is large enough
     (:data:`MIN_PARALLEL_ROWS`, :data:`MIN_PARALLEL_ELEMENTS`) and :func:`set_parallel` allows
     it, on the calling thread otherwise. ``kernel.serial`` is the serial dispatcher;
     ``kernel.parallel()`` returns the parallel one (compiling nothing until it is called).
-    With ``native`` (:class:`NativeCalls`), the kernel's last parameter takes their addresses,
-    which ``kernel(...)`` appends to the caller's arguments (``serial`` and ``parallel`` take
-    them explicitly).
     """
-    if fn is None:
-        return functools.partial(kernel, native=native)
     # no C-callable wrapper: kernels are called from Python or by their native symbol (the
     # JAX bridge's handlers), never as C functions; the wrapper only lengthened a first call
     serial = _jit(fn, no_cfunc_wrapper=True)
@@ -676,8 +591,6 @@ def kernel(fn=None, *, native: NativeCalls | None = None):
 
     @functools.wraps(fn)
     def run(xs, *args):
-        if native is not None:
-            args = (*args, native.addresses())
         if (
             _parallel[0]
             and xs.shape[0] >= MIN_PARALLEL_ROWS
@@ -694,7 +607,4 @@ def kernel(fn=None, *, native: NativeCalls | None = None):
 
     run.serial = serial
     run.parallel = parallel
-    if native is not None:  # the caller's signature: without the appended addresses
-        signature = inspect.signature(fn)
-        run.__signature__ = signature.replace(parameters=list(signature.parameters.values())[:-1])
     return run
