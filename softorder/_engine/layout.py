@@ -14,15 +14,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from softorder import core
 from softorder._engine.backend import NUMPY, backend_of
 from softorder._engine.backend import _lookups as _backend_lookups
-from softorder._engine.backends.numpy_host import sum_over_rows
+from softorder._engine.backends.numpy_host import PACKED_SORT_SIZE, serial_kernel, sum_over_rows
 from softorder._engine.backends.protocol import Backend
 from softorder._engine.checks import check_axis, check_targets, refuse_masked
 
 _F64 = np.dtype(np.float64)
 _F32 = np.dtype(np.float32)
 _I64 = np.dtype(np.int64)
+_I32 = np.dtype(np.int32)
 _F32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -158,6 +160,19 @@ class Rows:
             layout = _LAYOUTS.get((x.shape, axis, name)) if type(axis) is int else None
             if layout is None:
                 layout = Layout.of(x.shape, axis, name)
+            if (
+                dtype is _F64
+                and order is None
+                and x.size < PACKED_SORT_SIZE
+                and layout.axis == layout.ndim - 1
+                and x.flags.c_contiguous
+            ):  # a small float64 input, its rows as they are: sort_rows's argsort, inline
+                rows2d = (np.negative(x) if negate else x).reshape(-1, layout.n)
+                order = rows2d.argsort(axis=1, kind="stable").astype(_I32, copy=False)
+                xs = np.empty(rows2d.shape)
+                # (so few elements: the kernel's wrapper would run its serial dispatcher)
+                serial_kernel(core.take_rows)(rows2d, order, xs)
+                return cls(xs, order, layout, dtype, -1.0 if negate else 1.0, NUMPY)
         else:
             refuse_masked(x, name)
             backend = backend_of(x)

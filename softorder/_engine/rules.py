@@ -12,9 +12,11 @@ from softorder import core
 from softorder._engine import scratch
 from softorder._engine.autodiff import Rule
 from softorder._engine.backend import NUMPY
-from softorder._engine.backends.numpy_host import sum_over_rows
+from softorder._engine.backends.numpy_host import runs_serially, serial_kernel, sum_over_rows
 from softorder._engine.backends.protocol import Backend
 from softorder._engine.checks import (
+    LARGEST_FLOAT,
+    SMALLEST_ALPHA,
     alpha_batch_shape,
     alpha_rows,
     check_alpha,
@@ -28,6 +30,7 @@ from softorder._engine.checks import (
     target_rows,
 )
 from softorder._engine.layout import Rows, Targets
+from softorder.core import _jit
 
 #: the dtypes the small calls' paths test for and view with (comparing a dtype with a dtype
 #: object is cheaper than with a scalar type, and it happens on every small call)
@@ -41,14 +44,41 @@ _WIDE = (_F32, _F64)
 _WIDE_SCALARS = (float, np.float64, np.float32)
 
 
+def _kernel(ctx, fn):
+    """The kernel ``fn`` of ``ctx.kernels`` as a call of ``ctx`` runs it: its serial dispatcher
+    where its wrapper would choose that one (:func:`serial_kernel`), ``fn`` otherwise. For a
+    kernel whose first argument is the sorted rows ``ctx.rows.xs`` (what :attr:`Context.serial`
+    looks at).
+    """
+    return serial_kernel(fn) if ctx.serial else fn
+
+
+def _work(ctx, width: int) -> np.ndarray:
+    """:meth:`Context.work` of host rows (``ctx.serial``): ``np.empty`` below the reused
+    scratch's smallest request, without the method's other cases.
+    """
+    rows = ctx.rows
+    n = rows.n if rows.n > 0 else 1
+    if 8 * rows.rows * width * n < scratch.MIN_BYTES:
+        return np.empty((rows.rows, width, n))
+    return ctx.work(width)
+
+
+def _topk_vjp():
+    """:func:`softorder.core.topk.topk_vjp` itself (a test may stand another in its place)."""
+    return core.topk.topk_vjp
+
+
 class Context:
     """The validated arguments of one call (``params``) and what its forward pass saved
     (``saved``: arrays of shape ``(rows, width)``, the residuals a bridge keeps for the
     gradients).
 
     ``backend``, ``kernels`` (the kernels that run on this call's arrays: ``softorder.core``
-    or its GPU twin) and ``empty`` (``empty(shape, dtype=float64)``: an uninitialised array
-    of the backend) are the backend's, looked up once: a small call reads them a dozen times.
+    or its GPU twin), ``serial`` (whether the host kernels run on the calling thread for these
+    rows whatever the parallel policy: :func:`_kernel`) and ``empty`` (``empty(shape,
+    dtype=float64)``: an uninitialised array of the backend) are the backend's, looked up
+    once: a small call reads them a dozen times.
     """
 
     __slots__ = (
@@ -60,6 +90,7 @@ class Context:
         "alpha_wanted",
         "backend",
         "kernels",
+        "serial",
         "empty",
     )
 
@@ -79,13 +110,25 @@ class Context:
         backend = rows.backend
         self.backend: Backend = backend
         self.kernels = backend.kernels
+        self.serial = backend is NUMPY and (
+            rows.rows < _jit.MIN_PARALLEL_ROWS or runs_serially(rows.xs.shape)
+        )
         # (np.empty itself on the host: the backend's method only calls it)
         self.empty = np.empty if backend is NUMPY else backend.empty
 
     @classmethod
     def of(cls, rows: Rows, alpha) -> Context:
-        per_row, alpha_shape = check_alpha(alpha, rows.batch_shape, rows.layout.axis)
         backend = rows.backend
+        if (
+            type(alpha) is float
+            and SMALLEST_ALPHA <= alpha <= LARGEST_FLOAT  # (false for NaN)
+            and rows.rows
+            and backend is NUMPY
+        ):  # one valid Python float for host rows: check_alpha's first case, inline
+            per_row = np.empty(rows.rows)
+            per_row.fill(alpha)
+            return cls(rows, per_row, ())
+        per_row, alpha_shape = check_alpha(alpha, rows.batch_shape, rows.layout.axis)
         return cls(rows, per_row if backend is NUMPY else backend.from_host(per_row), alpha_shape)
 
     def zeros(self, shape):
@@ -298,19 +341,50 @@ class RankRule(OrderRule):
 
     def forward(self, ctx):
         rows = ctx.rows
+        if ctx.serial and rows.dtype is _F64:  # a small float64 call: the lines below, lean
+            xs = rows.xs
+            shape = xs.shape
+            out = np.empty(shape)
+            ctx.saved["decay"] = decay = np.empty(shape)
+            serial_kernel(core.rank_forward)(
+                xs, rows.order, ctx.alpha, out, decay, _work(ctx, core.rank.FORWARD_WORK)
+            )
+            layout = rows.layout
+            if layout.axis == layout.ndim - 1:  # what to_user returns: the rows reshaped
+                return out.reshape(rows.batch_shape + (rows.n,))
+            return rows.to_user(out, "row")
         # the CPU kernel writes a float32 input's ranks in float32 (rounded once, as the cast
         # rounded them): no float64 row of results beside the decays
         narrow = rows.dtype == _F32 and ctx.kernels is core
         shape = rows.xs.shape
         out = ctx.empty(shape, _F32 if narrow else _F64)
         ctx.saved["decay"] = decay = ctx.empty(shape)
-        ctx.kernels.rank_forward(
+        _kernel(ctx, ctx.kernels.rank_forward)(
             rows.xs, rows.order, ctx.alpha, out, decay, ctx.work(core.rank.FORWARD_WORK)
         )
         return rows.to_user(out, "row")
 
     def vjp(self, ctx, cotangent):
         rows = ctx.rows
+        if ctx.serial and _plain_row(rows) and _plain_cotangent(cotangent, rows):
+            # a small float64 call and a float64 cotangent of the result's shape: the lines
+            # below, lean (to_core_owned would return the cotangent's rows, not owned)
+            xs = rows.xs
+            x_bar = np.empty(xs.shape)
+            alpha_bar = np.empty(rows.rows)
+            serial_kernel(core.rank_vjp)(
+                xs,
+                rows.order,
+                ctx.alpha,
+                ctx.saved["decay"],
+                cotangent.reshape(xs.shape),
+                x_bar,
+                alpha_bar,
+                _work(ctx, core.rank.LINEAR_WORK),
+            )
+            if rows.sign < 0:
+                np.negative(x_bar, out=x_bar)  # (grad_to_user's negation: the kernel's output)
+            return x_bar.reshape(rows.batch_shape + (rows.n,)), ctx.alpha_grad(alpha_bar)
         cpu = ctx.kernels is core
         # a float32 cotangent of a float32 input: the CPU kernel reads it as it is and
         # writes the gradient in float32 (the float64 one rounded once, as the cast gave it)
@@ -327,7 +401,7 @@ class RankRule(OrderRule):
             x_bar = v if owned and cpu else ctx.empty(rows.xs.shape)
         alpha_bar = ctx.empty(rows.rows)
         narrow = x_bar.dtype == _F32
-        (core.rank_vjp_narrow if narrow else ctx.kernels.rank_vjp)(
+        _kernel(ctx, core.rank_vjp_narrow if narrow else ctx.kernels.rank_vjp)(
             rows.xs,
             rows.order,
             ctx.alpha,
@@ -342,7 +416,7 @@ class RankRule(OrderRule):
     def jvp(self, ctx, tangents):
         rows = ctx.rows
         out = ctx.empty(rows.xs.shape)
-        ctx.kernels.rank_jvp(
+        _kernel(ctx, ctx.kernels.rank_jvp)(
             rows.xs,
             rows.order,
             ctx.alpha,
@@ -366,7 +440,7 @@ class InverseRule(OrderRule):
         rows = ctx.rows
         out = ctx.empty(w.shape)
         anchor, offset = ctx.target_storage(w.shape[1])
-        ctx.kernels.inverse_kernel(
+        _kernel(ctx, ctx.kernels.inverse_kernel)(
             rows.xs, ctx.alpha, w, worder, out, anchor, offset, ctx.work(core.lapsum.TABLES)
         )
         return out
@@ -390,7 +464,7 @@ class InverseRule(OrderRule):
         # sort at n = 1e6 they were 24 MB)
         cpu = ctx.kernels is core
         few = cpu and core.sort.few_targets(u.shape[1], rows.n)
-        (core.few_inverse_vjp if few else ctx.kernels.inverse_vjp)(
+        _kernel(ctx, core.few_inverse_vjp if few else ctx.kernels.inverse_vjp)(
             rows.xs,
             rows.order,
             ctx.alpha,
@@ -409,7 +483,7 @@ class InverseRule(OrderRule):
     def _pushforward(self, ctx, tangents, w_dot):
         rows, s = ctx.rows, ctx.saved
         out = ctx.empty(w_dot.shape)
-        ctx.kernels.inverse_jvp(
+        _kernel(ctx, ctx.kernels.inverse_jvp)(
             rows.xs,
             rows.order,
             ctx.alpha,
@@ -850,7 +924,7 @@ class TopKRule(OrderRule):
         rows, targets = ctx.rows, ctx.params["targets"]
         out = ctx.empty((rows.rows, targets.m, rows.n))
         anchor, offset = ctx.target_storage(targets.m)
-        ctx.kernels.topk_forward(
+        _kernel(ctx, ctx.kernels.topk_forward)(
             rows.xs,
             rows.order,
             ctx.alpha,
@@ -899,7 +973,12 @@ class TopKRule(OrderRule):
         v = v.reshape(rows.rows, targets.m, rows.n)
         w_bar = ctx.empty((rows.rows, targets.m))
         alpha_bar = ctx.empty(rows.rows)
-        (core.topk_vjp_narrow if narrow else ctx.kernels.topk_vjp)(
+        vjp = core.topk_vjp_narrow if narrow else ctx.kernels.topk_vjp
+        if ctx.serial:
+            # (topk_vjp picks its kernel by the number of targets; its serial dispatcher is
+            # the one-target kernel's)
+            vjp = vjp.serial if targets.m == 1 and vjp is _topk_vjp() else serial_kernel(vjp)
+        vjp(
             rows.xs,
             rows.order,
             ctx.alpha,
@@ -944,7 +1023,7 @@ class TopKRule(OrderRule):
             else ctx.zeros(targets.values.shape)
         )
         out = ctx.empty((rows.rows, targets.m, rows.n))
-        ctx.kernels.topk_jvp(
+        _kernel(ctx, ctx.kernels.topk_jvp)(
             rows.xs,
             rows.order,
             ctx.alpha,
@@ -1137,7 +1216,7 @@ class TopKCrossEntropyRule(LossRule):
         rows, p = ctx.rows, ctx.params
         per_row = ctx.empty(rows.rows)
         anchor, offset = ctx.target_storage(p["log_pk"].shape[1])
-        ctx.kernels.topk_loss_forward(
+        _kernel(ctx, ctx.kernels.topk_loss_forward)(
             rows.xs,
             rows.order,
             ctx.alpha,
@@ -1159,7 +1238,7 @@ class TopKCrossEntropyRule(LossRule):
         rows, p, s = ctx.rows, ctx.params, ctx.saved
         x_bar = ctx.empty(rows.xs.shape)
         alpha_bar = ctx.empty(rows.rows)
-        ctx.kernels.topk_loss_vjp(
+        _kernel(ctx, ctx.kernels.topk_loss_vjp)(
             rows.xs,
             rows.order,
             ctx.alpha,

@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from softorder import core
+from softorder.core import _jit
 from softorder.core._jit import load_cached
 
 
@@ -243,6 +244,53 @@ def sum_over_rows(per_row: np.ndarray, batched: bool):
         return per_row.sum()
 
 
+#: each kernel's serial dispatcher, by the kernel (:func:`serial_kernel`)
+_SERIAL: dict = {}
+
+
+def serial_kernel(kernel):
+    """The dispatcher that ``kernel`` (one of :mod:`softorder.core`'s) calls for an input too
+    small for its parallel variant: its ``serial`` attribute when that takes the same arguments
+    (a kernel of :func:`softorder.core._jit.kernel` without appended native addresses), else
+    ``kernel`` itself (a Python function that picks among kernels, a test's stand-in). The
+    wrapper's choice costs a small call about 1.5 us per kernel, a tenth of its dispatch.
+    """
+    serial = _SERIAL.get(kernel)
+    if serial is None:
+        serial = _serial_dispatcher(kernel)
+        if len(_SERIAL) >= 256:
+            _SERIAL.clear()
+        _SERIAL[kernel] = serial
+    return serial
+
+
+def _serial_dispatcher(kernel):
+    serial = getattr(kernel, "serial", None)
+    wrapped = getattr(kernel, "__wrapped__", None)
+    if (
+        serial is None
+        or wrapped is None
+        or getattr(serial, "py_func", None) is not wrapped  # another function's dispatcher
+        or "__signature__" in vars(kernel)  # native addresses appended by the wrapper
+    ):
+        return kernel
+    return serial
+
+
+def runs_serially(shape) -> bool:
+    """Whether :func:`softorder.core._jit.kernel` runs a kernel whose first argument has
+    ``shape`` (rows, ...) on the calling thread whatever its parallel policy: fewer rows or
+    elements than its thresholds.
+    """
+    rows = shape[0]
+    if rows < _jit.MIN_PARALLEL_ROWS:
+        return True
+    size = rows
+    for d in shape[1:]:
+        size *= d
+    return size < _jit.MIN_PARALLEL_ELEMENTS
+
+
 #: the axes' orders of recent moves, by (ndim, source, destination) (NumpyBackend.moveaxis)
 _MOVES: dict = {}
 _MAX_MOVES = 256
@@ -316,7 +364,10 @@ class NumpyBackend:
                 order = rows2d.argsort(axis=1, kind="stable").astype(index, copy=False)
             else:
                 order = np.ascontiguousarray(order, dtype=index).reshape(rows2d.shape)
-            core.take_rows(rows2d, order, xs)  # faster than np.take_along_axis (CHANGELOG)
+            take = core.take_rows
+            if rows2d.shape[0] < _jit.MIN_PARALLEL_ROWS or rows2d.size < _jit.MIN_PARALLEL_ELEMENTS:
+                take = serial_kernel(take)  # what the kernel's wrapper would choose
+            take(rows2d, order, xs)  # faster than np.take_along_axis (CHANGELOG)
             return xs, order
         # one sort of 8-byte keys that carry each value's index (softorder.core.rows), in
         # the memory of xs: NumPy's argsort moves (value, index) pairs and is slower
