@@ -134,6 +134,8 @@ def operation(rule: Rule) -> Callable:
         run.signature = signature
         run.binder = binder  # (the arguments by name; TypeError where a call would raise)
         run.start = start  # (the rule's context of a call, see _starter)
+        # what vjp reads of the operation, in one lookup
+        run.vjp_entry = (start, forward, rule.vjp, rule, signature)
         return run
 
     return decorate
@@ -181,7 +183,19 @@ def _starter(signature: inspect.Signature, prepare: Callable) -> Callable:
     ``TypeError`` before the function's frame exists, so a caller tells it apart from a
     ``TypeError`` of ``prepare`` by its traceback (no entry after the caller's own).
     """
-    body = ", ".join(f"{p.name}={p.name}" for p in signature.parameters.values())
+    names = list(signature.parameters)
+    try:
+        own = [
+            p.name
+            for p in inspect.signature(prepare).parameters.values()
+            if p.kind is p.POSITIONAL_OR_KEYWORD
+        ]
+    except (TypeError, ValueError):
+        own = []
+    if own[: len(names)] == names:  # the same order: passed by position (cheaper)
+        body = ", ".join(names)
+    else:
+        body = ", ".join(f"{name}={name}" for name in names)
     return _generated(signature, f"_prepare({body})", {"_prepare": prepare}) or (
         lambda *args, **kwargs: prepare(**_bind_slowly(signature, args, kwargs))
     )
@@ -247,22 +261,23 @@ def vjp(fn: Callable, *args, **kwargs) -> tuple[np.ndarray, Callable]:
     >>> x_bar.shape, float(alpha_bar) < 0.0
     ((3,), True)
     """
-    rule = getattr(fn, "rule", None)
-    start = getattr(fn, "start", None)
-    if start is None or not isinstance(rule, Rule):  # (rule_of's check, inline)
+    entry = getattr(fn, "vjp_entry", None)
+    if type(entry) is not tuple or len(entry) != 5 or not isinstance(entry[3], Rule):
         rule = rule_of(fn)
         ctx = rule.prepare(**bind(fn.signature, args, kwargs))
+        forward, rule_vjp = rule.forward, rule.vjp
     else:
+        start, forward, rule_vjp, rule, signature = entry
         try:
             ctx = start(*args, **kwargs)
         except TypeError as error:
             if error.__traceback__.tb_next is not None:
                 raise  # raised inside the rule (an argument's own check), not by the binding
-            ctx = rule.prepare(**_bind_slowly(fn.signature, args, kwargs))
-    out = rule.forward(ctx)
+            ctx = rule.prepare(**_bind_slowly(signature, args, kwargs))
+    out = forward(ctx)
 
     def pullback(cotangent):
-        return rule.vjp(ctx, cotangent)
+        return rule_vjp(ctx, cotangent)
 
     return out, pullback
 

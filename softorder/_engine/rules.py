@@ -324,9 +324,11 @@ class RankRule(OrderRule):
     residual_names = ("order", "decay")
 
     def prepare(self, x, alpha, axis, descending, order=None):
-        ctx = _descending_context(x, alpha, axis, descending, order)
+        # (_descending_context, inline: a small call feels each frame)
+        negate = descending if descending is False else check_flag(descending, "descending")
+        ctx = Context.of(Rows.from_input(x, axis, "x", negate, order), alpha)
         rows = ctx.rows
-        if rows.dtype == _F32 and ctx.kernels is core:
+        if rows.dtype is not _F64 and rows.dtype == _F32 and ctx.kernels is core:
             # a float32 input's sorted values are float32 numbers: the CPU kernels read them
             # in float32 and widen each one exactly (the same arithmetic, 4 bytes per element
             # less from the forward pass to the last VJP)
@@ -346,9 +348,12 @@ class RankRule(OrderRule):
             shape = xs.shape
             out = np.empty(shape)
             ctx.saved["decay"] = decay = np.empty(shape)
-            serial_kernel(core.rank_forward)(
-                xs, rows.order, ctx.alpha, out, decay, _work(ctx, core.rank.FORWARD_WORK)
-            )
+            width, n = core.rank.FORWARD_WORK, rows.n or 1  # (_work, inline)
+            if 8 * rows.rows * width * n < scratch.MIN_BYTES:
+                work = np.empty((rows.rows, width, n))
+            else:
+                work = ctx.work(width)
+            serial_kernel(core.rank_forward)(xs, rows.order, ctx.alpha, out, decay, work)
             layout = rows.layout
             if layout.axis == layout.ndim - 1:  # what to_user returns: the rows reshaped
                 return out.reshape(rows.batch_shape + (rows.n,))
@@ -366,12 +371,27 @@ class RankRule(OrderRule):
 
     def vjp(self, ctx, cotangent):
         rows = ctx.rows
-        if ctx.serial and _plain_row(rows) and _plain_cotangent(cotangent, rows):
-            # a small float64 call and a float64 cotangent of the result's shape: the lines
-            # below, lean (to_core_owned would return the cotangent's rows, not owned)
-            xs = rows.xs
+        xs = rows.xs
+        shape = rows.batch_shape + (rows.n,)
+        if (
+            ctx.serial
+            and xs.dtype is _F64
+            and rows.dtype is _F64
+            and type(cotangent) is np.ndarray
+            and cotangent.dtype is _F64
+            and cotangent.flags.c_contiguous
+            and cotangent.shape == shape
+            and rows.layout.axis == len(rows.batch_shape)
+        ):  # a small float64 call (_plain_row) and a float64 cotangent of the result's shape
+            # (_plain_cotangent): the lines below, lean (to_core_owned would return the
+            # cotangent's rows, not owned)
             x_bar = np.empty(xs.shape)
             alpha_bar = np.empty(rows.rows)
+            width, n = core.rank.LINEAR_WORK, rows.n or 1  # (_work, inline)
+            if 8 * rows.rows * width * n < scratch.MIN_BYTES:
+                work = np.empty((rows.rows, width, n))
+            else:
+                work = ctx.work(width)
             serial_kernel(core.rank_vjp)(
                 xs,
                 rows.order,
@@ -380,11 +400,11 @@ class RankRule(OrderRule):
                 cotangent.reshape(xs.shape),
                 x_bar,
                 alpha_bar,
-                _work(ctx, core.rank.LINEAR_WORK),
+                work,
             )
             if rows.sign < 0:
                 np.negative(x_bar, out=x_bar)  # (grad_to_user's negation: the kernel's output)
-            return x_bar.reshape(rows.batch_shape + (rows.n,)), ctx.alpha_grad(alpha_bar)
+            return x_bar.reshape(shape), ctx.alpha_grad(alpha_bar)
         cpu = ctx.kernels is core
         # a float32 cotangent of a float32 input: the CPU kernel reads it as it is and
         # writes the gradient in float32 (the float64 one rounded once, as the cast gave it)
