@@ -64,11 +64,6 @@ def _work(ctx, width: int) -> np.ndarray:
     return ctx.work(width)
 
 
-def _topk_vjp():
-    """:func:`softorder.core.topk.topk_vjp` itself (a test may stand another in its place)."""
-    return core.topk.topk_vjp
-
-
 class Context:
     """The validated arguments of one call (``params``) and what its forward pass saved
     (``saved``: arrays of shape ``(rows, width)``, the residuals a bridge keeps for the
@@ -392,19 +387,26 @@ class RankRule(OrderRule):
                 work = np.empty((rows.rows, width, n))
             else:
                 work = ctx.work(width)
+            same = shape == xs.shape  # (then the reshapes below are views of the same shape)
             serial_kernel(core.rank_vjp)(
                 xs,
                 rows.order,
                 ctx.alpha,
                 ctx.saved["decay"],
-                cotangent.reshape(xs.shape),
+                cotangent if same else cotangent.reshape(xs.shape),
                 x_bar,
                 alpha_bar,
                 work,
             )
             if rows.sign < 0:
                 np.negative(x_bar, out=x_bar)  # (grad_to_user's negation: the kernel's output)
-            return x_bar.reshape(shape), ctx.alpha_grad(alpha_bar)
+            if ctx.alpha_shape or not ctx.alpha_wanted:
+                alpha_grad = ctx.alpha_grad(alpha_bar)
+            elif rows.rows == 1:  # alpha_grad of one alpha, one row: sum_over_rows's value
+                alpha_grad = alpha_bar[0] + 0.0 if rows.batch_shape else alpha_bar[0]
+            else:
+                alpha_grad = sum_over_rows(alpha_bar, True)
+            return x_bar if same else x_bar.reshape(shape), alpha_grad
         cpu = ctx.kernels is core
         # a float32 cotangent of a float32 input: the CPU kernel reads it as it is and
         # writes the gradient in float32 (the float64 one rounded once, as the cast gave it)
@@ -915,8 +917,8 @@ class TopKRule(OrderRule):
 
     def prepare(self, x, k, alpha, axis, largest, order=None):
         # The kernels select the k smallest; the k largest of x are the k smallest of -x.
-        negate = check_flag(largest, "largest")
-        rows = Rows.from_input(x, axis, negate=negate, order=order)
+        negate = largest if largest is True else check_flag(largest, "largest")
+        rows = Rows.from_input(x, axis, "x", negate, order)
         ctx = Context.of(rows, alpha)
         n = rows.n
         ctx.params["targets"] = Targets.parse(k, rows, "k", float(n), f"n={n}")
@@ -997,7 +999,8 @@ class TopKRule(OrderRule):
         if ctx.serial:
             # (topk_vjp picks its kernel by the number of targets; its serial dispatcher is
             # the one-target kernel's)
-            vjp = vjp.serial if targets.m == 1 and vjp is _topk_vjp() else serial_kernel(vjp)
+            one_kernel = targets.m == 1 and vjp is core.topk.topk_vjp  # (not a test's stand-in)
+            vjp = vjp.serial if one_kernel else serial_kernel(vjp)
         vjp(
             rows.xs,
             rows.order,
