@@ -244,7 +244,11 @@ def check_p_k(p_k, batch_shape: tuple, n: int) -> np.ndarray:
         pk = given.astype(np.float64)
         if pk.min() >= 0.0 and np.abs(pk.sum(-1) - 1.0).max() <= P_K_TOLERANCE:
             # (no entry is NaN or inf: the row sums would not be near 1)
-            return pk if pk.ndim > 1 else np.tile(pk, batch_shape + (1,))
+            if pk.ndim > 1:
+                return pk
+            if math.prod(batch_shape) == 1:  # one row: np.tile's copy, as a view of pk's own
+                return pk.reshape(batch_shape + pk.shape)
+            return np.tile(pk, batch_shape + (1,))
     refuse_masked(p_k, "p_k")
     pk, _ = float_array(p_k, "p_k")
     if pk.dtype.kind == "b":
@@ -322,6 +326,21 @@ def check_targets(
         values = np.array(value, dtype=np.float64)
         if values.min() > 0.0 and values.max() < high:  # (NaN fails both)
             return values.reshape(1, -1), True, values.shape
+    if (
+        nb
+        and type(value) in (list, tuple)
+        and (len(value) == 1 or (nb == 1 and len(value) == batch_shape[0]))
+        and all(type(v) in (float, int) for v in value)
+    ):  # a list of numbers with batch axes: one for every row, or (one batch axis) one per
+        # row; what the general path's broadcast gives, without it
+        values = np.array(value, dtype=np.float64)
+        if values.min() > 0.0 and values.max() < high:  # (NaN fails both)
+            rows = math.prod(batch_shape)
+            if len(value) == rows:
+                return values.reshape(rows, 1), False, values.shape
+            full = np.empty((rows, 1))
+            full.fill(values[0])
+            return full, False, values.shape
     refuse_masked(value, name)
     arr, _ = float_array(value, name)
     if arr.dtype.kind == "b":  # True would silently be 1

@@ -322,8 +322,14 @@ class Targets:
                 values, order = backend.from_host(values), backend.from_host(order)
             return cls(values, order, False, ())
         values, multi, shape = check_targets(value, rows.batch_shape, name, high, high_text)
-        order = np.argsort(values, axis=1)
-        return cls(rows.backend.from_host(values), rows.backend.from_host(order), multi, shape)
+        if values.shape[1] == 1:  # the argsort of one target per row, without sorting
+            order = np.zeros(values.shape, np.intp)
+        else:
+            order = values.argsort(axis=1)
+        backend = rows.backend
+        if backend is NUMPY:  # (check_targets's values are C-contiguous: from_host's arrays)
+            return cls(values, order, multi, shape)
+        return cls(backend.from_host(values), backend.from_host(order), multi, shape)
 
     @staticmethod
     def count(value, layout: Layout) -> int:
