@@ -709,3 +709,69 @@ def test_host_moveaxis_is_numpys(shape, source, destination):
         assert np.shares_memory(got, a) and np.array_equal(got, want)
     with pytest.raises(ValueError):  # (numpy.exceptions.AxisError)
         NUMPY.moveaxis(a, len(shape), 0)
+
+
+def _bits(a) -> bytes:
+    a = np.asarray(a)
+    return a.dtype.str.encode() + repr(a.shape).encode() + a.tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("descending", [False, True])
+@pytest.mark.parametrize("shape", [(100,), (1, 100), (3, 7)])
+def test_small_rank_paths_match_the_general_ones(dtype, descending, shape):
+    """soft_rank's lean small paths (contiguous rows, float64, a float64 cotangent of the
+    result's shape, one float alpha) give the general paths' bits: those of a non-contiguous
+    input, a non-contiguous cotangent and a 0-d alpha array."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(shape).astype(dtype)
+    x.flat[1] = np.nan
+    v = rng.standard_normal(shape).astype(dtype)
+    strided_x = np.repeat(x, 2, axis=-1)[..., ::2]
+    strided_v = np.repeat(v, 2, axis=-1)[..., ::2]
+    kw = dict(descending=descending)
+    y, pullback = softorder.vjp(softorder.soft_rank, x, 0.5, **kw)
+    y2, pullback2 = softorder.vjp(softorder.soft_rank, strided_x, np.array(0.5), **kw)
+    assert _bits(y) == _bits(y2)
+    for a, b in zip(pullback(v), pullback2(strided_v), strict=True):
+        assert _bits(a) == _bits(b)
+
+
+@pytest.mark.parametrize("q", [[0.3], [0.2, 0.7, 0.4], (0.6,), [1]])
+@pytest.mark.parametrize("shape", [(1, 9), (3, 9), (2, 3, 9)])
+def test_targets_as_lists_with_batch_axes(q, shape):
+    """k and q listed as Python numbers with batch axes (one for every row, or one per row of
+    one batch axis) give what the same targets as an array give, and the same errors."""
+    x = np.random.default_rng(6).standard_normal(shape)
+    arr = np.asarray(q)  # (the general path: an array of the same dtype)
+    try:
+        expected = softorder.vjp(softorder.soft_quantile, x, arr, 0.5)
+    except ValueError as error:
+        with pytest.raises(ValueError) as info:
+            softorder.vjp(softorder.soft_quantile, x, q, 0.5)
+        assert str(info.value) == str(error)
+        return
+    got = softorder.vjp(softorder.soft_quantile, x, q, 0.5)
+    assert _bits(got[0]) == _bits(expected[0])
+    v = np.ones(np.shape(got[0]))
+    for a, b in zip(got[1](v), expected[1](v), strict=True):
+        assert _bits(a) == _bits(b)
+    with pytest.raises(ValueError, match="q must lie strictly between 0 and 1"):
+        softorder.soft_quantile(x, [1.5] * len(q), 0.5)
+
+
+def test_serial_kernel_takes_only_plain_kernels():
+    """serial_kernel gives a kernel's serial dispatcher only where it takes the kernel's own
+    arguments: not for a Python function that picks among kernels (whose ``serial`` is one
+    of them), nor for a stand-in."""
+    from softorder import core
+    from softorder._engine.backends.numpy_host import serial_kernel
+
+    assert serial_kernel(core.take_rows) is core.take_rows.serial
+    assert serial_kernel(core.topk_vjp) is core.topk_vjp  # picks by the number of targets
+    assert serial_kernel(core.topk_loss_forward) is core.topk_loss_forward
+
+    def stand_in(*args):
+        return None
+
+    assert serial_kernel(stand_in) is stand_in
