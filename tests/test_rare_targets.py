@@ -33,6 +33,24 @@ def _same_bits(got, want):
     np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
 
 
+def _check_variants(run):
+    """``run(rare)`` -> (x_bar, alpha_bar, redo, count handed back) of a soft sort VJP kernel:
+    the lean variant hands row 0 (integer values) back and does the NaN row; the full one
+    hands none back; the wrapper (lean, then full on the rows handed back) gives the full
+    one's bits, and so do the rows the lean one did.
+    """
+    lean = run(None)
+    assert lean[3] >= 1 and lean[2][0] == 1 and lean[2][-1] == 0  # (the NaN row: done)
+    full = run(False)
+    assert full[3] == 0 and not full[2].any()
+    both = run("both")
+    for got, want in zip(both[:3], full[:3], strict=True):
+        _same_bits(got, want)
+    done = ~np.asarray(lean[2], bool)
+    for got, want in zip(lean[:2], full[:2], strict=True):
+        _same_bits(got[done], want[done])
+
+
 def _sort_vjp(xs, order, alpha, u, offset, rare):
     """``sort._ladder_vjp``'s kernel with ``rare`` (the lean then the full variant: None,
     otherwise the variant named) -> gradients, ``redo``, and the count handed back.
@@ -63,17 +81,7 @@ def test_soft_sorts_rare_targets_take_the_full_variant(rng, dtype, keep):
     work = core.workspace(rows, sort.LADDER_WORK, n)
     wide = work.reshape(rows, -1) if dtype == np.float32 else xs
     sort.ladder_forward(xs, alpha, out, out.view(np.int64), offset, ratios, wide, work, True)
-    lean = _sort_vjp(xs, order, alpha, u, offset, None)
-    assert lean[3] >= 1 and lean[2][0] == 1 and lean[2][-1] == 0  # (the NaN row: done)
-    full = _sort_vjp(xs, order, alpha, u, offset, False)
-    assert full[3] == 0 and not full[2].any()
-    both = _sort_vjp(xs, order, alpha, u, offset, "both")
-    for got, want in zip(both[:3], full[:3], strict=True):
-        _same_bits(got, want)
-    # the rows without rare targets: the lean variant's bits are the full one's
-    for got, want in zip(lean[:2], full[:2], strict=True):  # the rows the lean one did
-        done = ~np.asarray(lean[2], bool) if lean[2] is not None else None
-        _same_bits(got[done], want[done])
+    _check_variants(lambda rare: _sort_vjp(xs, order, alpha, u, offset, rare))
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -96,16 +104,7 @@ def test_long_rows_rare_targets_take_the_full_variant(rng, dtype):
         sort.scatter_rows(xs, B, order, x_bar, redo)
         return x_bar, alpha_bar, redo, handed
 
-    lean = run(None)
-    assert lean[3] >= 1 and lean[2][0] == 1 and lean[2][-1] == 0
-    full = run(False)
-    assert full[3] == 0 and not full[2].any()
-    both = run("both")
-    for got, want in zip(both[:3], full[:3], strict=True):
-        _same_bits(got, want)
-    for got, want in zip(lean[:2], full[:2], strict=True):  # the rows the lean one did
-        done = ~np.asarray(lean[2], bool) if lean[2] is not None else None
-        _same_bits(got[done], want[done])
+    _check_variants(run)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

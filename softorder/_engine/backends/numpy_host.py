@@ -251,9 +251,9 @@ _SERIAL: dict = {}
 def serial_kernel(kernel):
     """The dispatcher that ``kernel`` (one of :mod:`softorder.core`'s) calls for an input too
     small for its parallel variant: its ``serial`` attribute when that takes the same arguments
-    (a kernel of :func:`softorder.core._jit.kernel` without appended native addresses), else
-    ``kernel`` itself (a Python function that picks among kernels, a test's stand-in). The
-    wrapper's choice costs a small call about 1.5 us per kernel, a tenth of its dispatch.
+    (a kernel of :func:`softorder.core._jit.kernel`), else ``kernel`` itself (a Python
+    function that picks among kernels, a test's stand-in). The wrapper's choice costs a small
+    call about 1.5 us per kernel, a tenth of its dispatch.
     """
     serial = _SERIAL.get(kernel)
     if serial is None:
@@ -271,7 +271,6 @@ def _serial_dispatcher(kernel):
         serial is None
         or wrapped is None
         or getattr(serial, "py_func", None) is not wrapped  # another function's dispatcher
-        or "__signature__" in vars(kernel)  # native addresses appended by the wrapper
     ):
         return kernel
     return serial
