@@ -1180,6 +1180,31 @@ _call_lean_row_vjp = _LADDER_VJP_CALLS.lean_row_vjp
 _call_ladder_row_vjp = _LADDER_VJP_CALLS.row_vjp
 
 
+def _row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byrank, rare):
+    """:func:`_ladder_loss_row_vjp` by symbol: its lean variant for ``rare`` None, its full
+    one for a bool.
+
+    One call, chosen by ``rare``'s type where a kernel is compiled: two calls under ``if rare
+    is None`` would both be compiled for a bool (numba prunes that test only where ``rare``
+    is None).
+    """
+    call = _call_lean_row_vjp if rare is None else _call_ladder_row_vjp
+    return call(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byrank, rare)
+
+
+if fast_exp._jit_enabled():
+    from numba.extending import overload
+
+    @overload(_row_vjp, jit_options={"no_cpython_wrapper": True})
+    def _row_vjp_typed(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byrank, rare):
+        call = _call_lean_row_vjp if isinstance(rare, types.NoneType) else _call_ladder_row_vjp
+
+        def impl(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byrank, rare):
+            return call(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byrank, rare)
+
+        return impl
+
+
 @kernel
 def _ladder_vjp_rows(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar, work, rare):
     """The rows of :func:`ladder_loss_vjp` that its ladder path takes; the others get a NaN
@@ -1215,15 +1240,9 @@ def _ladder_vjp_rows(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha
         Bd = w[2, :n]
         _call_decays(r, inv_alpha, E)
         _call_descending_from_decays(r, inv_alpha, E, B, Bd)
-        # (one call or the other, pruned by the type of rare)
-        if rare is None:
-            direct, pulled, done = _call_lean_row_vjp(
-                r, a, inv_alpha, E, B, Bd, anchor[row], offset[row], cot[row], byrank, None
-            )
-        else:
-            direct, pulled, done = _call_ladder_row_vjp(
-                r, a, inv_alpha, E, B, Bd, anchor[row], offset[row], cot[row], byrank, True
-            )
+        direct, pulled, done = _row_vjp(
+            r, a, inv_alpha, E, B, Bd, anchor[row], offset[row], cot[row], byrank, rare
+        )
         if not done:
             alpha_bar[row] = np.nan
             general += 1
