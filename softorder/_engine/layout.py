@@ -327,7 +327,9 @@ class Targets:
         else:
             order = values.argsort(axis=1)
         backend = rows.backend
-        if backend is NUMPY:  # (check_targets's values are C-contiguous: from_host's arrays)
+        if backend is NUMPY:  # from_host's arrays, without its call where they already are
+            if not values.flags.c_contiguous:  # (targets given as a strided array, kept)
+                values = np.ascontiguousarray(values)
             return cls(values, order, multi, shape)
         return cls(backend.from_host(values), backend.from_host(order), multi, shape)
 
