@@ -178,34 +178,34 @@ print(json.dumps(sorted({{str(s[-1]) for s in perm._ladder_loss_row_vjp.signatur
 """
 
 
-def test_the_full_variant_alone_compiles_its_row_pass_alone():
+def _child_report(code: str):
+    """Run ``code`` (formatted with the repository's root) in a fresh process: the JSON of
+    its last line of output.
+    """
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     done = subprocess.run(
-        [sys.executable, "-c", FULL_CHILD.format(root=root)],
+        [sys.executable, "-c", code.format(root=root)],
         capture_output=True,
         text=True,
         timeout=600,
         cwd=root,
     )
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == ["bool"]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_full_variant_alone_compiles_its_row_pass_alone():
+    """The permutation loss's full variant alone (the JAX handler's) compiles the row pass's
+    full variant, not the lean one's too.
+    """
+    assert _child_report(FULL_CHILD) == ["bool"]
 
 
 def test_ordinary_rows_take_the_lean_variants_alone():
     """Normal rows at alphas from 0.1 to 100 meet no rare target: a fresh process compiles
     (or loads) the lean variants of soft sort's and the permutation loss's VJPs alone.
     """
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD.format(root=root)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=root,
-    )
-    assert done.returncode == 0, done.stderr
-    kinds = json.loads(done.stdout.strip().splitlines()[-1])
-    assert kinds == [["none"], ["none"], ["none"]]
+    assert _child_report(CHILD) == [["none"], ["none"], ["none"]]
 
 
 def test_after_a_row_needed_the_full_variant_every_row_takes_it(rng):
