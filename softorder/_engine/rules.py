@@ -53,17 +53,6 @@ def _kernel(ctx, fn):
     return serial_kernel(fn) if ctx.serial else fn
 
 
-def _work(ctx, width: int) -> np.ndarray:
-    """:meth:`Context.work` of host rows (``ctx.serial``): ``np.empty`` below the reused
-    scratch's smallest request, without the method's other cases.
-    """
-    rows = ctx.rows
-    n = rows.n if rows.n > 0 else 1
-    if 8 * rows.rows * width * n < scratch.MIN_BYTES:
-        return np.empty((rows.rows, width, n))
-    return ctx.work(width)
-
-
 class Context:
     """The validated arguments of one call (``params``) and what its forward pass saved
     (``saved``: arrays of shape ``(rows, width)``, the residuals a bridge keeps for the
@@ -343,7 +332,7 @@ class RankRule(OrderRule):
             shape = xs.shape
             out = np.empty(shape)
             ctx.saved["decay"] = decay = np.empty(shape)
-            width, n = core.rank.FORWARD_WORK, rows.n or 1  # (_work, inline)
+            width, n = core.rank.FORWARD_WORK, rows.n or 1
             if 8 * rows.rows * width * n < scratch.MIN_BYTES:
                 work = np.empty((rows.rows, width, n))
             else:
@@ -382,7 +371,7 @@ class RankRule(OrderRule):
             # cotangent's rows, not owned)
             x_bar = np.empty(xs.shape)
             alpha_bar = np.empty(rows.rows)
-            width, n = core.rank.LINEAR_WORK, rows.n or 1  # (_work, inline)
+            width, n = core.rank.LINEAR_WORK, rows.n or 1
             if 8 * rows.rows * width * n < scratch.MIN_BYTES:
                 work = np.empty((rows.rows, width, n))
             else:
