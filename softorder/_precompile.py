@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
 from collections.abc import Iterable
@@ -40,29 +39,10 @@ def _arguments(name: str, x: np.ndarray) -> tuple:
     return (x, ranks, 0.5)
 
 
-#: the operations whose ladder VJPs have a full variant for rows with rare targets, which a
-#: process compiles when a row first meets one (:func:`softorder.core.sort._then_rare_targets`)
-LADDER_OPERATIONS = ("soft_sort", "permutation_cross_entropy")
-
-
-@contextlib.contextmanager
-def _ladder_variants(rare: bool | None):
-    """Run the ladder VJPs as a fresh process does (``rare`` None: the lean variant, the full
-    one on rows it hands back) or their full variants alone (False), then restore the
-    process's choice: ``precompile`` fills the cache for other processes, whatever this one
-    has met.
-    """
-    from softorder.core import permutation, sort
-
-    flags = (sort.ladder_vjp.rare, sort.lean_vjp.rare, permutation._RARE)
-    saved = [flag[0] for flag in flags]
-    for flag in flags:
-        flag[0] = rare
-    try:
-        yield
-    finally:
-        for flag, value in zip(flags, saved, strict=True):
-            flag[0] = value
+#: the operations whose ladder VJPs call :func:`softorder.core.sort._other_target` for rows
+#: with rare targets, which a process compiles when a row first meets one
+#: (:data:`softorder.core.sort.OTHER_TARGET`), and the dtypes of their kernels' rows
+LADDER_ROWS = {"soft_sort": ("float64", "float32"), "permutation_cross_entropy": ("float64",)}
 
 
 def _numpy(name: str, x: np.ndarray) -> None:
@@ -207,12 +187,11 @@ def precompile(
         if i == 1 and ("numpy" in apis or "torch" in apis):
             _host_sort()
         for api in apis:
-            if name in LADDER_OPERATIONS and api != "jax":  # (the JAX handlers: full only)
-                for rare in (None, False):
-                    with _ladder_variants(rare):
-                        runners[api](name, x)
-            else:
-                runners[api](name, x)
+            runners[api](name, x)
+        for key in LADDER_ROWS.get(name, ()):
+            from softorder.core.sort import OTHER_TARGET
+
+            OTHER_TARGET.link(key)
         seconds[name] = time.perf_counter() - start
         if progress:
             print(

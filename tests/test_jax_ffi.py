@@ -788,17 +788,17 @@ def test_permutation_loss_rows_left_by_the_ladder_take_the_general_kernel(dtype,
             ).block_until_ready()
 
 
-def test_precompile_registers_the_loss_handlers(monkeypatch):
+def test_precompile_registers_the_loss_handlers():
     """``softorder.precompile(apis=["jax"])`` runs the losses through the FFI route: their
     handlers (and the kernels they call) are compiled and registered with XLA, and so is
     what a learnable alpha's gradient calls.
     """
-    monkeypatch.setattr(_jax_ffi._alpha_sums_slot, "value", 0)
+    _jax_ffi.ALPHA_SUMS.unlink()
     softorder.precompile(
         ["topk_cross_entropy", "permutation_cross_entropy"], apis=["jax"], progress=False
     )
     assert {"softorder_topk_loss", "softorder_permutation_loss"} <= set(_jax_ffi._registered)
-    assert _jax_ffi._alpha_sums_slot.value != 0
+    assert _jax_ffi.ALPHA_SUMS.linked("float64")
 
 
 @pytest.mark.parametrize("case", ["topk CE split, K=3", "perm CE"])
@@ -1110,12 +1110,12 @@ def _alpha_sums_child():
     """
     x = np.random.default_rng(5).standard_normal((3, 7)).astype(np.float32)
     jax.block_until_ready(jax.jit(jax.grad(lambda u: soj.soft_rank(u, 0.5).sum()))(x))
-    before = (_jax_ffi._alpha_sums_slot.value, len(_jax_ffi.alpha_sums.overloads))
+    before = (_jax_ffi.ALPHA_SUMS.linked("float64"), len(_jax_ffi.alpha_sums.overloads))
     grad = jax.jit(jax.grad(lambda u, a: soj.soft_rank(u, a).sum(), argnums=1))
     alpha_bar = np.asarray(grad(x, np.float32(0.5)))
     _, pullback = softorder.vjp(softorder.soft_rank, x, alpha=np.float32(0.5))
     expected = pullback(np.ones_like(x))[1]
-    after = (_jax_ffi._alpha_sums_slot.value != 0, len(_jax_ffi.alpha_sums.overloads))
+    after = (_jax_ffi.ALPHA_SUMS.linked("float64"), len(_jax_ffi.alpha_sums.overloads))
     print(json.dumps({"before": before, "after": after, "equal": bool(alpha_bar == expected)}))
 
 
@@ -1127,20 +1127,24 @@ def test_alpha_sums_are_compiled_only_for_a_traced_alpha(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report == {"before": [0, 0], "after": [True, 1], "equal": True}
+    assert report == {"before": [False, 0], "after": [True, 1], "equal": True}
 
 
-def test_a_handler_without_alpha_sums_fails_with_an_error(monkeypatch, rng):
+def test_a_handler_without_alpha_sums_fails_with_an_error(rng):
     """Were the slot empty when a handler sums alpha's gradient (the bridge links it when it
     traces the call), the handler returns an error naming softorder, never a wrong number.
     """
     x = np.nan_to_num(data(rng, (2, 5)), nan=0.125)
     grad = jax.jit(jax.grad(lambda u, a: soj.soft_rank(u, a).sum(), argnums=1))
     jax.block_until_ready(grad(x, np.float32(0.5)))  # traced, linked, compiled
-    monkeypatch.setattr(_jax_ffi._alpha_sums_slot, "value", 0)
-    # (JAX raises XLA's INVALID_ARGUMENT as JaxRuntimeError or, on its fast path, ValueError)
-    with pytest.raises((jax.errors.JaxRuntimeError, ValueError)) as raised:
-        jax.block_until_ready(grad(x, np.float32(0.25)))
+    _jax_ffi.ALPHA_SUMS.unlink()
+    try:
+        # (JAX raises XLA's INVALID_ARGUMENT as JaxRuntimeError or, on its fast path,
+        # ValueError)
+        with pytest.raises((jax.errors.JaxRuntimeError, ValueError)) as raised:
+            jax.block_until_ready(grad(x, np.float32(0.25)))
+    finally:
+        _jax_ffi.link_alpha_sums()
     message = "INVALID_ARGUMENT: softorder: the JAX bridge's alpha_sums is not linked"
     assert str(raised.value) == message
 

@@ -105,33 +105,18 @@ def test_precompile_covers_what_calls_need(tmp_path):
     assert "compiling" not in second.stderr
 
 
-def test_precompile_compiles_both_variants_of_the_ladder_vjps():
-    """The ladder VJPs' lean variants (``rare`` None) and full ones (a bool: rows with rare
-    targets, which a process compiles when a row first meets one) are ``precompile``'s, for
-    float64 and float32 rows, whichever this process runs; its choice is kept.
+def test_precompile_links_the_rare_targets_path():
+    """The ladder VJPs' rare targets' helper, which a process compiles when a row first meets
+    a rare target (``core.sort.OTHER_TARGET``), is ``precompile``'s, for float64 and float32
+    rows, even in a process that has met none.
     """
     import softorder
-    from softorder.core import permutation, sort
+    from softorder.core import sort
 
-    flags = (sort.ladder_vjp.rare, sort.lean_vjp.rare, permutation._RARE)
-    saved = [flag[0] for flag in flags]
-    try:
-        for flag in flags:
-            flag[0] = False  # (a process that has met rare targets runs the full ones alone)
-        softorder.precompile(["soft_sort", "permutation_cross_entropy"], progress=False)
-        assert [flag[0] for flag in flags] == [False] * 3
-    finally:
-        for flag, value in zip(flags, saved, strict=True):
-            flag[0] = value
-    # (the permutation loss's rows are float64 for either input dtype)
-    for kernel, dtypes in (
-        (sort._ladder_vjp, ("float64", "float32")),
-        (sort._lean_vjp, ("float32",)),
-        (permutation._ladder_vjp_rows, ("float64",)),
-    ):
-        kinds = {(str(s[0].dtype), str(s[-1])) for s in kernel.serial.signatures}
-        for dtype in dtypes:
-            assert {(dtype, "none"), (dtype, "bool")} <= kinds, (kernel, kinds)
+    sort.OTHER_TARGET.unlink()
+    softorder.precompile(["soft_sort", "permutation_cross_entropy"], progress=False)
+    assert sort.OTHER_TARGET.linked("float64") and sort.OTHER_TARGET.linked("float32")
+    assert {str(s[0].dtype) for s in sort._other_target.signatures} >= {"float32", "float64"}
 
 
 def test_precompile_compiles_soft_sorts_long_rows(monkeypatch):

@@ -1,7 +1,9 @@
-"""The ladder VJPs' lean variants (compiled without the rare targets' path,
-``softorder.core.sort._other_target``) hand a row that meets a rare target (ties, rounding:
-integer values at a small alpha) to the full variant: the same bits as the full variant on
-every row, float32 and float64 rows; rows without rare targets stay in the lean variant.
+"""The ladder VJPs call the rare targets' path (``softorder.core.sort._other_target``: ties,
+rounding, integer values at a small alpha) through ``softorder.core.sort.OTHER_TARGET``,
+compiled the first time a row meets one: until then they hand such a row back, and their
+hosts link it and run the row again. The same bits as with it linked from the start, float32
+and float64 rows; a fresh process with ordinary rows compiles none of it, and one that meets a
+rare target compiles it alone, not a second kernel.
 """
 
 import json
@@ -15,6 +17,7 @@ import pytest
 from softorder import core
 from softorder.core import permutation as perm
 from softorder.core import sort
+from softorder.core.sort import OTHER_TARGET
 
 
 def _rows(rng, rows, n, dtype, values=None):
@@ -33,27 +36,36 @@ def _same_bits(got, want):
     np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
 
 
-def _check_variants(run):
-    """``run(rare)`` -> (x_bar, alpha_bar, redo, count handed back) of a soft sort VJP kernel:
-    the lean variant hands row 0 (integer values) back and does the NaN row; the full one
-    hands none back; the wrapper (lean, then full on the rows handed back) gives the full
-    one's bits, and so do the rows the lean one did.
+def _check_hand_back(run):
+    """``run(mode)`` -> (x_bar, alpha_bar, redo, count handed back) of a ladder VJP kernel,
+    with ``OTHER_TARGET`` not linked ("unlinked"), linked ("linked"), or through its host from
+    not linked ("host"): unlinked, the kernel hands row 0 (integer values) back and does the
+    NaN row; linked, it hands none back; the host (hand back, link, the rows again) gives the
+    linked bits, and so do the rows the unlinked kernel did.
     """
-    lean = run(None)
-    assert lean[3] >= 1 and lean[2][0] == 1 and lean[2][-1] == 0  # (the NaN row: done)
-    full = run(False)
-    assert full[3] == 0 and not full[2].any()
-    both = run("both")
-    for got, want in zip(both[:3], full[:3], strict=True):
+    unlinked = run("unlinked")
+    assert unlinked[3] >= 1 and unlinked[2][0] == 1 and unlinked[2][-1] == 0  # (NaN row: done)
+    linked = run("linked")
+    assert linked[3] == 0 and not linked[2].any()
+    host = run("host")
+    for got, want in zip(host[:3], linked[:3], strict=True):
         _same_bits(got, want)
-    done = ~np.asarray(lean[2], bool)
-    for got, want in zip(lean[:2], full[:2], strict=True):
+    done = ~np.asarray(unlinked[2], bool)
+    for got, want in zip(unlinked[:2], linked[:2], strict=True):
         _same_bits(got[done], want[done])
 
 
-def _sort_vjp(xs, order, alpha, u, offset, rare):
-    """``sort._ladder_vjp``'s kernel with ``rare`` (the lean then the full variant: None,
-    otherwise the variant named) -> gradients, ``redo``, and the count handed back.
+def _linked(mode, key):
+    """``OTHER_TARGET`` for ``key`` as ``mode`` asks: linked, or not (a fresh process's)."""
+    if mode == "linked":
+        OTHER_TARGET.link(key)
+    else:
+        OTHER_TARGET.unlink()
+
+
+def _sort_vjp(xs, order, alpha, u, offset, mode):
+    """``sort.ladder_vjp`` (``mode`` "host") or its kernel -> gradients, ``redo``, and the
+    count handed back.
     """
     rows, n = xs.shape
     x_bar, alpha_bar = np.empty((rows, n)), np.empty(rows)
@@ -61,16 +73,17 @@ def _sort_vjp(xs, order, alpha, u, offset, rare):
     ring = np.empty((rows, sort.WINDOW)) if offset is None else None
     redo = np.empty(rows, np.uint8)
     args = (xs, order, alpha, offset, ring, u, x_bar, x_bar.view(np.int64), alpha_bar, work, redo)
-    if rare == "both":
+    _linked(mode, xs.dtype.name)
+    if mode == "host":
         sort.ladder_vjp(*args)
         return x_bar, alpha_bar, redo, None
-    handed = sort._ladder_vjp(*args, rare)
+    handed = sort._ladder_vjp(*args, False)
     return x_bar, alpha_bar, redo, handed
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("keep", [True, False])
-def test_soft_sorts_rare_targets_take_the_full_variant(rng, dtype, keep):
+def test_soft_sorts_rare_targets_are_linked_when_first_met(rng, dtype, keep):
     rows, n = 4, 600
     xs, order = _rows(rng, rows, n, dtype)
     alpha = np.full(rows, 0.01)
@@ -81,34 +94,37 @@ def test_soft_sorts_rare_targets_take_the_full_variant(rng, dtype, keep):
     work = core.workspace(rows, sort.LADDER_WORK, n)
     wide = work.reshape(rows, -1) if dtype == np.float32 else xs
     sort.ladder_forward(xs, alpha, out, out.view(np.int64), offset, ratios, wide, work, True)
-    _check_variants(lambda rare: _sort_vjp(xs, order, alpha, u, offset, rare))
+    _check_hand_back(lambda mode: _sort_vjp(xs, order, alpha, u, offset, mode))
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_long_rows_rare_targets_take_the_full_variant(rng, dtype):
+def test_long_rows_rare_targets_are_linked_when_first_met(rng, dtype):
     rows, n = 3, 3000
     # (few ties: lean_vjp hands rows whose tie sends an injection below its window to
-    # ladder_vjp, with either variant)
+    # ladder_vjp, linked or not)
     xs, order = _rows(rng, rows, n, dtype, values=4 * n)
     alpha = np.full(rows, 0.01)
     u = rng.normal(size=(rows, n))
 
-    def run(rare):
+    def run(mode):
         counts = np.empty((rows, n), sort.LEAN_COUNTS)
         E, B = np.empty((rows, n)), np.empty((rows, n))
         marks = np.empty((rows, n // sort.BD_STEP + 1))
         alpha_bar, redo = np.empty(rows), np.empty(rows, np.uint8)
         args = (xs, alpha, u, False, counts, E, B, marks, alpha_bar, redo)
-        handed = sort.lean_vjp(*args) if rare == "both" else sort._lean_vjp(*args, rare)
+        _linked(mode, xs.dtype.name)
+        handed = sort.lean_vjp(*args) if mode == "host" else sort._lean_vjp(*args, False)
         x_bar = np.zeros((rows, n))
         sort.scatter_rows(xs, B, order, x_bar, redo)
         return x_bar, alpha_bar, redo, handed
 
-    _check_variants(run)
+    _check_hand_back(run)
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_permutation_losss_rare_targets_take_the_full_variant(rng, dtype):
+def _permutation_case(rng, dtype):
+    """Rows of the permutation loss (row 0 integer-valued), its forward's saved arrays and a
+    cotangent.
+    """
     rows, n = 4, 600
     xs, order = _rows(rng, rows, n, dtype)
     xs = xs.astype(np.float64)  # (the loss's kernels read float64 rows)
@@ -118,29 +134,70 @@ def test_permutation_losss_rare_targets_take_the_full_variant(rng, dtype):
     anchor, offset = np.empty((rows, n - 1), np.int32), np.empty((rows, n - 1))
     work = core.workspace(rows, perm.LADDER_FORWARD_WORK, n)
     perm.ladder_loss_forward(xs, order, alpha, target, out, anchor, offset, work)
-    cot = rng.normal(size=rows)
-    args = (xs, order, alpha, target, anchor, offset, cot)
+    return (xs, order, alpha, target, anchor, offset, rng.normal(size=rows))
 
-    def run(rare):
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("host", ["ladder_loss_vjp", "ladder_vjp_left_rows"])
+def test_permutation_losss_rare_targets_are_linked_when_first_met(rng, dtype, host):
+    """Through ``ladder_loss_vjp`` (the NumPy API's), or the kernel then
+    ``ladder_vjp_left_rows`` (the JAX bridge's handler and its callback).
+    """
+    args = _permutation_case(rng, dtype)
+    rows, n = args[0].shape
+
+    def run(mode):
         x_bar, alpha_bar = np.empty((rows, n)), np.empty(rows)
         work = core.workspace(rows, perm.LADDER_VJP_WORK, n)
-        if rare == "both":
+        _linked(mode, "float64")
+        if mode != "host":
+            return x_bar, alpha_bar, perm._ladder_vjp_rows(*args, x_bar, alpha_bar, work, False)
+        if host == "ladder_loss_vjp":
             perm.ladder_loss_vjp(*args, x_bar, alpha_bar, work)
-            return x_bar, alpha_bar, None
-        return x_bar, alpha_bar, perm._ladder_vjp_rows(*args, x_bar, alpha_bar, work, rare)
+        elif perm._ladder_vjp_rows.serial(*args, x_bar, alpha_bar, work, False):
+            perm.ladder_vjp_left_rows(*args, x_bar, alpha_bar)
+        return x_bar, alpha_bar, None
 
-    lean = run(None)
-    assert lean[2] >= 1 and np.isnan(lean[1][0])
-    full = run(False)
-    assert full[2] == 0
-    both = run("both")
-    for got, want in zip(both[:2], full[:2], strict=True):
+    unlinked = run("unlinked")
+    assert unlinked[2] >= 1 and np.isnan(unlinked[1][0])
+    linked = run("linked")
+    assert linked[2] == 0
+    host_run = run("host")
+    assert OTHER_TARGET.linked("float64")
+    for got, want in zip(host_run[:2], linked[:2], strict=True):
         _same_bits(got, want)
-    for got, want in zip(lean[:2], full[:2], strict=True):  # the rows the lean one did
-        done = ~np.asarray(lean[2], bool) if lean[2] is not None else None
+    done = ~np.isnan(unlinked[1])
+    for got, want in zip(unlinked[:2], linked[:2], strict=True):  # the rows done unlinked
         _same_bits(got[done], want[done])
 
 
+def test_the_jax_bridge_links_the_rare_targets_when_first_met(rng):
+    """The JAX bridge's permutation-loss handler leaves rows with rare targets while
+    ``OTHER_TARGET`` is not linked; its callback links it and runs them again: the NumPy API's
+    gradient to the bit.
+    """
+    jax = pytest.importorskip("jax")
+    import softorder
+    from softorder.bridges import jax as soj
+
+    x = rng.integers(0, 30, (3, 400)).astype(np.float64)
+    ranks = np.argsort(rng.normal(size=x.shape), axis=1) + 1
+    loss, pullback = softorder.vjp(softorder.permutation_cross_entropy, x, ranks, 0.01)
+    want = pullback(np.ones_like(loss))[0]
+    OTHER_TARGET.unlink()
+
+    def loss(v):
+        return soj.permutation_cross_entropy(v, ranks, alpha=0.01).sum()
+
+    with jax.enable_x64(True):
+        got = np.asarray(jax.grad(loss)(jax.numpy.asarray(x)))
+    assert OTHER_TARGET.linked("float64")
+    _same_bits(got, want)
+
+
+#: a fresh process's soft sort and permutation loss on the rows ``{rows}`` at alpha
+#: ``{alphas}``: the count of each ladder VJP kernel's compilations and the rare targets'
+#: helper's row types
 CHILD = """
 import json, sys
 import numpy as np
@@ -148,43 +205,27 @@ sys.path.insert(0, {root!r})
 import softorder
 from softorder.core import permutation as perm, sort
 rng = np.random.default_rng(0)
-x = rng.normal(size=(3, 500))
-for alpha in (0.1, 1.0, 100.0):
+x = {rows}
+for alpha in {alphas}:
     out, pullback = softorder.vjp(softorder.soft_sort, x, alpha)
     pullback(np.cos(out))
     ranks = np.argsort(rng.normal(size=x.shape), axis=1) + 1
     loss, pullback = softorder.vjp(softorder.permutation_cross_entropy, x, ranks, alpha)
     pullback(np.ones_like(loss))
-kernels = (sort._ladder_vjp, perm._ladder_vjp_rows)
-kinds = [sorted({{str(s[-1]) for s in k.serial.signatures}}) for k in kernels]
-kinds.append(sorted({{str(s[-1]) for s in perm._ladder_loss_row_vjp.signatures}}))
-print(json.dumps(kinds))
-"""
-
-#: the full variant alone (what the JAX bridge's handler runs, and a process that has met a
-#: rare target): its row pass, and not the lean one's too
-FULL_CHILD = """
-import json, sys
-import numpy as np
-sys.path.insert(0, {root!r})
-import softorder
-from softorder.core import permutation as perm
-perm._RARE[0] = False
-x = np.random.default_rng(0).normal(size=(2, 300))
-ranks = np.tile(np.arange(1, 301), (2, 1))
-loss, pullback = softorder.vjp(softorder.permutation_cross_entropy, x, ranks, 0.5)
-pullback(np.ones_like(loss))
-print(json.dumps(sorted({{str(s[-1]) for s in perm._ladder_loss_row_vjp.signatures}})))
+kernels = (sort._ladder_vjp.serial, perm._ladder_vjp_rows.serial, perm._ladder_loss_row_vjp)
+report = [len(k.signatures) for k in kernels]
+report.append(sorted(str(s[0].dtype) for s in sort._other_target.signatures))
+print(json.dumps(report))
 """
 
 
-def _child_report(code: str):
-    """Run ``code`` (formatted with the repository's root) in a fresh process: the JSON of
-    its last line of output.
+def _child_report(code: str, **values):
+    """Run ``code`` (formatted with the repository's root and ``values``) in a fresh process:
+    the JSON of its last line of output.
     """
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     done = subprocess.run(
-        [sys.executable, "-c", code.format(root=root)],
+        [sys.executable, "-c", code.format(root=root, **values)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -194,57 +235,17 @@ def _child_report(code: str):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_the_full_variant_alone_compiles_its_row_pass_alone():
-    """The permutation loss's full variant alone (the JAX handler's) compiles the row pass's
-    full variant, not the lean one's too.
-    """
-    assert _child_report(FULL_CHILD) == ["bool"]
-
-
-def test_ordinary_rows_take_the_lean_variants_alone():
+def test_ordinary_rows_compile_no_rare_targets_path():
     """Normal rows at alphas from 0.1 to 100 meet no rare target: a fresh process compiles
-    (or loads) the lean variants of soft sort's and the permutation loss's VJPs alone.
+    each ladder VJP once and the rare targets' helper not at all.
     """
-    assert _child_report(CHILD) == [["none"], ["none"], ["none"]]
+    report = _child_report(CHILD, rows="rng.normal(size=(3, 500))", alphas=(0.1, 1.0, 100.0))
+    assert report == [1, 1, 1, []]
 
 
-def test_after_a_row_needed_the_full_variant_every_row_takes_it(rng):
-    """A row handed back is computed twice: once the full variant is compiled, the wrappers
-    run it alone (the same bits).
+def test_a_rare_target_compiles_the_helper_alone():
+    """Integer rows at a small alpha meet rare targets: a fresh process compiles the rare
+    targets' helper for their dtype, and no second ladder kernel.
     """
-    rows, n = 2, 300
-    xs, order = _rows(rng, rows, n, np.float64)
-    alpha = np.full(rows, 0.01)
-    u = rng.normal(size=(rows, n))
-    saved = sort.ladder_vjp.rare[0], perm._RARE[0]
-    try:
-        _both_take_the_full_variant_after_a_hand_back(rng, xs, order, alpha, u)
-    finally:
-        sort.ladder_vjp.rare[0], perm._RARE[0] = saved
-
-
-def _both_take_the_full_variant_after_a_hand_back(rng, xs, order, alpha, u):
-    rows, n = xs.shape
-    sort.ladder_vjp.rare[0] = None
-    before = _sort_vjp(xs, order, alpha, u, None, "both")
-    assert sort.ladder_vjp.rare[0] is False
-    after = _sort_vjp(xs, order, alpha, u, None, "both")
-    for got, want in zip(after[:3], before[:3], strict=True):
-        _same_bits(got, want)
-    target = (np.argsort(rng.normal(size=(rows, n)), axis=1) + 1).astype(np.int32)
-    perm._RARE[0] = None
-    out = np.empty(rows)
-    anchor, offset = np.empty((rows, n - 1), np.int32), np.empty((rows, n - 1))
-    work = core.workspace(rows, perm.LADDER_FORWARD_WORK, n)
-    perm.ladder_loss_forward(xs, order, alpha, target, out, anchor, offset, work)
-    grads = []
-    for _ in range(2):
-        x_bar, alpha_bar = np.empty((rows, n)), np.empty(rows)
-        work = core.workspace(rows, perm.LADDER_VJP_WORK, n)
-        perm.ladder_loss_vjp(
-            xs, order, alpha, target, anchor, offset, np.ones(rows), x_bar, alpha_bar, work
-        )
-        grads.append((x_bar, alpha_bar))
-        assert perm._RARE[0] is False
-    for got, want in zip(*grads, strict=True):
-        _same_bits(got, want)
+    rows = "rng.integers(0, 25, (3, 500)).astype(float)"
+    assert _child_report(CHILD, rows=rows, alphas=(0.01,)) == [1, 1, 1, ["float64"]]

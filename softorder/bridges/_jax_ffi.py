@@ -396,13 +396,6 @@ def _link_rows_left() -> None:
     llvmlite.binding.add_symbol(ROWS_LEFT, address)
 
 
-def _link_alpha_sums_slot() -> None:
-    """Register :data:`ALPHA_SUMS_SLOT` (before a handler loads or compiles)."""
-    import llvmlite.binding
-
-    llvmlite.binding.add_symbol(ALPHA_SUMS_SLOT, ctypes.addressof(_alpha_sums_slot))
-
-
 _F1, _F2, _F3 = (types.Array(types.float64, d, "C") for d in (1, 2, 3))
 _I2, _L2 = types.Array(types.int32, 2, "C"), types.Array(types.int64, 2, "C")
 _L1, _B = types.Array(types.int64, 1, "C"), types.boolean
@@ -608,7 +601,7 @@ KERNELS = {
         permutation._ladder_forward_rows.serial,
         (_F2, _I2, _F1, _I2, _F1, _I2, _F2, _F3),
     ),
-    "permutation_loss_vjp": (  # (its full variant: rare targets in the kernel, never left)
+    "permutation_loss_vjp": (  # (redo_only False: rows it leaves go to rows_left)
         permutation._ladder_vjp_rows.serial,
         (_F2, _I2, _F1, _I2, _I2, _F2, _F1, _F2, _F1, _F3, _B),
     ),
@@ -618,67 +611,26 @@ SHARED = {"alpha_error": (alpha_error, (types.int64, _F1))}
 _calls = SymbolCalls(**KERNELS, **SHARED)
 _alpha_error = _calls.alpha_error
 
-#: the symbol of a word that holds :func:`alpha_sums`' address, or 0 until a traced alpha's
-#: gradient asks for it (:func:`link_alpha_sums`): compiled with the handlers, it lengthened
-#: every first call, for a gradient that only a learnable alpha has
-ALPHA_SUMS_SLOT = "softorder_alpha_sums_slot"
-ALPHA_SUMS_TYPES = (_F1, types.int64, types.boolean, _F1)
-_alpha_sums_slot = ctypes.c_int64(0)
+#: :func:`alpha_sums`, which the handlers call once a traced alpha's gradient asks for it
+#: (:func:`link_alpha_sums`): compiled with the handlers, it lengthened every first call, for a
+#: gradient that only a learnable alpha has
+ALPHA_SUMS = _jit.CallOnDemand(alpha_sums, types.none, float64=(_F1, types.int64, _B, _F1))
+_call_alpha_sums = ALPHA_SUMS.call
 
 
 def link_alpha_sums() -> None:
-    """Compile (or load) :func:`alpha_sums` and put its address in :data:`ALPHA_SUMS_SLOT`:
-    the JAX bridge calls this when it traces a backward pass that asks for a traced alpha's
-    gradient, before any handler can run it.
+    """Compile (or load) :func:`alpha_sums` for the handlers (:data:`ALPHA_SUMS`): the JAX
+    bridge calls this when it traces a backward pass that asks for a traced alpha's gradient,
+    before any handler can run it.
 
     Examples
     --------
     >>> from softorder.bridges import _jax_ffi
     >>> _jax_ffi.link_alpha_sums()
-    >>> _jax_ffi._alpha_sums_slot.value != 0
+    >>> _jax_ffi.ALPHA_SUMS.linked("float64")
     True
     """
-    if not _alpha_sums_slot.value:
-        with _lock:
-            if not _alpha_sums_slot.value:
-                _alpha_sums_slot.value = _jit._native_address(alpha_sums, ALPHA_SUMS_TYPES)
-
-
-@intrinsic
-def _alpha_sums_address(typingctx):
-    """The word at :data:`ALPHA_SUMS_SLOT` (linked by :func:`_compile`): the address of
-    :func:`alpha_sums`, or 0.
-    """
-
-    def codegen(context, builder, signature, args):
-        word = ir.IntType(64)
-        module = builder.module
-        slot = module.globals.get(ALPHA_SUMS_SLOT) or ir.GlobalVariable(
-            module, word, ALPHA_SUMS_SLOT
-        )
-        return builder.load(slot)
-
-    return types.int64(), codegen
-
-
-@intrinsic
-def _call_alpha_sums(typingctx, address, alpha_bar, group, summed, out):
-    """:func:`alpha_sums` (numba's calling convention) at ``address``."""
-    arg_types = (alpha_bar, group, summed, out)
-    if not all(map(_jit._accepted, arg_types, ALPHA_SUMS_TYPES)):
-        raise TypeError(f"softorder: alpha_sums takes {ALPHA_SUMS_TYPES}; got {arg_types}")
-
-    def codegen(context, builder, signature, args):
-        kind = context.call_conv.get_function_type(types.none, ALPHA_SUMS_TYPES)
-        callee = builder.inttoptr(args[0], kind.as_pointer())
-        status, _ = context.call_conv.call_function(
-            builder, callee, types.none, ALPHA_SUMS_TYPES, args[1:]
-        )
-        with cgutils.if_unlikely(builder, status.is_error):
-            context.call_conv.return_status_propagate(builder, status)
-        return context.get_dummy_value()
-
-    return types.none(types.int64, *arg_types), codegen
+    ALPHA_SUMS.link("float64")
 
 
 _rank_forward, _rank_vjp = _calls.rank_forward, _calls.rank_vjp
@@ -713,13 +665,12 @@ def _alpha_sums(frame, alpha_bar, rows, index):
     """
     if peek(frame, ARG_COUNT, np.int64) <= index:
         return 0
-    address = _alpha_sums_address()
-    if address == 0:  # (the bridge links it when it traces the call: never)
-        return fail(frame, "softorder: the JAX bridge's alpha_sums is not linked")
     info = buffer(frame, ARGS, index)[0]
     group = np.int64(peek(info, 0, np.int32))
     out = empty((rows // group,), np.float64)
-    _call_alpha_sums(address, alpha_bar, group, peek(info, 1, np.int32) != 0, out)
+    linked, _ = _call_alpha_sums(alpha_bar, group, peek(info, 1, np.int32) != 0, out)
+    if not linked:  # (the bridge links it when it traces the call: never)
+        return fail(frame, "softorder: the JAX bridge's alpha_sums is not linked")
     narrow(*buffer(frame, RESULTS, 1), out, False)
     return 0
 
@@ -1072,7 +1023,6 @@ def _compile(name: str):
         _jit.link_symbol(*KERNELS[kernel])
     for shared in SHARED.values():
         _jit.link_symbol(*shared)
-    _link_alpha_sums_slot()
     if name == "permutation_loss":
         _link_rows_left()
     fn = _HANDLERS[name]

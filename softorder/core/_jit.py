@@ -28,6 +28,7 @@ the real one. The kernels are cached in :func:`cache_dir` instead, never inside 
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import gc
 import hashlib
@@ -545,6 +546,119 @@ def _symbol_caller(dispatcher, arg_types):
         return restype(types.StarArgTuple.from_types(args)), codegen
 
     return call
+
+
+class CallOnDemand:
+    """A helper that kernels call through a word of memory, which holds the helper's address
+    once it is compiled (:meth:`link`) and 0 until then: a kernel compiles the call alone, not
+    the helper, which a process compiles only when a row first needs it (a pullback's rare
+    path). In a kernel, ``linked, out = on_demand.call(*args)``: with the word still 0,
+    ``linked`` is false and ``out`` zeros, and the kernel hands its row back to its host, which
+    links the helper and runs the row again.
+
+    Each signature's word is registered with LLVM under a symbol of its own when this object is
+    made (before any kernel that reads it can be compiled or loaded), so compiled and cached
+    code holds the symbol, never an address.
+
+    ``CallOnDemand(dispatcher, restype, key=argument types, ...)``: the helper's return type,
+    declared, since a kernel is compiled before the helper (:meth:`link` checks it), and its
+    signatures by key (e.g. the dtype of the row it reads).
+    """
+
+    def __init__(self, dispatcher, restype, **signatures):
+        self._dispatcher = dispatcher
+        self._restype = restype
+        self._signatures = signatures
+        self._lock = threading.Lock()
+        self._words = {key: ctypes.c_int64(0) for key in signatures}
+        self._jitted = hasattr(dispatcher, "overloads")
+        if self._jitted:
+            import llvmlite.binding
+
+            self._slots = {
+                key: _symbol(dispatcher, arg_types) + "_slot"
+                for key, arg_types in signatures.items()
+            }
+            for key, symbol in self._slots.items():
+                llvmlite.binding.add_symbol(symbol, ctypes.addressof(self._words[key]))
+        self.call = self._caller()
+
+    def linked(self, key: str) -> bool:
+        """Whether the helper is compiled for ``key`` and its word holds its address."""
+        return bool(self._words[key].value)
+
+    def link(self, key: str) -> None:
+        """Compile (or load) the helper for ``key`` and put its address in its word."""
+        word = self._words[key]
+        if word.value or not self._jitted:
+            return
+        with self._lock:
+            if word.value:
+                return
+            arg_types = self._signatures[key]
+            address = _native_address(self._dispatcher, arg_types)
+            got = self._dispatcher.overloads[arg_types].signature.return_type
+            if got != self._restype:
+                raise TypeError(
+                    f"softorder: {self._dispatcher.py_func.__name__} returns {got}, "
+                    f"declared {self._restype}"
+                )
+            word.value = address
+
+    def unlink(self) -> None:
+        """Every word back to 0, as in a fresh process (tests of the hand-back)."""
+        for word in self._words.values():
+            word.value = 0
+
+    def _caller(self):
+        """The intrinsic ``call(*args) -> (linked, out)`` (NUMBA_DISABLE_JIT: the helper's
+        Python function, always linked).
+        """
+        dispatcher, restype = self._dispatcher, self._restype
+        if not self._jitted:
+
+            def call(*args):
+                return True, dispatcher(*args)
+
+            return call
+
+        import numba
+        from llvmlite import ir
+        from numba.core import cgutils, errors, types
+
+        name = dispatcher.py_func.__name__
+        signatures, slots = self._signatures, self._slots
+
+        @numba.extending.intrinsic
+        def call(typingctx, *args):
+            for key, arg_types in signatures.items():
+                if len(args) == len(arg_types) and all(map(_accepted, args, arg_types)):
+                    symbol = slots[key]
+                    break
+            else:
+                wanted = list(signatures.values())
+                raise errors.TypingError(f"softorder: {name} is called with {wanted}; got {args}")
+
+            def codegen(context, builder, signature, llargs):
+                word = ir.IntType(64)
+                module = builder.module
+                slot = module.globals.get(symbol) or ir.GlobalVariable(module, word, symbol)
+                address = builder.load(slot)
+                linked = builder.icmp_unsigned("!=", address, word(0))
+                out = cgutils.alloca_once_value(builder, context.get_constant_null(restype))
+                with builder.if_then(linked):
+                    kind = context.call_conv.get_function_type(restype, arg_types)
+                    callee = builder.inttoptr(address, kind.as_pointer())
+                    packed = llargs[0]
+                    value = _emit_call(context, builder, callee, restype, arg_types, args, packed)
+                    builder.store(value, out)
+                pair = (linked, builder.load(out))
+                return context.make_tuple(builder, signature.return_type, pair)
+
+            result = types.Tuple((types.boolean, restype))
+            return result(types.StarArgTuple.from_types(args)), codegen
+
+        return call
 
 
 def internal_function(module, kind, name: str, noalias: int):

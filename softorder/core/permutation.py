@@ -54,12 +54,13 @@ from softorder.core.sort import (
     _BEYOND,
     _BLOCK_ROWS,
     _SKIP,
+    OTHER_TARGET,
     TBLOCK,
     WINDOW,
+    _call_other_target,
     _descending_from_decays,
     _moments_up_to,
     _move_to_rows,
-    _other_target,
     _target_points,
     _usual_weights,
 )
@@ -897,7 +898,7 @@ def ladder_loss_forward(xs, order, alpha, target, out, anchor, offset, work, rep
 
 
 @helper
-def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byrank, rare):
+def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byrank):
     """The direct terms of :func:`_loss_by_rank_vjp` and the pullback of the boundaries'
     cotangents ``beta`` (:func:`~softorder.core.lapsum.inverse_pullback`) in one pass over
     the ranks: boundary ``k - 1``'s cotangent is complete at rank ``k``, and the boundaries
@@ -926,9 +927,9 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
     the injections in the boundaries' order. The other ranks (a row's ends, an element
     between or far from its boundaries, an infinite value) take :func:`_rank_terms` there,
     the other boundaries (ties, rounding, a factor outside ``exp_main``'s range)
-    :func:`~softorder.core.sort._other_target` (a call, compiled once: the rare path), or,
-    with ``rare`` None (the lean variant, compiled without it: :func:`_ladder_vjp_rows`),
-    stop with ``done`` false.
+    :func:`~softorder.core.sort._other_target` through
+    :data:`~softorder.core.sort.OTHER_TARGET` (the rare path, compiled when a row first needs
+    it), or, while it is not linked, stop with ``done`` false.
     """
     n = r.shape[0]
     win_up = empty((WINDOW,), np.float64)
@@ -1028,13 +1029,12 @@ def _ladder_loss_row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byran
                         win_down[L & mask] += cj * el
                 alpha_bar += uj * Z / G
                 continue
-            if rare is None:  # (the lean variant: the rest pruned by the type)
-                return abar, alpha_bar, False
             ra, t, bR, bdR = b_ra[kk], b_t[kk], b_br[kk], b_bdr[kk]
-            code, term = _other_target(
+            linked, found = _call_other_target(
                 r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR, uj, F, B, Bd, win_up, win_down, False
             )
-            if code == _BEYOND:
+            code, term = found
+            if not linked or code == _BEYOND:
                 return abar, alpha_bar, False
             if code == _ADDED:
                 alpha_bar += term
@@ -1169,59 +1169,30 @@ def _ladder_carry_and_scatter(r, order, target, E, inj_up, inj_down, xb):
 
 #: the ladder VJP's pass over the ranks, called by symbol (compiled once, not linked into
 #: the kernel and optimised again there; int32 anchors: :func:`ladder_loss_vjp` narrows
-#: others): its lean variant (``rare`` None) and its full one (a bool)
-_ROW_VJP_TYPES = (_F1, _F, _F, _F1, _F1, _F1, _I32_1, _F1, _F, _F1)
+#: others)
 _LADDER_VJP_CALLS = SymbolCalls(
-    # r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byrank, rare
-    lean_row_vjp=(_ladder_loss_row_vjp, (*_ROW_VJP_TYPES, types.none)),
-    row_vjp=(_ladder_loss_row_vjp, (*_ROW_VJP_TYPES, _B)),
+    # r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byrank
+    row_vjp=(_ladder_loss_row_vjp, (_F1, _F, _F, _F1, _F1, _F1, _I32_1, _F1, _F, _F1)),
 )
-_call_lean_row_vjp = _LADDER_VJP_CALLS.lean_row_vjp
-_call_ladder_row_vjp = _LADDER_VJP_CALLS.row_vjp
-
-
-def _row_vjp(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byrank, rare):
-    """:func:`_ladder_loss_row_vjp` by symbol: its lean variant for ``rare`` None, its full
-    one for a bool.
-
-    One call, chosen by ``rare``'s type where a kernel is compiled: two calls under ``if rare
-    is None`` would both be compiled for a bool (numba prunes that test only where ``rare``
-    is None).
-    """
-    call = _call_lean_row_vjp if rare is None else _call_ladder_row_vjp
-    return call(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byrank, rare)
-
-
-if fast_exp._jit_enabled():
-    from numba.extending import overload
-
-    @overload(_row_vjp, jit_options={"no_cpython_wrapper": True})
-    def _row_vjp_typed(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byrank, rare):
-        call = _call_lean_row_vjp if isinstance(rare, types.NoneType) else _call_ladder_row_vjp
-
-        def impl(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byrank, rare):
-            return call(r, alpha, inv_alpha, E, B, Bd, anchor, offset, c, byrank, rare)
-
-        return impl
+_call_row_vjp = _LADDER_VJP_CALLS.row_vjp
 
 
 @kernel
-def _ladder_vjp_rows(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar, work, rare):
+def _ladder_vjp_rows(
+    xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar, work, redo_only
+):
     """The rows of :func:`ladder_loss_vjp` that its ladder path takes; the others get a NaN
     ``alpha_bar`` (left for the general path); returns their count.
 
-    ``rare`` picks the variant, as for soft sort's ladder VJP
-    (:func:`~softorder.core.sort._then_rare_targets`): None, the lean variant, compiled
-    without :func:`~softorder.core.sort._other_target`, which also leaves the rows that meet a
-    rare target (ties, rounding: integer values at a small alpha); a bool, the full variant,
-    on every row (False) or on the rows left by the lean one (True: a NaN ``alpha_bar``).
+    While :data:`~softorder.core.sort.OTHER_TARGET` is not linked for float64 rows, it also
+    leaves the rows that meet a rare target (ties, rounding: integer values at a small alpha).
+    ``redo_only``: run only the rows left before (a NaN ``alpha_bar``).
     """
     rows, n = xs.shape
     general = 0
     for row in prange(rows):
-        if rare is not None:  # (the full variant: pruned by the type in the lean one)
-            if rare and alpha_bar[row] == alpha_bar[row]:
-                continue
+        if redo_only and alpha_bar[row] == alpha_bar[row]:
+            continue
         r = xs[row]
         if has_nan(r):
             x_bar[row, :] = np.nan
@@ -1240,8 +1211,8 @@ def _ladder_vjp_rows(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha
         Bd = w[2, :n]
         _call_decays(r, inv_alpha, E)
         _call_descending_from_decays(r, inv_alpha, E, B, Bd)
-        direct, pulled, done = _row_vjp(
-            r, a, inv_alpha, E, B, Bd, anchor[row], offset[row], cot[row], byrank, rare
+        direct, pulled, done = _call_row_vjp(
+            r, a, inv_alpha, E, B, Bd, anchor[row], offset[row], cot[row], byrank
         )
         if not done:
             alpha_bar[row] = np.nan
@@ -1299,10 +1270,12 @@ def _ladder_vjp_general(xs, order, alpha, target, anchor, offset, cot, x_bar, al
 
 def ladder_vjp_left_rows(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar):
     """The rows that :func:`_ladder_vjp_rows` left (a NaN ``alpha_bar`` in a row without NaN),
-    by the general kernel on the calling thread, with int32 ``anchor``: what
-    :func:`ladder_loss_vjp` does after the ladder, for callers that ran the ladder kernel
-    themselves on threads of their own (the JAX bridge's FFI handlers). The general kernel is
-    compiled when first needed, here as in :func:`ladder_loss_vjp`.
+    on the calling thread, with int32 ``anchor``: what :func:`ladder_loss_vjp` does after the
+    ladder, for callers that ran the ladder kernel themselves on threads of their own (the JAX
+    bridge's FFI handlers). Rows with rare targets, left while
+    :data:`~softorder.core.sort.OTHER_TARGET` was not linked, go to the ladder again once it
+    is; the others to the general kernel, compiled when first needed, here as in
+    :func:`ladder_loss_vjp`.
 
     Examples
     --------
@@ -1327,6 +1300,11 @@ def ladder_vjp_left_rows(xs, order, alpha, target, anchor, offset, cot, x_bar, a
     (True, True)
     """
     args = (xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar)
+    if not OTHER_TARGET.linked("float64"):  # (rows with rare targets were left: the ladder's)
+        OTHER_TARGET.link("float64")
+        work = np.empty((xs.shape[0], LADDER_VJP_WORK, xs.shape[1]))
+        if not _ladder_vjp_rows.serial(*args, work, True):
+            return
     _ladder_vjp_general.serial(*args)
 
 
@@ -1343,21 +1321,17 @@ def ladder_loss_vjp(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_
     terms by rank, in the row of ``x_bar``, read by rank in the last passes. Rows with
     repeated target ranks, boundaries out of order or a far tie take the general kernel's
     path in a kernel of their own (:func:`_ladder_vjp_general`), compiled when first needed;
-    rows with rare targets the ladder's full variant, also compiled when first needed (the
-    lean one, without it, leaves them: :func:`_ladder_vjp_rows`), and every row after that.
+    rows with rare targets call :func:`~softorder.core.sort._other_target`, compiled when a
+    row first needs one (until then the ladder leaves them, and runs again on them once it is
+    linked).
     """
     if anchor.dtype != np.int32:  # (rows shorter than 2**31: the ladder's pass takes int32)
         anchor = anchor.astype(np.int32)
     args = (xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar)
-    left = _ladder_vjp_rows(*args, work, _RARE[0])
-    if left and _RARE[0] is None:
-        _RARE[0] = False  # (as for soft sort's: sort._then_rare_targets)
+    linked = OTHER_TARGET.linked("float64")
+    left = _ladder_vjp_rows(*args, work, False)
+    if left and not linked:  # (rows with rare targets were left: the ladder's once linked)
+        OTHER_TARGET.link("float64")
         left = _ladder_vjp_rows(*args, work, True)
     if left:
         _ladder_vjp_general(*args)
-
-
-#: the variant of :func:`_ladder_vjp_rows` that :func:`ladder_loss_vjp` runs: None (the lean
-#: one) until a row has needed the full one, then False (the full one on every row: the
-#: process has compiled it, and a row it computes is computed once)
-_RARE = [None]

@@ -18,7 +18,7 @@ import numpy as np
 from numba import prange, types
 
 from softorder.core import fast_exp, fast_log
-from softorder.core._jit import SymbolCalls, helper, inner_helper, kernel
+from softorder.core._jit import CallOnDemand, SymbolCalls, helper, inner_helper, kernel
 from softorder.core.fast_exp import FAST_EXP, exp_or_zero, needs_libm
 from softorder.core.kernel_sums import (
     _first_at_or_above,
@@ -69,7 +69,7 @@ MAX_FEW_TARGETS = 64
 CARRY_BESIDE_N = 1 << 16
 
 
-_F, _B = types.float64, types.boolean
+_F, _B, _I = types.float64, types.boolean, types.int64
 _F1, _F2 = types.Array(_F, 1, "C"), types.Array(_F, 2, "C")
 _L1 = types.Array(types.int64, 1, "C")
 #: the per-row helpers of :func:`sort_vjp` and :func:`inverse_vjp`, called by symbol:
@@ -914,56 +914,47 @@ def ladder_forward(xs, alpha, out, counts, offset, ratios, wide, work, values):
             _ladder_values(r, a, 1.0 / a, E, A, B, 0.5, c, None, ratios[row], out[row], values)
 
 
-def _then_rare_targets(lean_first):
-    """A ladder VJP kernel whose last argument ``rare`` picks its variant (the function it
-    decorates: the documented call, without ``rare``), run as its lean
-    variant (``rare`` None), then, if that handed a row back, as its full one on those rows
-    (``rare`` True).
+def _then_other_targets(ladder):
+    """A ladder VJP kernel whose last argument ``redo_only`` runs it on the rows it handed back
+    alone (the function it decorates: the documented call, without ``redo_only``), run on every
+    row, then, if it handed a row back while :data:`OTHER_TARGET` was not yet linked for the
+    row's dtype, linked and run again on those rows.
 
     A ladder pullback sends the targets other than the usual one (ties, rounding: integer
-    values at a small alpha) to :func:`_other_target`, whose compilation was about a seventh
-    of a first call with an empty cache (CHANGELOG.md). The lean variant, compiled without it
-    (pruned by the type of ``rare``), stops a row at such a target and hands it back, as it
-    hands back a row whose ties throw an injection beyond the window; the full variant
-    (``rare`` a bool), compiled the first time a row needs it, computes the rows handed back
-    (``rare`` True; every row with ``rare`` False) and hands back the others, which its
-    caller then takes to the general kernel. Both variants are one source, so a row has the
-    same bits whichever computes it. Once a row has needed the full variant, every later call
-    runs it alone (``rare[0]`` False): a row handed back is computed twice, which cost rows
-    with rare targets up to half of their time again. The kernel returns the count of the
-    rows it handed back; ``serial`` and ``parallel`` are the kernel's, ``kernel`` the kernel
-    itself.
+    values at a small alpha) to :func:`_other_target`, which the kernel calls through
+    :data:`OTHER_TARGET`: a process compiles it only when a row first meets such a target, for
+    that row's dtype (its compilation was about a seventh of a first call with an empty cache:
+    CHANGELOG.md). Until then the pullback hands such a row back, as it hands back a row whose
+    ties throw an injection beyond the window; after that, the kernel computes every row with
+    rare targets itself, once. The kernel returns the count of the rows it handed back;
+    ``serial`` and ``parallel`` are the kernel's, ``kernel`` the kernel itself.
     """
 
     def wrap(documented):
-        # None until a row has needed the full variant; then False: every row goes to the
-        # full variant, which the process has compiled, so that such rows are computed once
-        rare = [None]
-
         @functools.wraps(documented)
         def run(*args):
-            if lean_first(*args, rare[0]) and rare[0] is None:
-                rare[0] = False
-                lean_first(*args, True)
+            key = args[0].dtype.name
+            linked = OTHER_TARGET.linked(key)
+            if ladder(*args, False) and not linked:
+                OTHER_TARGET.link(key)
+                ladder(*args, True)
 
-        run.serial = lean_first.serial
-        run.parallel = lean_first.parallel
-        run.kernel = lean_first
-        run.rare = rare
+        run.serial = ladder.serial
+        run.parallel = ladder.parallel
+        run.kernel = ladder
         return run
 
     return wrap
 
 
 @kernel
-def _ladder_vjp(xs, order, alpha, offset, ring, u, x_bar, counts, alpha_bar, work, redo, rare):
-    """:func:`ladder_vjp`'s kernel (``rare``: :func:`_then_rare_targets`)."""
+def _ladder_vjp(xs, order, alpha, offset, ring, u, x_bar, counts, alpha_bar, work, redo, redo_only):
+    """:func:`ladder_vjp`'s kernel (``redo_only``: :func:`_then_other_targets`)."""
     rows, n = xs.shape
     handed = 0
     for row in prange(rows):
-        if rare is not None:  # (the full variant: pruned by the type in the lean one)
-            if rare and redo[row] == 0:
-                continue
+        if redo_only and redo[row] == 0:
+            continue
         redo[row] = 0
         r = xs[row]
         if has_nan(r):
@@ -982,12 +973,10 @@ def _ladder_vjp(xs, order, alpha, offset, ring, u, x_bar, counts, alpha_bar, wor
         # (one call or the other, pruned by the types: None or an array)
         if offset is not None:
             ab, done = _ladder_pullback(
-                r, a, inv_alpha, E, B, Bd, c, offset[row], None, u[row], 0.5, rare
+                r, a, inv_alpha, E, B, Bd, c, offset[row], None, u[row], 0.5
             )
         if ring is not None:
-            ab, done = _ladder_pullback(
-                r, a, inv_alpha, E, B, Bd, c, None, ring[row], u[row], 0.5, rare
-            )
+            ab, done = _ladder_pullback(r, a, inv_alpha, E, B, Bd, c, None, ring[row], u[row], 0.5)
         if not done:
             redo[row] = 1
             handed += 1
@@ -1001,7 +990,7 @@ def _ladder_vjp(xs, order, alpha, offset, ring, u, x_bar, counts, alpha_bar, wor
     return handed
 
 
-@_then_rare_targets(_ladder_vjp)
+@_then_other_targets(_ladder_vjp)
 def ladder_vjp(xs, order, alpha, offset, ring, u, x_bar, counts, alpha_bar, work, redo):
     """Soft sort's VJP (:func:`sort_vjp`'s values, the same to the bit) with the anchors of
     :func:`ladder_forward` counted again (:func:`descending_counts`), and its offsets read
@@ -1019,8 +1008,8 @@ def ladder_vjp(xs, order, alpha, offset, ring, u, x_bar, counts, alpha_bar, work
     compiled only when a row needs it).
 
     ``xs`` may be float32 (:func:`ladder_forward`): :func:`descending_counts` widens each
-    value as it reads it. The rows with rare targets take the kernel's full variant
-    (:func:`_then_rare_targets`), compiled when a row first needs it.
+    value as it reads it. Rows with rare targets call :func:`_other_target`, compiled when a
+    row first needs it (:func:`_then_other_targets`).
     """
 
 
@@ -1041,7 +1030,7 @@ def _pullback_windows():
 
 
 @helper
-def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, ring, u, w0, rare):
+def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, ring, u, w0):
     """:func:`_sort_pullback` of the targets ``w0 + q`` solved from their counts, with the
     injections in the rows of ``B`` (upward) and ``Bd`` (downward) instead of rows of their
     own, and ``A``, ``Ad`` computed :data:`BATCH` points at a time and kept for
@@ -1070,9 +1059,8 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, ring, u, w0,
     targets' order, ``A`` and ``Ad`` from their recurrence (a target beyond a row's end, the
     most of them for an alpha far above the row's spread, has one point to inject at). The
     other targets (ties, rounding, a factor outside ``exp_main``'s range) take
-    :func:`_other_target` (a call, compiled once: the rare path), or, with ``rare`` None
-    (:func:`_then_rare_targets`' lean variant, compiled without it), stop the loop with
-    ``done`` false.
+    :func:`_other_target` through :data:`OTHER_TARGET` (the rare path, compiled when a row
+    first needs it), or, while it is not linked, stop the loop with ``done`` false.
     """
     n = r.shape[0]
     win_up, win_down, a_win, ad_win = _pullback_windows()
@@ -1143,13 +1131,12 @@ def _ladder_pullback(r, alpha, inv_alpha, E, B, Bd, counts, offset, ring, u, w0,
                         win_down[L & mask] += cj * el
                 alpha_bar += uj * Z / G
                 continue
-            if rare is None:  # (the lean variant: the rest pruned by the type)
-                return alpha_bar, False
             ra, t, bR, bdR = b_ra[k], b_t[k], b_br[k], b_bdr[k]
-            code, term = _other_target(
+            linked, found = _call_other_target(
                 r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR, uj, F, B, Bd, win_up, win_down, False
             )
-            if code == _BEYOND:
+            code, term = found
+            if not linked or code == _BEYOND:
                 return alpha_bar, False
             if code == _ADDED:
                 alpha_bar += term
@@ -1307,9 +1294,9 @@ def _other_target(
     so the same bits. With ``carried`` (:func:`_lean_pullback`: ``B`` below ``F`` holds
     carried sums), :data:`_BEYOND` also where a tie's upward injection lands below ``F``.
     Returns ``(code, term)``: :data:`_NOTHING`, :data:`_ADDED` with the term of ``alpha_bar``
-    (``u * Z / G``) to add, or :data:`_BEYOND`. A helper of its own: compiled once, outside
-    the pullbacks' loops (the rare path), and one function, not a wrapper around another
-    (each compiled function lengthens a first call).
+    (``u * Z / G``) to add, or :data:`_BEYOND`. Called through :data:`OTHER_TARGET`:
+    compiled on its own when a row first needs it (the rare path), and one function, not a
+    wrapper around another (each compiled function lengthens a first call).
     """
     n = r.shape[0]
     mask = WINDOW - 1
@@ -1331,6 +1318,23 @@ def _other_target(
     if not _inject_in_window(r, inv_alpha, ra, t, shift, c, R, F, B, D, win_up, win_down):
         return _BEYOND, 0.0
     return _ADDED, u * Z / G
+
+
+def _other_target_types(row):
+    """:func:`_other_target`'s argument types for rows of ``row``'s type."""
+    return (row, _F, _F, _F, _I, _I, _F, _F, _F, _F, _F, _I, _F1, _F1, _F1, _F1, _B)
+
+
+#: :func:`_other_target` called by the ladder pullbacks, compiled (for float64 or float32
+#: rows) the first time a row of that dtype meets a rare target: the rows before hand their
+#: row back (:func:`_then_other_targets`)
+OTHER_TARGET = CallOnDemand(
+    _other_target,
+    types.Tuple((types.int64, _F)),
+    float64=_other_target_types(_F1),
+    float32=_other_target_types(types.Array(types.float32, 1, "C")),
+)
+_call_other_target = OTHER_TARGET.call
 
 
 @helper
@@ -1535,7 +1539,7 @@ def _carry_to_rows(F, M, E, B, win_up, win_down, up):
 
 
 @helper
-def _lean_pullback(r, alpha, inv_alpha, E, B, marks, counts, u, negate, w0, rare):
+def _lean_pullback(r, alpha, inv_alpha, E, B, marks, counts, u, negate, w0):
     """:func:`_ladder_pullback` solving the targets again (its ``ring`` path) without a row
     of ``Bd`` (:func:`_bd_block`), the upward injections carried as they leave the window
     into ``B`` (:func:`_carry_to_rows`) and the downward ones into the slots of ``E`` below
@@ -1543,8 +1547,8 @@ def _lean_pullback(r, alpha, inv_alpha, E, B, marks, counts, u, negate, w0, rare
     ``alpha_bar`` to the bit. ``A`` and ``Ad`` are brought up to a target's point before the
     window moves (:func:`_moments_up_to` reads ``E`` there). With ``negate``, the cotangent
     is ``-u`` (negated where read, as ``np.negative`` would). Returns ``(alpha_bar, done)``;
-    when done, ``B`` holds the upward sums and ``E`` the downward injections. ``rare``: as
-    in :func:`_ladder_pullback`.
+    when done, ``B`` holds the upward sums and ``E`` the downward injections. The other
+    targets: as in :func:`_ladder_pullback`.
     """
     n = r.shape[0]
     win_up, win_down, a_win, ad_win = _pullback_windows()
@@ -1623,13 +1627,12 @@ def _lean_pullback(r, alpha, inv_alpha, E, B, marks, counts, u, negate, w0, rare
                         win_down[L & mask] += cj * el
                 alpha_bar += uj * Z / G
                 continue
-            if rare is None:  # (the lean variant: the rest pruned by the type)
-                return alpha_bar, False
             ra, t, bR, bdR = b_ra[k], b_t[k], b_br[k], b_bdr[k]
-            code, term = _other_target(
+            linked, found = _call_other_target(
                 r, inv_alpha, ra, t, L, R, aL, adL, bR, bdR, uj, F, B, E, win_up, win_down, True
             )
-            if code == _BEYOND:
+            code, term = found
+            if not linked or code == _BEYOND:
                 return alpha_bar, False
             if code == _ADDED:
                 alpha_bar += term
@@ -1686,14 +1689,13 @@ def _lean_finish(r, inv_alpha, D, B):
 
 
 @kernel
-def _lean_vjp(xs, alpha, u, negate, counts, E, B, marks, alpha_bar, redo, rare):
-    """:func:`lean_vjp`'s kernel (``rare``: :func:`_then_rare_targets`)."""
+def _lean_vjp(xs, alpha, u, negate, counts, E, B, marks, alpha_bar, redo, redo_only):
+    """:func:`lean_vjp`'s kernel (``redo_only``: :func:`_then_other_targets`)."""
     rows, n = xs.shape
     handed = 0
     for row in prange(rows):
-        if rare is not None:  # (the full variant: pruned by the type in the lean one)
-            if rare and redo[row] == 0:
-                continue
+        if redo_only and redo[row] == 0:
+            continue
         redo[row] = 0
         r = xs[row]
         Br = B[row]
@@ -1710,7 +1712,7 @@ def _lean_vjp(xs, alpha, u, negate, counts, E, B, marks, alpha_bar, redo, rare):
             redo[row] = 1
             handed += 1
             continue
-        ab, done = _lean_pullback(r, a, inv_alpha, Er, Br, marks[row], c, u[row], negate, 0.5, rare)
+        ab, done = _lean_pullback(r, a, inv_alpha, Er, Br, marks[row], c, u[row], negate, 0.5)
         if not done:
             redo[row] = 1
             handed += 1
@@ -1720,7 +1722,7 @@ def _lean_vjp(xs, alpha, u, negate, counts, E, B, marks, alpha_bar, redo, rare):
     return handed
 
 
-@_then_rare_targets(_lean_vjp)
+@_then_other_targets(_lean_vjp)
 def lean_vjp(xs, alpha, u, negate, counts, E, B, marks, alpha_bar, redo):
     """Soft sort's VJP on long rows (:func:`ladder_vjp`'s values, the same to the bit,
     solving the targets again) in two rows of scratch, ``E`` and ``B`` (rows, n), and
@@ -1732,9 +1734,9 @@ def lean_vjp(xs, alpha, u, negate, counts, E, B, marks, alpha_bar, redo):
     float64, the cotangent itself or, with ``negate``, its negative (a descending sort's:
     no copy of it). A row whose counts do not fit their type, or whose ties throw an injection
     beyond the window (or below it), gets ``redo[row] = 1`` (the caller runs
-    :func:`sort_vjp` on it); a NaN row gets NaN in ``B`` and ``alpha_bar``. The rows with
-    rare targets take the kernel's full variant (:func:`_then_rare_targets`), compiled when
-    a row first needs it.
+    :func:`sort_vjp` on it); a NaN row gets NaN in ``B`` and ``alpha_bar``. Rows with rare
+    targets call :func:`_other_target`, compiled when a row first needs it
+    (:func:`_then_other_targets`).
     """
 
 
