@@ -19,6 +19,11 @@ from softorder.core import permutation as perm
 from softorder.core import sort
 from softorder.core.sort import OTHER_TARGET
 
+pytestmark = pytest.mark.skipif(
+    not hasattr(sort._other_target, "overloads"),
+    reason="NUMBA_DISABLE_JIT: the helper is a Python call, never handed back",
+)
+
 
 def _rows(rng, rows, n, dtype, values=None):
     """Row 0 integer-valued (``values`` of them, rare targets at a small alpha), the others
