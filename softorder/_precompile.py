@@ -39,10 +39,14 @@ def _arguments(name: str, x: np.ndarray) -> tuple:
     return (x, ranks, 0.5)
 
 
-#: the operations whose ladder VJPs call :func:`softorder.core.sort._other_target` for rows
-#: with rare targets, which a process compiles when a row first meets one
-#: (:data:`softorder.core.sort.OTHER_TARGET`), and the dtypes of their kernels' rows
-LADDER_ROWS = {"soft_sort": ("float64", "float32"), "permutation_cross_entropy": ("float64",)}
+#: the helpers of rare paths (ties, rounding) that an operation's VJP calls through a
+#: :class:`~softorder.core._jit.CallOnDemand` of :mod:`softorder.core.sort`, which a process
+#: compiles when a row first needs one, with the dtypes of the kernels' rows
+ON_DEMAND = {
+    "soft_sort": (("OTHER_TARGET", "float64"), ("OTHER_TARGET", "float32")),
+    "soft_quantile": (("TIE_SEARCH", "float64"),),
+    "permutation_cross_entropy": (("OTHER_TARGET", "float64"),),
+}
 
 
 def _numpy(name: str, x: np.ndarray) -> None:
@@ -188,10 +192,10 @@ def precompile(
             _host_sort()
         for api in apis:
             runners[api](name, x)
-        for key in LADDER_ROWS.get(name, ()):
-            from softorder.core.sort import OTHER_TARGET
+        for helper, key in ON_DEMAND.get(name, ()):
+            from softorder.core import sort
 
-            OTHER_TARGET.link(key)
+            getattr(sort, helper).link(key)
         seconds[name] = time.perf_counter() - start
         if progress:
             print(

@@ -105,17 +105,20 @@ def test_precompile_covers_what_calls_need(tmp_path):
     assert "compiling" not in second.stderr
 
 
-def test_precompile_links_the_rare_targets_path():
-    """The ladder VJPs' rare targets' helper, which a process compiles when a row first meets
-    a rare target (``core.sort.OTHER_TARGET``), is ``precompile``'s, for float64 and float32
-    rows, even in a process that has met none.
+def test_precompile_links_the_rare_paths():
+    """The helpers of the VJPs' rare paths, which a process compiles when a row first needs
+    one (``core.sort.OTHER_TARGET`` for float64 and float32 rows, ``core.sort.TIE_SEARCH``),
+    are ``precompile``'s, even in a process that has met none.
     """
     import softorder
     from softorder.core import sort
 
     sort.OTHER_TARGET.unlink()
-    softorder.precompile(["soft_sort", "permutation_cross_entropy"], progress=False)
+    sort.TIE_SEARCH.unlink()
+    operations = ["soft_sort", "soft_quantile", "permutation_cross_entropy"]
+    softorder.precompile(operations, progress=False)
     assert sort.OTHER_TARGET.linked("float64") and sort.OTHER_TARGET.linked("float32")
+    assert sort.TIE_SEARCH.linked("float64")
     assert {str(s[0].dtype) for s in sort._other_target.signatures} >= {"float32", "float64"}
 
 

@@ -17,7 +17,7 @@ import pytest
 from softorder import core
 from softorder.core import permutation as perm
 from softorder.core import sort
-from softorder.core.sort import OTHER_TARGET
+from softorder.core.sort import OTHER_TARGET, TIE_SEARCH
 
 pytestmark = pytest.mark.skipif(
     not hasattr(sort._other_target, "overloads"),
@@ -176,6 +176,51 @@ def test_permutation_losss_rare_targets_are_linked_when_first_met(rng, dtype, ho
         _same_bits(got[done], want[done])
 
 
+def test_soft_quantiles_ties_are_linked_when_first_met(rng):
+    """``few_inverse_vjp`` (soft quantile's VJP) hands back a row whose target meets a tie
+    while ``TIE_SEARCH`` is not linked; its host links it and runs the row again: the bits of
+    the kernel with it linked.
+    """
+    rows, n = 3, 400
+    x = rng.normal(size=(rows, n))
+    x[0] = np.repeat(np.arange(n // 8, dtype=float), 8)  # (ties of 8 at every value)
+    x[-1, 5] = np.nan
+    order = np.argsort(x, axis=1).astype(np.int32)
+    xs = np.take_along_axis(x, order, axis=1)
+    alpha = np.full(rows, 1e-3)
+    w = np.tile([100.0, 200.0], (rows, 1))  # (targets at the ties' edges)
+    out = np.empty_like(w)
+    anchor, offset = np.empty(w.shape, np.int64), np.empty_like(w)
+    worder = np.argsort(w, axis=1)
+    work = core.workspace(rows, core.lapsum.TABLES, n)
+    core.lapsum.inverse_kernel(xs, alpha, w, worder, out, anchor, offset, work)
+    u = rng.normal(size=w.shape)
+
+    def run(mode):
+        x_bar, w_bar, alpha_bar = np.empty((rows, n)), np.empty_like(w), np.empty(rows)
+        args = (xs, order, alpha, anchor, offset, np.empty((rows, 0), np.int64), u)
+        args += (x_bar, w_bar, alpha_bar, core.workspace(rows, sort.FEW_VJP_WORK, n))
+        args += (np.empty((rows, 0, 2)),)
+        if mode == "linked":
+            TIE_SEARCH.link("float64")
+        else:
+            TIE_SEARCH.unlink()
+        if mode == "host":
+            return x_bar, w_bar, alpha_bar, sort.few_inverse_vjp(*args)
+        return x_bar, w_bar, alpha_bar, sort._few_inverse_vjp(*args, False)
+
+    unlinked = run("unlinked")
+    assert unlinked[3] == 1 and np.isnan(unlinked[2][0]) and not np.isnan(unlinked[2][1])
+    linked = run("linked")
+    assert linked[3] == 0
+    host = run("host")
+    assert TIE_SEARCH.linked("float64")
+    for got, want in zip(host[:3], linked[:3], strict=True):
+        _same_bits(got, want)
+    for got, want in zip(unlinked[:3], linked[:3], strict=True):  # the rows done unlinked
+        _same_bits(got[1:], want[1:])
+
+
 def test_the_jax_bridge_links_the_rare_targets_when_first_met(rng):
     """The JAX bridge's permutation-loss handler leaves rows with rare targets while
     ``OTHER_TARGET`` is not linked; its callback links it and runs them again: the NumPy API's
@@ -200,9 +245,9 @@ def test_the_jax_bridge_links_the_rare_targets_when_first_met(rng):
     _same_bits(got, want)
 
 
-#: a fresh process's soft sort and permutation loss on the rows ``{rows}`` at alpha
-#: ``{alphas}``: the count of each ladder VJP kernel's compilations and the rare targets'
-#: helper's row types
+#: a fresh process's soft sort, permutation loss and soft quantile on the rows ``{rows}`` at
+#: alpha ``{alphas}``: the count of each VJP kernel's compilations, the rare targets' helper's
+#: row types and the count of the tie search's compilations
 CHILD = """
 import json, sys
 import numpy as np
@@ -217,9 +262,13 @@ for alpha in {alphas}:
     ranks = np.argsort(rng.normal(size=x.shape), axis=1) + 1
     loss, pullback = softorder.vjp(softorder.permutation_cross_entropy, x, ranks, alpha)
     pullback(np.ones_like(loss))
+    for q in (0.1, 0.25, 0.9):
+        out, pullback = softorder.vjp(softorder.soft_quantile, x, q, alpha)
+        pullback(np.ones_like(out))
 kernels = (sort._ladder_vjp.serial, perm._ladder_vjp_rows.serial, perm._ladder_loss_row_vjp)
-report = [len(k.signatures) for k in kernels]
+report = [len(k.signatures) for k in (*kernels, sort._few_inverse_vjp.serial)]
 report.append(sorted(str(s[0].dtype) for s in sort._other_target.signatures))
+report.append(len(sort._first_at_or_above.signatures))
 print(json.dumps(report))
 """
 
@@ -242,15 +291,15 @@ def _child_report(code: str, **values):
 
 def test_ordinary_rows_compile_no_rare_targets_path():
     """Normal rows at alphas from 0.1 to 100 meet no rare target: a fresh process compiles
-    each ladder VJP once and the rare targets' helper not at all.
+    each VJP kernel once, and neither the rare targets' helper nor the tie search.
     """
     report = _child_report(CHILD, rows="rng.normal(size=(3, 500))", alphas=(0.1, 1.0, 100.0))
-    assert report == [1, 1, 1, []]
+    assert report == [1, 1, 1, 1, [], 0]
 
 
-def test_a_rare_target_compiles_the_helper_alone():
-    """Integer rows at a small alpha meet rare targets: a fresh process compiles the rare
-    targets' helper for their dtype, and no second ladder kernel.
+def test_a_rare_target_compiles_the_helpers_alone():
+    """Integer rows at a small alpha meet rare targets and ties: a fresh process compiles the
+    rare targets' helper and the tie search for their dtype, and no second VJP kernel.
     """
-    rows = "rng.integers(0, 25, (3, 500)).astype(float)"
-    assert _child_report(CHILD, rows=rows, alphas=(0.01,)) == [1, 1, 1, ["float64"]]
+    rows = "rng.integers(0, 100, (3, 400)).astype(float)"
+    assert _child_report(CHILD, rows=rows, alphas=(0.01,)) == [1, 1, 1, 1, ["float64"], 1]

@@ -582,9 +582,9 @@ KERNELS = {
     "sort_forward": (lapsum.sort_kernel.serial, (_F2, _F1, _F2, _L2, _F2, _F3)),
     "sort_vjp": (sort.sort_vjp.serial, (_F2, _I2, _F1, _L2, _F2, _F2, _F2, _F1, _F3)),
     "quantile_forward": (lapsum.inverse_kernel.serial, (_F2, _F1, _F2, _L2, _F2, _L2, _F2, _F3)),
-    "quantile_vjp": (
+    "quantile_vjp": (  # (redo_only False: ties' helper linked with the handler, _compile)
         sort.few_inverse_vjp.serial,
-        (_F2, _I2, _F1, _L2, _F2, _L2, _F2, _F2, _F2, _F1, _F3, _F3),
+        (_F2, _I2, _F1, _L2, _F2, _L2, _F2, _F2, _F2, _F1, _F3, _F3, _B),
     ),
     # (the NumPy API's CPU kernels of the losses: top-k cross-entropy's with its targets
     # 1..K and their order from the caller; the permutation loss's ladder kernels, int32
@@ -855,9 +855,9 @@ def quantile_handler(frame):
         work = empty((rows, sort.FEW_VJP_WORK, n), np.float64)
         no_order = empty((rows, 0), np.int64)  # (the CPU kernel reads no targets' order)
         no_work = empty((rows, 0, m), np.float64)
-        _quantile_vjp(
-            xs, order, alpha, anchor, offset, no_order, u, x_bar, w_bar, alpha_bar, work, no_work
-        )
+        args = (xs, order, alpha, anchor, offset, no_order, u, x_bar, w_bar, alpha_bar)
+        if _quantile_vjp(*args, work, no_work, False):  # (never: linked by _compile)
+            return fail(frame, "softorder: soft_quantile's gradient needs its tie search")
         narrow(*buffer(frame, RESULTS, 0), x_bar, False)
         return _alpha_sums(frame, alpha_bar, rows, 7)
     order, xs = _sorted_rows(frame, values, rows, n)
@@ -1025,6 +1025,8 @@ def _compile(name: str):
         _jit.link_symbol(*shared)
     if name == "permutation_loss":
         _link_rows_left()
+    if name == "quantile":  # (a handler cannot hand a row back to Python to link it)
+        sort.TIE_SEARCH.link("float64")
     fn = _HANDLERS[name]
     handler = CFunc(
         fn,

@@ -331,22 +331,63 @@ def few_targets(m: int, n: int) -> bool:
     return m * FEW_TARGETS <= n and m <= MAX_FEW_TARGETS
 
 
+#: :func:`~softorder.core.kernel_sums._first_at_or_above`, the search of a target in a tie
+#: or a rounding, as :func:`few_pullback` calls it: compiled the first time a row of
+#: :func:`few_inverse_vjp` meets such a target; the rows before hand their row back
+#: (:func:`_then_linked`)
+TIE_SEARCH = CallOnDemand(_first_at_or_above, _I, float64=(_F1, _F, _F, _F, _I))
+_call_tie_search = TIE_SEARCH.call
+
+
+def _then_linked(on_demand: str, kernel):
+    """A kernel whose last argument ``redo_only`` runs it on the rows it handed back alone,
+    and that hands back the rows that need the helper of the
+    :class:`~softorder.core._jit.CallOnDemand` named ``on_demand`` before it is linked: the
+    function it decorates (the documented call, without ``redo_only``) runs the kernel on
+    every row, then, if it handed a row back while the helper was not yet linked for the
+    rows' dtype, links it and runs the kernel again on those rows.
+
+    The helpers are the rare paths of the pullbacks (:data:`OTHER_TARGET`,
+    :data:`TIE_SEARCH`: ties and rounding, e.g. integer values at a small alpha), whose
+    compilation lengthened every first call with an empty cache (CHANGELOG.md): a process
+    compiles one only when a row first needs it, once. The kernel returns the count of the
+    rows it handed back (rows it hands back for other reasons go to its caller's general
+    path); ``serial`` and ``parallel`` are the kernel's, ``kernel`` the kernel itself.
+    """
+
+    def wrap(documented):
+        @functools.wraps(documented)
+        def run(*args):
+            helper = globals()[on_demand]  # (by name: defined below some kernels it serves)
+            key = args[0].dtype.name
+            linked = helper.linked(key)
+            if kernel(*args, False) and not linked:
+                helper.link(key)
+                return kernel(*args, True)
+            return 0
+
+        run.serial = kernel.serial
+        run.parallel = kernel.parallel
+        run.kernel = kernel
+        return run
+
+    return wrap
+
+
 @kernel
-def few_inverse_vjp(
-    xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha_bar, work, twork
+def _few_inverse_vjp(
+    xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha_bar, work, twork, redo_only
 ):
-    """:func:`inverse_vjp` of a few targets (:func:`few_targets`), the same values to the
-    bit: the tables only at the targets' points (:func:`few_tables`), the upward injections
-    as a list (:func:`few_pullback`). ``work`` (rows, >= 1, n): ``E``; the marks, then the
-    gradient in sorted order, go in the row of ``x_bar`` (never ``u``: it has m < n columns)
-    and the gradient's last pass into the spent ``E``, from where it is scattered into
-    ``x_bar``. ``worder`` and ``twork`` are not read. A kernel of its own, so that a first call
-    compiles only the path it takes.
+    """:func:`few_inverse_vjp`'s kernel (``redo_only``: :func:`_then_linked`; the rows it
+    hands back get a NaN ``alpha_bar``).
     """
     rows, n = xs.shape
     m = anchor.shape[1]
     want_wbar = w_bar.shape[1] == m
+    handed = 0
     for row in prange(rows):
+        if redo_only and alpha_bar[row] == alpha_bar[row]:
+            continue
         r = xs[row]
         if has_nan(r):
             # (loops: numba's slice assignments compiled longer on a first call)
@@ -359,10 +400,31 @@ def few_inverse_vjp(
         a = alpha[row]
         E = work[row, 0, :n]
         tables = _call_few_tables(r, 1.0 / a, anchor[row], offset[row], E, x_bar[row])
-        alpha_bar[row] = _call_few_pullback(
+        ab, done = _call_few_pullback(
             r, a, tables, anchor[row], offset[row], u[row], x_bar[row], w_bar[row], want_wbar
         )
+        if not done:
+            alpha_bar[row] = np.nan
+            handed += 1
+            continue
+        alpha_bar[row] = ab
         scatter_finite(r, order[row], E, x_bar[row])
+    return handed
+
+
+@_then_linked("TIE_SEARCH", _few_inverse_vjp)
+def few_inverse_vjp(
+    xs, order, alpha, anchor, offset, worder, u, x_bar, w_bar, alpha_bar, work, twork
+):
+    """:func:`inverse_vjp` of a few targets (:func:`few_targets`), the same values to the
+    bit: the tables only at the targets' points (:func:`few_tables`), the upward injections
+    as a list (:func:`few_pullback`). ``work`` (rows, >= 1, n): ``E``; the marks, then the
+    gradient in sorted order, go in the row of ``x_bar`` (never ``u``: it has m < n columns)
+    and the gradient's last pass into the spent ``E``, from where it is scattered into
+    ``x_bar``. ``worder`` and ``twork`` are not read. A kernel of its own, so that a first call
+    compiles only the path it takes; targets in ties or roundings call the search of
+    :data:`TIE_SEARCH`, compiled when a row first needs it.
+    """
 
 
 @helper
@@ -417,7 +479,8 @@ def few_pullback(r, alpha, tables, anchor, offset, u, rbar, wbar, want_wbar):
     (at most one per target) instead of a row of n: the same operations in the same order,
     so the same values to the bit. The last pass leaves the gradient (sorted order) in ``E``
     (``tables[0]``; each ``E[i]`` is read just before its slot is written) and ``rbar`` is
-    spent. Returns ``alpha_bar``.
+    spent. Returns ``(alpha_bar, done)``: ``done`` false, nothing usable written, where a
+    target meets a tie or a rounding before :data:`TIE_SEARCH` is linked.
 
     Each target's weights come from :func:`~softorder.core.lapsum.other_target_weights`,
     called (the usual target's weights to the bit, as
@@ -472,8 +535,10 @@ def few_pullback(r, alpha, tables, anchor, offset, u, rbar, wbar, want_wbar):
                 up[j] = cj * er
             if L >= 0:
                 rbar[L] += cj * el
-        else:  # ties or rounding: inject_exact's two points
-            i = _first_at_or_above(r, inv_alpha, ra, t, R)
+        else:  # ties or rounding: inject_exact's two points (compiled when first needed)
+            linked, i = _call_tie_search(r, inv_alpha, ra, t, R)
+            if not linked:
+                return alpha_bar, False
             if i < n:
                 up_at[j] = i
                 up[j] = cj * exp_nonpositive(sh + offset_z(ra, r[i], inv_alpha, t))
@@ -501,7 +566,7 @@ def few_pullback(r, alpha, tables, anchor, offset, u, rbar, wbar, want_wbar):
         # the spent B (written at a few points, never read again) holds the lower half's
         # upward sums
         _carry_beside(E, rbar, up_at, up, B)
-        return alpha_bar
+        return alpha_bar, True
     acc = 0.0
     for i in range(n - 1, -1, -1):
         if i < n - 1:
@@ -521,7 +586,7 @@ def few_pullback(r, alpha, tables, anchor, offset, u, rbar, wbar, want_wbar):
             p += 1
         acc += injected
         E[i] = rbar[i] + acc
-    return alpha_bar
+    return alpha_bar, True
 
 
 #: :func:`few_inverse_vjp`'s helpers, called by symbol: compiled once, not linked into the
@@ -914,42 +979,9 @@ def ladder_forward(xs, alpha, out, counts, offset, ratios, wide, work, values):
             _ladder_values(r, a, 1.0 / a, E, A, B, 0.5, c, None, ratios[row], out[row], values)
 
 
-def _then_other_targets(ladder):
-    """A ladder VJP kernel whose last argument ``redo_only`` runs it on the rows it handed back
-    alone (the function it decorates: the documented call, without ``redo_only``), run on every
-    row, then, if it handed a row back while :data:`OTHER_TARGET` was not yet linked for the
-    row's dtype, linked and run again on those rows.
-
-    A ladder pullback sends the targets other than the usual one (ties, rounding: integer
-    values at a small alpha) to :func:`_other_target`, which the kernel calls through
-    :data:`OTHER_TARGET`: a process compiles it only when a row first meets such a target, for
-    that row's dtype (its compilation was about a seventh of a first call with an empty cache:
-    CHANGELOG.md). Until then the pullback hands such a row back, as it hands back a row whose
-    ties throw an injection beyond the window; after that, the kernel computes every row with
-    rare targets itself, once. The kernel returns the count of the rows it handed back;
-    ``serial`` and ``parallel`` are the kernel's, ``kernel`` the kernel itself.
-    """
-
-    def wrap(documented):
-        @functools.wraps(documented)
-        def run(*args):
-            key = args[0].dtype.name
-            linked = OTHER_TARGET.linked(key)
-            if ladder(*args, False) and not linked:
-                OTHER_TARGET.link(key)
-                ladder(*args, True)
-
-        run.serial = ladder.serial
-        run.parallel = ladder.parallel
-        run.kernel = ladder
-        return run
-
-    return wrap
-
-
 @kernel
 def _ladder_vjp(xs, order, alpha, offset, ring, u, x_bar, counts, alpha_bar, work, redo, redo_only):
-    """:func:`ladder_vjp`'s kernel (``redo_only``: :func:`_then_other_targets`)."""
+    """:func:`ladder_vjp`'s kernel (``redo_only``: :func:`_then_linked`)."""
     rows, n = xs.shape
     handed = 0
     for row in prange(rows):
@@ -990,7 +1022,7 @@ def _ladder_vjp(xs, order, alpha, offset, ring, u, x_bar, counts, alpha_bar, wor
     return handed
 
 
-@_then_other_targets(_ladder_vjp)
+@_then_linked("OTHER_TARGET", _ladder_vjp)
 def ladder_vjp(xs, order, alpha, offset, ring, u, x_bar, counts, alpha_bar, work, redo):
     """Soft sort's VJP (:func:`sort_vjp`'s values, the same to the bit) with the anchors of
     :func:`ladder_forward` counted again (:func:`descending_counts`), and its offsets read
@@ -1009,7 +1041,7 @@ def ladder_vjp(xs, order, alpha, offset, ring, u, x_bar, counts, alpha_bar, work
 
     ``xs`` may be float32 (:func:`ladder_forward`): :func:`descending_counts` widens each
     value as it reads it. Rows with rare targets call :func:`_other_target`, compiled when a
-    row first needs it (:func:`_then_other_targets`).
+    row first needs it (:func:`_then_linked`).
     """
 
 
@@ -1327,7 +1359,7 @@ def _other_target_types(row):
 
 #: :func:`_other_target` called by the ladder pullbacks, compiled (for float64 or float32
 #: rows) the first time a row of that dtype meets a rare target: the rows before hand their
-#: row back (:func:`_then_other_targets`)
+#: row back (:func:`_then_linked`)
 OTHER_TARGET = CallOnDemand(
     _other_target,
     types.Tuple((types.int64, _F)),
@@ -1690,7 +1722,7 @@ def _lean_finish(r, inv_alpha, D, B):
 
 @kernel
 def _lean_vjp(xs, alpha, u, negate, counts, E, B, marks, alpha_bar, redo, redo_only):
-    """:func:`lean_vjp`'s kernel (``redo_only``: :func:`_then_other_targets`)."""
+    """:func:`lean_vjp`'s kernel (``redo_only``: :func:`_then_linked`)."""
     rows, n = xs.shape
     handed = 0
     for row in prange(rows):
@@ -1722,7 +1754,7 @@ def _lean_vjp(xs, alpha, u, negate, counts, E, B, marks, alpha_bar, redo, redo_o
     return handed
 
 
-@_then_other_targets(_lean_vjp)
+@_then_linked("OTHER_TARGET", _lean_vjp)
 def lean_vjp(xs, alpha, u, negate, counts, E, B, marks, alpha_bar, redo):
     """Soft sort's VJP on long rows (:func:`ladder_vjp`'s values, the same to the bit,
     solving the targets again) in two rows of scratch, ``E`` and ``B`` (rows, n), and
@@ -1736,7 +1768,7 @@ def lean_vjp(xs, alpha, u, negate, counts, E, B, marks, alpha_bar, redo):
     beyond the window (or below it), gets ``redo[row] = 1`` (the caller runs
     :func:`sort_vjp` on it); a NaN row gets NaN in ``B`` and ``alpha_bar``. Rows with rare
     targets call :func:`_other_target`, compiled when a row first needs it
-    (:func:`_then_other_targets`).
+    (:func:`_then_linked`).
     """
 
 
