@@ -53,10 +53,17 @@ def _check_hand_back(run):
     linked = run("linked")
     assert linked[3] == 0 and not linked[2].any()
     host = run("host")
-    for got, want in zip(host[:3], linked[:3], strict=True):
+    _same_bits(host[2], linked[2])  # (redo: no row left)
+    _same_once_linked(unlinked[:2], linked[:2], host[:2], ~np.asarray(unlinked[2], bool))
+
+
+def _same_once_linked(unlinked, linked, host, done):
+    """The host's arrays (a hand back, the link, the rows again) have the bits of the kernel
+    run linked, and so do the rows ``done`` by the kernel run unlinked.
+    """
+    for got, want in zip(host, linked, strict=True):
         _same_bits(got, want)
-    done = ~np.asarray(unlinked[2], bool)
-    for got, want in zip(unlinked[:2], linked[:2], strict=True):
+    for got, want in zip(unlinked, linked, strict=True):
         _same_bits(got[done], want[done])
 
 
@@ -167,13 +174,9 @@ def test_permutation_losss_rare_targets_are_linked_when_first_met(rng, dtype, ho
     assert unlinked[2] >= 1 and np.isnan(unlinked[1][0])
     linked = run("linked")
     assert linked[2] == 0
-    host_run = run("host")
+    host = run("host")
     assert OTHER_TARGET.linked("float64")
-    for got, want in zip(host_run[:2], linked[:2], strict=True):
-        _same_bits(got, want)
-    done = ~np.isnan(unlinked[1])
-    for got, want in zip(unlinked[:2], linked[:2], strict=True):  # the rows done unlinked
-        _same_bits(got[done], want[done])
+    _same_once_linked(unlinked[:2], linked[:2], host[:2], ~np.isnan(unlinked[1]))
 
 
 def test_soft_quantiles_ties_are_linked_when_first_met(rng):
@@ -215,10 +218,7 @@ def test_soft_quantiles_ties_are_linked_when_first_met(rng):
     assert linked[3] == 0
     host = run("host")
     assert TIE_SEARCH.linked("float64")
-    for got, want in zip(host[:3], linked[:3], strict=True):
-        _same_bits(got, want)
-    for got, want in zip(unlinked[:3], linked[:3], strict=True):  # the rows done unlinked
-        _same_bits(got[1:], want[1:])
+    _same_once_linked(unlinked[:3], linked[:3], host[:3], slice(1, None))
 
 
 def test_the_jax_bridge_links_the_rare_targets_when_first_met(rng):
