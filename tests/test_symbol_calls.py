@@ -115,3 +115,59 @@ def test_a_helper_making_symbol_calls_refuses_direct_calls():
     r = np.zeros(3)
     with pytest.raises(numba.core.errors.TypingError, match="softorder: inverse_pullback"):
         direct(r, (r, r, r, r, r, r), np.zeros(3, np.int64), r, r, r.copy(), r.copy())
+
+
+def _on_demand(restype_name="float64"):
+    """A ``CallOnDemand`` of a small helper (``r[0] * s``) and a kernel that calls it."""
+    import numba
+    from numba.core import types
+
+    @_jit.helper
+    def scaled_first(r, s):
+        return r[0] * s
+
+    restype = getattr(types, restype_name)
+    on_demand = _jit.CallOnDemand(
+        scaled_first, restype, float64=(types.Array(types.float64, 1, "C"), types.float64)
+    )
+    call = on_demand.call
+
+    @numba.njit
+    def kernel(r, s):
+        return call(r, s)
+
+    return on_demand, kernel
+
+
+def test_a_call_on_demand_reports_whether_its_helper_is_linked():
+    """Before ``link`` the kernel's call returns (False, 0) and compiles no helper; after it,
+    (True, the helper's value); ``unlink`` restores a fresh process's state.
+    """
+    on_demand, kernel = _on_demand()
+    if not on_demand._jitted:
+        pytest.skip("NUMBA_DISABLE_JIT: the helper is a Python call")
+    r = np.array([1.5, 2.0])
+    assert kernel(r, 2.0) == (False, 0.0) and not on_demand.linked("float64")
+    assert not on_demand._dispatcher.signatures
+    on_demand.link("float64")
+    assert on_demand.linked("float64") and kernel(r, 2.0) == (True, 3.0)
+    on_demand.unlink()
+    assert kernel(r, 2.0) == (False, 0.0)
+
+
+def test_a_call_on_demand_refuses_other_types_and_a_wrong_return_type():
+    """A call with other argument types is a typing error naming softorder and the helper;
+    a declared return type the helper does not have is refused when it is linked, never
+    called.
+    """
+    import numba
+
+    on_demand, kernel = _on_demand()
+    if not on_demand._jitted:
+        pytest.skip("NUMBA_DISABLE_JIT: the helper is a Python call")
+    with pytest.raises(numba.core.errors.TypingError, match="softorder: scaled_first"):
+        kernel(np.zeros(2, np.float32), 2.0)
+    wrong, _ = _on_demand("int64")
+    with pytest.raises(TypeError, match="softorder: scaled_first returns float64"):
+        wrong.link("float64")
+    assert not wrong.linked("float64")
