@@ -62,6 +62,7 @@ from softorder.core.sort import (
     _moments_up_to,
     _move_to_rows,
     _target_points,
+    _then_linked,
     _usual_weights,
 )
 
@@ -1268,6 +1269,14 @@ def _ladder_vjp_general(xs, order, alpha, target, anchor, offset, cot, x_bar, al
         scatter_finite(r, order[row], rbar, x_bar[row])
 
 
+@_then_linked("OTHER_TARGET", _ladder_vjp_rows)
+def _ladder_rows(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar, work):
+    """:func:`_ladder_vjp_rows` on every row, then, once the rare targets' helper is linked,
+    on the rows it left for want of it; returns the count of rows still left (for the general
+    kernel).
+    """
+
+
 def ladder_vjp_left_rows(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar):
     """The rows that :func:`_ladder_vjp_rows` left (a NaN ``alpha_bar`` in a row without NaN),
     on the calling thread, with int32 ``anchor``: what :func:`ladder_loss_vjp` does after the
@@ -1328,10 +1337,5 @@ def ladder_loss_vjp(xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_
     if anchor.dtype != np.int32:  # (rows shorter than 2**31: the ladder's pass takes int32)
         anchor = anchor.astype(np.int32)
     args = (xs, order, alpha, target, anchor, offset, cot, x_bar, alpha_bar)
-    linked = OTHER_TARGET.linked("float64")
-    left = _ladder_vjp_rows(*args, work, False)
-    if left and not linked:  # (rows with rare targets were left: the ladder's once linked)
-        OTHER_TARGET.link("float64")
-        left = _ladder_vjp_rows(*args, work, True)
-    if left:
+    if _ladder_rows(*args, work):
         _ladder_vjp_general(*args)

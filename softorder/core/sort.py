@@ -351,8 +351,9 @@ def _then_linked(on_demand: str, kernel):
     :data:`TIE_SEARCH`: ties and rounding, e.g. integer values at a small alpha), whose
     compilation lengthened every first call with an empty cache (CHANGELOG.md): a process
     compiles one only when a row first needs it, once. The kernel returns the count of the
-    rows it handed back (rows it hands back for other reasons go to its caller's general
-    path); ``serial`` and ``parallel`` are the kernel's, ``kernel`` the kernel itself.
+    rows it handed back, and so does the function (the rows still handed back, for other
+    reasons, go to its caller's general path); ``serial`` and ``parallel`` are the kernel's,
+    ``kernel`` the kernel itself.
     """
 
     def wrap(documented):
@@ -361,10 +362,11 @@ def _then_linked(on_demand: str, kernel):
             helper = globals()[on_demand]  # (by name: defined below some kernels it serves)
             key = args[0].dtype.name
             linked = helper.linked(key)
-            if kernel(*args, False) and not linked:
+            handed = kernel(*args, False)
+            if handed and not linked:
                 helper.link(key)
-                return kernel(*args, True)
-            return 0
+                handed = kernel(*args, True)
+            return handed
 
         run.serial = kernel.serial
         run.parallel = kernel.parallel
