@@ -14,10 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from softorder import core
 from softorder._engine.backend import NUMPY, backend_of
 from softorder._engine.backend import _lookups as _backend_lookups
-from softorder._engine.backends.numpy_host import PACKED_SORT_SIZE, serial_kernel, sum_over_rows
+from softorder._engine.backends.numpy_host import PACKED_SORT_SIZE, sum_over_rows
 from softorder._engine.backends.protocol import Backend
 from softorder._engine.checks import check_axis, check_targets, refuse_masked
 
@@ -166,12 +165,9 @@ class Rows:
                 and x.size < PACKED_SORT_SIZE
                 and layout.axis == layout.ndim - 1
                 and x.flags.c_contiguous
-            ):  # a small float64 input, its rows as they are: sort_rows's argsort, inline
+            ):  # a small float64 input, its rows as they are: sorted without the general path
                 rows2d = (np.negative(x) if negate else x).reshape(-1, layout.n)
-                order = rows2d.argsort(axis=1, kind="stable").astype(_I32, copy=False)
-                xs = np.empty(rows2d.shape)
-                # (so few elements: the kernel's wrapper would run its serial dispatcher)
-                serial_kernel(core.take_rows)(rows2d, order, xs)
+                xs, order = NUMPY.sort_rows(rows2d)
                 return cls(xs, order, layout, dtype, -1.0 if negate else 1.0, NUMPY)
         else:
             refuse_masked(x, name)
