@@ -30,7 +30,6 @@ from softorder._engine.checks import (
     target_rows,
 )
 from softorder._engine.layout import Rows, Targets
-from softorder.core import _jit
 
 #: the dtypes the small calls' paths test for and view with (comparing a dtype with a dtype
 #: object is cheaper than with a scalar type, and it happens on every small call)
@@ -94,9 +93,7 @@ class Context:
         backend = rows.backend
         self.backend: Backend = backend
         self.kernels = backend.kernels
-        self.serial = backend is NUMPY and (
-            rows.rows < _jit.MIN_PARALLEL_ROWS or runs_serially(rows.xs.shape)
-        )
+        self.serial = backend is NUMPY and runs_serially(rows.xs.shape)
         # (np.empty itself on the host: the backend's method only calls it)
         self.empty = np.empty if backend is NUMPY else backend.empty
 
@@ -332,11 +329,7 @@ class RankRule(OrderRule):
             shape = xs.shape
             out = np.empty(shape)
             ctx.saved["decay"] = decay = np.empty(shape)
-            width, n = core.rank.FORWARD_WORK, rows.n or 1
-            if 8 * rows.rows * width * n < scratch.MIN_BYTES:
-                work = np.empty((rows.rows, width, n))
-            else:
-                work = ctx.work(width)
+            work = ctx.work(core.rank.FORWARD_WORK)
             serial_kernel(core.rank_forward)(xs, rows.order, ctx.alpha, out, decay, work)
             layout = rows.layout
             if layout.axis == layout.ndim - 1:  # what to_user returns: the rows reshaped
@@ -371,11 +364,7 @@ class RankRule(OrderRule):
             # cotangent's rows, not owned)
             x_bar = np.empty(xs.shape)
             alpha_bar = np.empty(rows.rows)
-            width, n = core.rank.LINEAR_WORK, rows.n or 1
-            if 8 * rows.rows * width * n < scratch.MIN_BYTES:
-                work = np.empty((rows.rows, width, n))
-            else:
-                work = ctx.work(width)
+            work = ctx.work(core.rank.LINEAR_WORK)
             same = shape == xs.shape  # (then the reshapes below are views of the same shape)
             serial_kernel(core.rank_vjp)(
                 xs,

@@ -364,7 +364,7 @@ class NumpyBackend:
             else:
                 order = np.ascontiguousarray(order, dtype=index).reshape(rows2d.shape)
             take = core.take_rows
-            if rows2d.shape[0] < _jit.MIN_PARALLEL_ROWS or rows2d.size < _jit.MIN_PARALLEL_ELEMENTS:
+            if runs_serially(rows2d.shape):
                 take = serial_kernel(take)  # what the kernel's wrapper would choose
             take(rows2d, order, xs)  # faster than np.take_along_axis (CHANGELOG)
             return xs, order
